@@ -1,0 +1,206 @@
+"""rloader vs torch.utils.data on the same workloads, in one run.
+
+Each workload runs with torch.utils.data and with rloader, interleaved (torch, rloader, torch,
+rloader, ...) so both see the same machine state; each figure is the median of --repeats runs.
+The ratio is rloader's throughput over torch's (above 1: rloader is faster).
+
+Sampler workloads are measured end to end, as users consume them from Python (``list(...)``),
+so creating the Python ints is part of both times. The "floor" column shows the best ratio any
+implementation could reach: torch's time over the time it takes just to create the same ints
+and lists (``list(range(n))``-style), which no sampler can avoid.
+
+    python benches/side_by_side.py            # everything, 3 repeats
+    python benches/side_by_side.py --quick    # smaller sizes, for a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.utils.data as tud
+import torch.utils.data.distributed as tud_distributed
+
+import rloader
+
+
+@dataclass
+class Workload:
+    name: str
+    unit: str  # what the throughput counts
+    count: int  # how many units one run produces
+    run: Callable[[object], object]  # run(lib) with lib = torch namespace or rloader
+    target: str
+    floor: Optional[Callable[[], object]] = None
+
+
+class TorchNS:
+    """torch.utils.data's names, looked up like rloader's."""
+
+    def __getattr__(self, name):
+        if name == "DistributedSampler":
+            return tud_distributed.DistributedSampler
+        return getattr(tud, name)
+
+
+class IntDataset(tud.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class ImageLabelDataset(tud.Dataset):
+    """(float32[3,32,32], int) pairs, like a small-image classification set held in memory."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.rand(n, 3, 32, 32, generator=g)
+        self.labels = torch.randint(0, 10, (n,), generator=g).tolist()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], self.labels[i]
+
+
+def batched_ints(n: int, size: int) -> list:
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+def workloads(quick: bool) -> list[Workload]:
+    scale = 10 if quick else 1
+    n_batch = 10_000_000 // scale
+    n_weights = 1_000_000 // scale
+    n_dist = 10_000_000 // scale
+    weights = torch.rand(n_weights, generator=torch.Generator().manual_seed(1)).double()
+    ints = IntDataset(200_000 // scale)
+    images = ImageLabelDataset(50_000 // scale)
+
+    def loader_epoch(lib, dataset) -> int:
+        loader = lib.DataLoader(dataset, batch_size=256, shuffle=True, num_workers=0)
+        n = 0
+        for batch in loader:
+            n += 1
+        return n
+
+    return [
+        Workload(
+            f"list(BatchSampler(RandomSampler({n_batch:,}), 1024, False))", "indices", n_batch,
+            lambda lib: list(lib.BatchSampler(lib.RandomSampler(range(n_batch)), 1024, False)),
+            ">= 4x", lambda: batched_ints(n_batch, 1024),
+        ),
+        Workload(
+            f"list(WeightedRandomSampler({n_weights:,} weights, replacement=True))", "indices",
+            n_weights,
+            lambda lib: list(lib.WeightedRandomSampler(weights, n_weights, replacement=True)),
+            ">= 4x", lambda: list(range(n_weights)),
+        ),
+        Workload(
+            f"list(WeightedRandomSampler({n_weights:,} weights, replacement=False))", "indices",
+            n_weights,
+            lambda lib: list(lib.WeightedRandomSampler(weights, n_weights, replacement=False)),
+            ">= 2.5x", lambda: list(range(n_weights)),
+        ),
+        Workload(
+            f"list(DistributedSampler({n_dist:,}, num_replicas=8, rank=3))", "indices",
+            n_dist // 8,
+            lambda lib: list(lib.DistributedSampler(range(n_dist), num_replicas=8, rank=3)),
+            ">= 5x", lambda: list(range(n_dist // 8)),
+        ),
+        Workload(
+            f"DataLoader(int dataset of {len(ints):,}, batch_size=256, shuffle=True)", "samples",
+            len(ints), lambda lib: loader_epoch(lib, ints), ">= 3x",
+        ),
+        Workload(
+            f"DataLoader((float32[3,32,32], int) x {len(images):,}, batch_size=256, shuffle=True)",
+            "samples", len(images), lambda lib: loader_epoch(lib, images), ">= 1.5x",
+        ),
+    ]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    elapsed = time.perf_counter() - start
+    del result
+    return elapsed
+
+
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        width = 30
+        filled = width * self.done // self.total
+        bar = "#" * filled + "-" * (width - filled)
+        sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {label[:60]:<60}")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def human(rate: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if rate >= scale:
+            return f"{rate / scale:.2f}{unit}"
+    return f"{rate:.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--only", default="", help="run workloads whose name contains this")
+    args = parser.parse_args()
+    libs = {"torch": TorchNS(), "rloader": rloader}
+    chosen = [w for w in workloads(args.quick) if args.only in w.name]
+    steps = sum(args.repeats * (2 + (w.floor is not None)) + 1 for w in chosen)
+    progress = Progress(steps)
+    rows = []
+    for w in chosen:
+        # One untimed warm-up each: first-touch costs (imports, page faults) are not the subject.
+        for lib in libs.values():
+            w.run(lib)
+        progress.step(f"warm-up: {w.name}")
+        times: dict[str, list[float]] = {"torch": [], "rloader": [], "floor": []}
+        for _ in range(args.repeats):
+            for name, lib in libs.items():
+                times[name].append(timed(lambda: w.run(lib)))
+                progress.step(f"{name}: {w.name}")
+            if w.floor is not None:
+                times["floor"].append(timed(w.floor))
+                progress.step(f"floor: {w.name}")
+        med = {k: statistics.median(v) for k, v in times.items() if v}
+        ratio = med["torch"] / med["rloader"]
+        floor = f"{med['torch'] / med['floor']:.1f}x" if "floor" in med else "-"
+        rows.append((w.name, f"{human(w.count / med['torch'])}/s", f"{human(w.count / med['rloader'])}/s",
+                     f"{ratio:.2f}x", w.target, floor, w.unit))
+
+    headers = ("workload", "torch", "rloader", "ratio", "target", "floor", "unit")
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    line = "  ".join("-" * w for w in widths)
+    print(f"\nrloader {rloader.__version__} vs torch {torch.__version__}; median of {args.repeats} "
+          f"interleaved runs; ratio = rloader/torch throughput; floor = torch time / time to create the ints")
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print(line)
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+
+
+if __name__ == "__main__":
+    main()

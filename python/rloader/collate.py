@@ -1,0 +1,221 @@
+"""Turning a list of samples into a batch: ``default_collate``, ``collate``, ``default_convert``.
+
+The output (types, dtypes, container types, errors) is torch's, element for element. Dispatch
+works like this: ``collate(batch, collate_fn_map=...)`` looks at ``batch[0]`` only. Its exact
+type is looked up in the map first; failing that, the map's keys are tried with ``isinstance``
+in insertion order (so ``bool`` reaches the ``int`` handler). Anything not in the map is walked
+structurally: mappings key by key, namedtuples field by field, other sequences position by
+position (tuples come back as lists, for backward compatibility with torch).
+
+``default_collate`` is exactly ``collate`` with ``default_collate_fn_map``. A faster path may be
+put in front of it; it is only allowed to run while the live map still equals
+``_DEFAULT_MAP_SNAPSHOT``, i.e. while nobody has registered their own handlers.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import contextlib
+import copy
+import re
+from collections.abc import Callable
+
+import torch
+from torch.utils.data import get_worker_info
+
+__all__ = [
+    "collate",
+    "collate_float_fn",
+    "collate_int_fn",
+    "collate_numpy_array_fn",
+    "collate_numpy_scalar_fn",
+    "collate_str_fn",
+    "collate_tensor_fn",
+    "default_collate",
+    "default_collate_err_msg_format",
+    "default_collate_fn_map",
+    "default_convert",
+]
+
+CollateFnMap = dict[type | tuple[type, ...], Callable]
+
+# numpy dtype strings (e.g. "<U3", "|S2", "|O") for strings, bytes and objects: not tensors.
+_NP_STR_OR_OBJECT_DTYPE = re.compile(r"[SaUO]")
+
+_SPARSE_LAYOUTS = frozenset(
+    {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
+)
+
+default_collate_err_msg_format = (
+    "default_collate: batch must contain tensors, numpy arrays, numbers, "
+    "dicts or lists; found {}"
+)
+
+
+def _is_namedtuple(obj: object) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _rebuild_mapping(template, keys, value_for):
+    """A mapping like ``template`` holding ``{key: value_for(key) for key in keys}``.
+
+    A mutable mapping is shallow-copied and updated, which keeps the type and any extra state
+    a plain ``type(template)(values)`` would lose. Values are computed inside the attempt, as in
+    torch: any ``TypeError`` (from the copy, the constructor, or a value) computes them again
+    into a plain dict, so a value's own ``TypeError`` still reaches the caller.
+    """
+    try:
+        if isinstance(template, collections.abc.MutableMapping):
+            clone = copy.copy(template)
+            clone.update({key: value_for(key) for key in keys})
+            return clone
+        return type(template)({key: value_for(key) for key in keys})
+    except TypeError:
+        return {key: value_for(key) for key in keys}
+
+
+def _rebuild_sequence(template, items, convert):
+    """A sequence like ``template`` holding ``convert(item)`` for each item; same fallback
+    rule as ``_rebuild_mapping``, to a plain list (e.g. for ``range``)."""
+    try:
+        if isinstance(template, collections.abc.MutableSequence):
+            clone = copy.copy(template)
+            for i, item in enumerate(items):
+                clone[i] = convert(item)
+            return clone
+        return type(template)([convert(item) for item in items])
+    except TypeError:
+        return [convert(item) for item in items]
+
+
+def default_convert(data):
+    """Turn every numpy array or numpy scalar inside ``data`` into a tensor, keeping the rest.
+
+    Containers are rebuilt as ``collate`` rebuilds them (tuples become lists, namedtuples stay).
+    numpy arrays of strings, bytes or objects, and ``np.str_`` scalars, are left as they are.
+    """
+    data_type = type(data)
+    if isinstance(data, torch.Tensor):
+        return data
+    if data_type.__module__ == "numpy" and data_type.__name__ not in ("str_", "string_"):
+        if (
+            data_type.__name__ == "ndarray"
+            and _NP_STR_OR_OBJECT_DTYPE.search(data.dtype.str) is not None
+        ):
+            return data
+        return torch.as_tensor(data)
+    if isinstance(data, collections.abc.Mapping):
+        return _rebuild_mapping(data, data, lambda key: default_convert(data[key]))
+    if _is_namedtuple(data):
+        return data_type(*(default_convert(field) for field in data))
+    if isinstance(data, tuple):
+        return [default_convert(item) for item in data]
+    if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
+        return _rebuild_sequence(data, data, default_convert)
+    return data
+
+
+def collate(batch, *, collate_fn_map: CollateFnMap | None = None):
+    """Collate ``batch`` (a list of samples) into one batch, dispatching on ``batch[0]``.
+
+    ``collate_fn_map`` maps a type (or a tuple of types) to a function called as
+    ``fn(batch, collate_fn_map=collate_fn_map)``. Without a map only containers are handled,
+    and any leaf raises ``TypeError``.
+    """
+    elem = batch[0]
+    elem_type = type(elem)
+
+    if collate_fn_map is not None:
+        if elem_type in collate_fn_map:
+            return collate_fn_map[elem_type](batch, collate_fn_map=collate_fn_map)
+        for key in collate_fn_map:
+            if isinstance(elem, key):
+                return collate_fn_map[key](batch, collate_fn_map=collate_fn_map)
+
+    def sub(samples):
+        return collate(samples, collate_fn_map=collate_fn_map)
+
+    if isinstance(elem, collections.abc.Mapping):
+        return _rebuild_mapping(elem, elem, lambda key: sub([sample[key] for sample in batch]))
+    if _is_namedtuple(elem):
+        return elem_type(*(sub(column) for column in zip(*batch)))
+    if isinstance(elem, collections.abc.Sequence):
+        samples = iter(batch)
+        size = len(next(samples))
+        if not all(len(sample) == size for sample in samples):
+            raise RuntimeError("each element in list of batch should be of equal size")
+        columns = list(zip(*batch))
+        if isinstance(elem, tuple):
+            return [sub(column) for column in columns]
+        return _rebuild_sequence(elem, columns, sub)
+
+    raise TypeError(default_collate_err_msg_format.format(elem_type))
+
+
+def collate_tensor_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
+    """Stack same-shaped tensors along a new first dim (into shared memory inside a worker)."""
+    elem = batch[0]
+    if elem.is_nested:
+        raise RuntimeError(
+            "Batches of nested tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
+    if elem.layout in _SPARSE_LAYOUTS:
+        raise RuntimeError(
+            "Batches of sparse tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
+    out = None
+    if get_worker_info() is not None:
+        # In a worker the batch is sent to the main process through shared memory anyway;
+        # stacking straight into a shared buffer saves the copy made when sending it.
+        numel = sum(t.numel() for t in batch)
+        storage = elem._typed_storage()._new_shared(numel, device=elem.device)
+        out = elem.new(storage).resize_(len(batch), *elem.size())
+    return torch.stack(batch, 0, out=out)
+
+
+def collate_numpy_array_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
+    """Numeric numpy arrays become tensors, then go through the map again (as tensors)."""
+    elem = batch[0]
+    if _NP_STR_OR_OBJECT_DTYPE.search(elem.dtype.str) is not None:
+        raise TypeError(default_collate_err_msg_format.format(elem.dtype))
+    return collate([torch.as_tensor(array) for array in batch], collate_fn_map=collate_fn_map)
+
+
+def collate_numpy_scalar_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
+    return torch.as_tensor(batch)
+
+
+def collate_float_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
+    return torch.tensor(batch, dtype=torch.float64)
+
+
+def collate_int_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
+    return torch.tensor(batch)
+
+
+def collate_str_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
+    return batch
+
+
+# Insertion order matters: keys are tried with isinstance in this order after the exact-type
+# lookup misses (bool is an int, numpy float64 is a float and is caught by the numpy entry).
+default_collate_fn_map: CollateFnMap = {torch.Tensor: collate_tensor_fn}
+with contextlib.suppress(ImportError):
+    import numpy as np
+
+    default_collate_fn_map[np.ndarray] = collate_numpy_array_fn  # np.memmap too
+    # numpy scalars except strings and bytes (np.str_ / np.bytes_ are not np.number)
+    default_collate_fn_map[(np.bool_, np.number, np.object_)] = collate_numpy_scalar_fn
+default_collate_fn_map[float] = collate_float_fn
+default_collate_fn_map[int] = collate_int_fn
+default_collate_fn_map[str] = collate_str_fn
+default_collate_fn_map[bytes] = collate_str_fn
+
+_DEFAULT_MAP_SNAPSHOT = dict(default_collate_fn_map)
+
+
+def default_collate(batch):
+    """Collate ``batch`` with ``default_collate_fn_map`` (torch's ``default_collate``)."""
+    return collate(batch, collate_fn_map=default_collate_fn_map)

@@ -1,0 +1,239 @@
+"""DataLoader: torch.utils.data.DataLoader's interface over rloader's Rust loop.
+
+``rloader.DataLoader`` is a subclass of ``torch.utils.data.DataLoader``: it takes the same
+arguments, validates them the same way, and keeps them as the same plain instance attributes,
+so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, rebuilding it as
+``type(loader)(**kwargs)``) treat it as torch's. What differs is where the work happens:
+
+- ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/loader.rs``).
+- ``num_workers>0``: for now, torch's own multi-process iterator runs the workers over rloader's
+  samplers and collate functions (issue #3 moves this into Rust).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.dataloader import _DatasetKind, _MultiProcessingDataLoaderIter
+
+from . import _rloader
+from .collate import _DEFAULT_MAP_SNAPSHOT, collate, default_collate, default_collate_fn_map, default_convert
+from ._pin import pin_batch
+from ._seed import draw_seed
+from .dataset import Dataset, IterableDataset
+from .sampler import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    _InfiniteConstantSampler,
+)
+
+__all__ = ["DataLoader"]
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+# torch's own default collate functions may be passed explicitly (Lightning re-creates loaders
+# from their attributes): they get the fast path too, while torch's map is unmodified.
+_TORCH_COLLATE = tud._utils.collate
+_TORCH_MAP_SNAPSHOT = dict(_TORCH_COLLATE.default_collate_fn_map)
+
+
+def _general_default_collate(batch: Any) -> Any:
+    return collate(batch, collate_fn_map=default_collate_fn_map)
+
+
+def _default_collate_plan(collate_fn: Callable) -> Optional[tuple]:
+    """(general_fn, live_map, pristine_map) when ``collate_fn`` is a default collate."""
+    if collate_fn is default_collate:
+        return (_general_default_collate, default_collate_fn_map, _DEFAULT_MAP_SNAPSHOT)
+    if collate_fn is _TORCH_COLLATE.default_collate:
+        return (collate_fn, _TORCH_COLLATE.default_collate_fn_map, _TORCH_MAP_SNAPSHOT)
+    return None
+
+
+class DataLoader(tud.DataLoader[_T_co]):
+    """Combines a dataset and a sampler, and provides an iterable over the dataset.
+
+    The arguments, their defaults and their meaning are torch.utils.data.DataLoader's.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[_T_co],
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler: Union[Sampler, Iterable, None] = None,
+        batch_sampler: Union[Sampler[list], Iterable[list], None] = None,
+        num_workers: int = 0,
+        collate_fn: Optional[Callable[[list], Any]] = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context=None,
+        generator: Optional[torch.Generator] = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; "
+                "use num_workers=0 to disable multiprocessing."
+            )
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing."
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
+            )
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context  # validated by torch's setter
+        self.in_order = in_order
+
+        # Iterable-style datasets choose their own order: reject sampler options first, so
+        # users don't fix a sampler only to learn it can't be used here.
+        if isinstance(dataset, tud.IterableDataset):
+            self._dataset_kind = _DatasetKind.Iterable
+            if shuffle not in {False, None}:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
+                    f"but got shuffle={shuffle}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified sampler option, "
+                    f"but got sampler={sampler}"
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified batch_sampler "
+                    f"option, but got batch_sampler={batch_sampler}"
+                )
+        else:
+            shuffle = bool(shuffle)
+            self._dataset_kind = _DatasetKind.Map
+
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive "
+                "with drop_last"
+            )
+
+        if sampler is None:
+            if self._dataset_kind == _DatasetKind.Iterable:
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)  # type: ignore[arg-type]
+            else:
+                sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        if collate_fn is None:
+            collate_fn = default_collate if self._auto_collation else default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        # From here on torch's __setattr__ guards batch_size, sampler, dataset, ...
+        self._DataLoader__initialized = True
+        self._IterableDataset_len_called = None
+        self._iterator = None
+        self.check_worker_number_rationality()
+
+    def _get_iterator(self):
+        if self.num_workers == 0:
+            return _single_process_iter(self)
+        self.check_worker_number_rationality()
+        return _MultiProcessingDataLoaderIter(self)
+
+
+def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
+    if loader.timeout != 0:
+        # torch asserts the same; say what to change.
+        raise AssertionError(
+            f"timeout={loader.timeout} only applies to worker processes: "
+            "set timeout=0 or num_workers > 0"
+        )
+    pin = _pin_plan(loader)
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter(loader._index_sampler)
+    # torch draws a base seed for worker processes with every iterator, workers or not:
+    # draw it too, so the generator (or global RNG) advances exactly as with torch.
+    draw_seed(loader.generator)
+    collate_fn = loader.collate_fn
+    return _rloader.LoaderIter(
+        dataset=loader.dataset,
+        keys=keys,
+        auto_collation=loader._auto_collation,
+        batch_size=loader.batch_size if iterable else None,
+        drop_last=loader.drop_last,
+        collate_fn=collate_fn,
+        default_collate=_default_collate_plan(collate_fn),
+        pin=pin,
+        length_of=loader._index_sampler,
+        reported_len=loader._IterableDataset_len_called if iterable else None,
+    )
+
+
+def _pin_plan(loader: DataLoader) -> Optional[Callable]:
+    """``pin_batch`` when batches should be pinned; warns as torch does when they can't be."""
+    if not loader.pin_memory:
+        return None
+    if loader.pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{loader.pin_memory_device}'.",
+            stacklevel=4,
+        )
+    if not torch.accelerator.is_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=4,
+        )
+        return None
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type == "mps":
+        warnings.warn(
+            "'pin_memory' argument is set as true but not supported on MPS now, "
+            "device pinned memory won't be used.",
+            stacklevel=4,
+        )
+        return None
+    return pin_batch

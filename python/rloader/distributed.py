@@ -1,0 +1,91 @@
+"""DistributedSampler: one rank's shard of a dataset, the same partition as torch's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Optional, TypeVar
+
+import torch.distributed as dist
+import torch.utils.data.distributed as tud_distributed
+
+from . import _rloader
+from .sampler import Sampler, _chunks, _register_native
+
+__all__ = ["DistributedSampler"]
+
+_T_co = TypeVar("_T_co", covariant=True)
+_MASK64 = (1 << 64) - 1
+
+
+class DistributedSampler(Sampler[_T_co], tud_distributed.DistributedSampler):
+    """Restricts loading to a subset of the dataset, one per process of a distributed job.
+
+    The partition is exactly torch's (``num_samples``, ``total_size``, padding by repeating the
+    order's start when ``drop_last=False``, trimming when True, every ``num_replicas``-th index
+    from ``rank``). With ``shuffle=True`` the order is a permutation seeded by
+    ``seed + epoch``: every rank computes the same one, so shards are disjoint; call
+    :meth:`set_epoch` at the start of each epoch to change it.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if num_replicas is None:
+            if not dist.is_available():
+                raise RuntimeError("Requires distributed package to be available")
+            num_replicas = dist.get_world_size()
+        if rank is None:
+            if not dist.is_available():
+                raise RuntimeError("Requires distributed package to be available")
+            rank = dist.get_rank()
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
+            )
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        n = len(self.dataset)
+        if self.drop_last and n % self.num_replicas != 0:
+            # Python's ceil of a possibly negative quotient, as torch computes it.
+            self.num_samples = -((self.num_replicas - n) // self.num_replicas)
+        else:
+            self.num_samples = -(-n // self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def _args(self) -> tuple:
+        return (
+            len(self.dataset),
+            self.num_replicas,
+            self.rank,
+            bool(self.shuffle),
+            self.seed & _MASK64,
+            self.epoch & _MASK64,
+            bool(self.drop_last),
+        )
+
+    def __iter__(self) -> Iterator[_T_co]:
+        return iter(_rloader.distributed_indices(*self._args()))
+
+    def _index_stream(self) -> _rloader.IndexChunks:
+        return _rloader.IndexChunks.lazy(lambda: _rloader.distributed_stream(*self._args()))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch, which (with ``seed``) chooses the order when ``shuffle=True``."""
+        self.epoch = epoch
+
+
+_register_native(DistributedSampler)

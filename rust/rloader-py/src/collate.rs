@@ -1,0 +1,341 @@
+//! The fast path of `default_collate`.
+//!
+//! `fast_collate(batch)` handles the batches most loaders produce — Python ints, floats and
+//! bools, `torch.Tensor`s, plain numpy arrays, and tuples, lists and dicts of them — and writes
+//! numbers and arrays straight into one output tensor. For anything else (namedtuples, numpy
+//! scalars, subclasses, mixed element types, ragged or non-contiguous arrays, ...) it returns
+//! `None` before doing anything visible, and the caller runs the general path
+//! (`rloader.collate.collate`), which owns every error message. Whatever this path returns is
+//! identical to what the general path returns for the same batch: the tests compare the two.
+//!
+//! Callers must not use it inside a worker process: there torch's collate allocates the output
+//! in shared memory, which the general path does.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+
+/// The torch and numpy objects the fast path needs, looked up once.
+struct Handles {
+    empty: Py<PyAny>,
+    stack: Py<PyAny>,
+    tensor_type: Py<PyType>,
+    strided: Py<PyAny>,
+    int64: Py<PyAny>,
+    float64: Py<PyAny>,
+    bool_: Py<PyAny>,
+    ndarray_type: Option<Py<PyType>>,
+    /// numpy buffer format character → the torch dtype `torch.as_tensor` gives.
+    dtypes: HashMap<&'static str, (Py<PyAny>, usize)>,
+}
+
+static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
+
+fn handles(py: Python<'_>) -> PyResult<&Handles> {
+    HANDLES.get_or_try_init(py, || {
+        let torch = py.import("torch")?;
+        let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(torch.getattr(name)?.unbind()) };
+        let ndarray_type = match py.import("numpy") {
+            Ok(np) => Some(np.getattr("ndarray")?.cast_into::<PyType>()?.unbind()),
+            Err(_) => None,
+        };
+        let mut dtypes = HashMap::new();
+        for (fmt, name, size) in [
+            ("?", "bool", 1),
+            ("b", "int8", 1),
+            ("B", "uint8", 1),
+            ("h", "int16", 2),
+            ("i", "int32", 4),
+            ("l", "int64", 8),
+            ("q", "int64", 8),
+            ("e", "float16", 2),
+            ("f", "float32", 4),
+            ("d", "float64", 8),
+            ("Zf", "complex64", 8),
+            ("Zd", "complex128", 16),
+        ] {
+            dtypes.insert(fmt, (get(name)?, size));
+        }
+        Ok(Handles {
+            empty: get("empty")?,
+            stack: get("stack")?,
+            tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
+            strided: get("strided")?,
+            int64: get("int64")?,
+            float64: get("float64")?,
+            bool_: get("bool")?,
+            ndarray_type,
+            dtypes,
+        })
+    })
+}
+
+/// Collates `batch` (a list or tuple) like `default_collate`, or returns `None` when the general
+/// path must do it.
+pub fn fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = batch.py();
+    let h = handles(py)?;
+    let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = batch.cast::<PyList>() {
+        list.iter().collect()
+    } else if let Ok(tuple) = batch.cast::<PyTuple>() {
+        tuple.iter().collect()
+    } else {
+        return Ok(None);
+    };
+    collate_items(py, h, batch, &items)
+}
+
+fn all_exact<'py, T: pyo3::type_object::PyTypeInfo>(items: &[Bound<'py, PyAny>]) -> bool {
+    items.iter().all(|x| x.is_exact_instance_of::<T>())
+}
+
+fn collate_items<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    batch: &Bound<'py, PyAny>,
+    items: &[Bound<'py, PyAny>],
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(first) = items.first() else { return Ok(None) };
+    if first.is_exact_instance_of::<PyBool>() {
+        if !all_exact::<PyBool>(items) {
+            return Ok(None);
+        }
+        let values: Vec<u8> = items.iter().map(|x| u8::from(x.is_truthy().unwrap_or(false))).collect();
+        return numbers_tensor(py, h, &h.bool_, &values).map(Some);
+    }
+    if first.is_exact_instance_of::<PyInt>() {
+        if !all_exact::<PyInt>(items) {
+            return Ok(None);
+        }
+        let mut values = Vec::with_capacity(items.len());
+        for x in items {
+            match x.extract::<i64>() {
+                Ok(v) => values.push(v),
+                Err(_) => return Ok(None), // too big for int64: torch's own error, from the general path
+            }
+        }
+        return numbers_tensor(py, h, &h.int64, &values).map(Some);
+    }
+    if first.is_exact_instance_of::<PyFloat>() {
+        if !all_exact::<PyFloat>(items) {
+            return Ok(None);
+        }
+        let values: Vec<f64> = items.iter().map(|x| x.cast::<PyFloat>().map(|f| f.value()).unwrap_or(0.0)).collect();
+        return numbers_tensor(py, h, &h.float64, &values).map(Some);
+    }
+    if first.is_exact_instance_of::<PyString>() || first.is_exact_instance_of::<PyBytes>() {
+        // Strings and bytes are returned as the batch itself, as torch does.
+        return Ok(Some(batch.clone()));
+    }
+    let first_type = first.get_type();
+    if first_type.is(h.tensor_type.bind(py)) {
+        if first.getattr("is_nested")?.is_truthy()? || !first.getattr("layout")?.is(h.strided.bind(py)) {
+            return Ok(None);
+        }
+        return Ok(Some(h.stack.bind(py).call1((batch, 0))?));
+    }
+    if let Some(nd) = &h.ndarray_type {
+        if first_type.is(nd.bind(py)) {
+            return arrays_tensor(py, h, nd.bind(py), items);
+        }
+    }
+    if first.is_exact_instance_of::<PyTuple>() || first.is_exact_instance_of::<PyList>() {
+        return collate_sequences(py, h, items);
+    }
+    if first.is_exact_instance_of::<PyDict>() {
+        return collate_dicts(py, h, items);
+    }
+    Ok(None)
+}
+
+/// Tuples and lists of equal length → a list of collated columns (each column a tuple, as
+/// torch's `zip(*batch)` makes them).
+fn collate_sequences<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    items: &[Bound<'py, PyAny>],
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let mut rows: Vec<Vec<Bound<'py, PyAny>>> = Vec::with_capacity(items.len());
+    for x in items {
+        let row: Vec<Bound<'py, PyAny>> = if let Ok(t) = x.cast_exact::<PyTuple>() {
+            t.iter().collect()
+        } else if let Ok(l) = x.cast_exact::<PyList>() {
+            l.iter().collect()
+        } else {
+            return Ok(None);
+        };
+        if let Some(r0) = rows.first() {
+            if r0.len() != row.len() {
+                return Ok(None); // the general path raises torch's error for ragged batches
+            }
+        }
+        rows.push(row);
+    }
+    let width = rows[0].len();
+    let out = PyList::empty(py);
+    for col in 0..width {
+        let column: Vec<Bound<'py, PyAny>> = rows.iter().map(|r| r[col].clone()).collect();
+        let column_obj = PyTuple::new(py, &column)?;
+        match collate_items(py, h, column_obj.as_any(), &column)? {
+            Some(v) => out.append(v)?,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(out.into_any()))
+}
+
+/// Dicts → a dict with the first dict's keys, each mapped to its collated column (a list).
+fn collate_dicts<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    items: &[Bound<'py, PyAny>],
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let mut dicts = Vec::with_capacity(items.len());
+    for x in items {
+        match x.cast_exact::<PyDict>() {
+            Ok(d) => dicts.push(d.clone()),
+            Err(_) => return Ok(None),
+        }
+    }
+    let out = PyDict::new(py);
+    for key in dicts[0].keys() {
+        let mut column = Vec::with_capacity(dicts.len());
+        for d in &dicts {
+            match d.get_item(&key)? {
+                Some(v) => column.push(v),
+                None => return Ok(None), // the general path raises the KeyError
+            }
+        }
+        let column_obj = PyList::new(py, &column)?;
+        match collate_items(py, h, column_obj.as_any(), &column)? {
+            Some(v) => out.set_item(key, v)?,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(out.into_any()))
+}
+
+/// A 1-d tensor of `dtype` holding `values` (whose element size matches `dtype`).
+fn numbers_tensor<'py, T: Copy>(
+    py: Python<'py>,
+    h: &Handles,
+    dtype: &Py<PyAny>,
+    values: &[T],
+) -> PyResult<Bound<'py, PyAny>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", dtype.bind(py))?;
+    let out = h.empty.bind(py).call((values.len(),), Some(&kwargs))?;
+    let ptr = out.call_method0("data_ptr")?.extract::<usize>()? as *mut T;
+    // SAFETY: `out` is a fresh contiguous CPU tensor of `values.len()` elements of this size.
+    unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), ptr, values.len()) };
+    Ok(out)
+}
+
+/// A C-contiguous, writable buffer view of one numpy array, released on drop.
+struct ArrayView(ffi::Py_buffer);
+
+impl ArrayView {
+    fn get(obj: &Bound<'_, PyAny>) -> Option<ArrayView> {
+        let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
+        let flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT | ffi::PyBUF_WRITABLE;
+        // SAFETY: `view` is filled by a successful PyObject_GetBuffer and released in Drop.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) };
+        if rc != 0 {
+            // Read-only, non-contiguous, ...: let the general path handle it (and warn or raise).
+            PyErr::take(obj.py());
+            return None;
+        }
+        Some(ArrayView(unsafe { view.assume_init() }))
+    }
+
+    fn format(&self) -> &str {
+        if self.0.format.is_null() {
+            return "B";
+        }
+        // SAFETY: the exporter gives a NUL-terminated format string living as long as the view.
+        unsafe { CStr::from_ptr(self.0.format) }.to_str().unwrap_or("")
+    }
+
+    fn shape(&self) -> &[ffi::Py_ssize_t] {
+        if self.0.ndim == 0 || self.0.shape.is_null() {
+            return &[];
+        }
+        // SAFETY: `shape` has `ndim` entries (we asked for PyBUF_ND via C_CONTIGUOUS).
+        unsafe { std::slice::from_raw_parts(self.0.shape, self.0.ndim as usize) }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: a C-contiguous buffer of `len` bytes at `buf`.
+        unsafe { std::slice::from_raw_parts(self.0.buf as *const u8, self.0.len as usize) }
+    }
+}
+
+impl Drop for ArrayView {
+    fn drop(&mut self) {
+        // SAFETY: the view came from a successful PyObject_GetBuffer; the GIL is held by the
+        // caller that owns it (views never leave `arrays_tensor`).
+        unsafe { ffi::PyBuffer_Release(&mut self.0) };
+    }
+}
+
+/// numpy arrays of one dtype and shape → one tensor `[len(batch), *shape]`, filled by memcpy.
+fn arrays_tensor<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    ndarray: &Bound<'py, PyType>,
+    items: &[Bound<'py, PyAny>],
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let mut views = Vec::with_capacity(items.len());
+    for x in items {
+        if !x.get_type().is(ndarray) {
+            return Ok(None);
+        }
+        match ArrayView::get(x) {
+            Some(v) => views.push(v),
+            None => return Ok(None),
+        }
+    }
+    let first = &views[0];
+    let Some((dtype, itemsize)) = h.dtypes.get(first.format()) else { return Ok(None) };
+    if first.0.itemsize as usize != *itemsize {
+        return Ok(None);
+    }
+    for v in &views[1..] {
+        if v.format() != first.format() || v.shape() != first.shape() {
+            return Ok(None); // torch.stack's promotion or its size error: the general path
+        }
+    }
+    let mut shape: Vec<isize> = Vec::with_capacity(first.shape().len() + 1);
+    shape.push(views.len() as isize);
+    shape.extend(first.shape().iter().map(|&d| d as isize));
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", dtype.bind(py))?;
+    let out = h.empty.bind(py).call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
+    let base = out.call_method0("data_ptr")?.extract::<usize>()? as *mut u8;
+    let each = first.0.len as usize;
+    for (i, v) in views.iter().enumerate() {
+        let src = v.bytes();
+        if src.len() != each {
+            return Err(PyBufferError::new_err("numpy array changed size during collation"));
+        }
+        // SAFETY: `out` holds len(views) * each bytes; slot i is [i*each, (i+1)*each).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(i * each), each) };
+    }
+    Ok(Some(out))
+}
+
+/// `fast_collate(batch)`: the collated batch, or None when the general path must run.
+#[pyfunction(name = "fast_collate")]
+fn py_fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fast_collate(batch)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(py_fast_collate, m)?)?;
+    Ok(())
+}

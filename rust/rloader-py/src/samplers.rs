@@ -1,0 +1,112 @@
+//! The functions the Python samplers call to start their index streams.
+//!
+//! Each takes the seed the Python side drew (see `python/rloader/_seed.py`) and returns a
+//! ready stream or a list; all the index arithmetic is in `rloader-core`.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use std::sync::Arc;
+
+use crate::errors::CoreError;
+use crate::streams::IndexChunks;
+use rloader_core::{distributed, random, weighted, Rng};
+
+/// `0, 1, …, n-1`: SequentialSampler's stream.
+#[pyfunction]
+fn sequential(n: u64) -> IndexChunks {
+    IndexChunks::ready(Box::new(0..n))
+}
+
+/// RandomSampler's stream.
+#[pyfunction]
+fn random_indices(py: Python<'_>, n: u64, num_samples: u64, replacement: bool, seed: u64) -> IndexChunks {
+    // Building the first permutation of a large dataset takes a while: let other threads run.
+    let it = py.detach(|| random::RandomIndices::new(n, num_samples, replacement, seed));
+    IndexChunks::ready(Box::new(it))
+}
+
+/// SubsetRandomSampler's stream over non-negative integer indices.
+#[pyfunction]
+fn subset_indices(py: Python<'_>, indices: Vec<u64>, seed: u64) -> IndexChunks {
+    let order = py.detach(|| {
+        let mut rng = Rng::from_seed(seed);
+        random::permutation(indices.len() as u64, &mut rng)
+    });
+    IndexChunks::ready(Box::new(order.into_iter().map(move |p| indices[p as usize])))
+}
+
+/// WeightedRandomSampler's stream. `weights` is a contiguous float64 buffer.
+#[pyfunction]
+fn weighted_indices(
+    py: Python<'_>,
+    weights: &Bound<'_, PyAny>,
+    num_samples: u64,
+    replacement: bool,
+    seed: u64,
+) -> PyResult<IndexChunks> {
+    let weights: Vec<f64> = PyBuffer::<f64>::get(weights)?.to_vec(py)?;
+    let stream: crate::streams::Indices = py.detach(|| -> Result<_, CoreError> {
+        Ok(if replacement {
+            let table = Arc::new(weighted::AliasTable::new(&weights)?);
+            Box::new(weighted::WeightedIndices::new(table, num_samples, seed)) as crate::streams::Indices
+        } else {
+            Box::new(weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter())
+        })
+    })?;
+    Ok(IndexChunks::ready(stream))
+}
+
+/// A random permutation of `0..n` as a list (random_split's order).
+#[pyfunction]
+fn permutation(py: Python<'_>, n: u64, seed: u64) -> PyResult<Bound<'_, PyList>> {
+    let perm = py.detach(|| random::permutation(n, &mut Rng::from_seed(seed)));
+    PyList::new(py, perm)
+}
+
+/// This rank's shard of DistributedSampler's order, as a list.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn distributed_indices(
+    py: Python<'_>,
+    n: u64,
+    num_replicas: u64,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+    drop_last: bool,
+) -> PyResult<Bound<'_, PyList>> {
+    let shard =
+        py.detach(|| distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last));
+    PyList::new(py, shard)
+}
+
+/// The same shard as a stream, for BatchSampler and the DataLoader.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn distributed_stream(
+    py: Python<'_>,
+    n: u64,
+    num_replicas: u64,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+    drop_last: bool,
+) -> IndexChunks {
+    let shard =
+        py.detach(|| distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last));
+    IndexChunks::ready(Box::new(shard.into_iter()))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(random_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(subset_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(weighted_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(permutation, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed_stream, m)?)?;
+    Ok(())
+}

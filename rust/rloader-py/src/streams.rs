@@ -1,0 +1,187 @@
+//! The index streams every rloader sampler hands out.
+//!
+//! A sampler's order lives in Rust (`rloader-core`) and reaches its two kinds of consumer
+//! through these types, so both always see the same order:
+//! - Python code iterating a sampler gets `itertools.chain.from_iterable(IndexChunks)`: each
+//!   `__next__` here returns a list of up to `CHUNK` ints, and `chain` hands them out one by one
+//!   at C speed;
+//! - `BatchStream` (what `BatchSampler.__iter__` returns) yields one list per batch, and the
+//!   DataLoader's loop pulls batches from it as plain `u64`s without creating a Python object
+//!   per index.
+//!
+//! Seeds are drawn lazily, as torch's generator-based samplers do: a stream starts `Pending`
+//! with a Python factory, and the first pull calls it (drawing the seed from the user's
+//! `torch.Generator` or torch's global RNG), so the RNG is consumed in the same order as with
+//! torch.utils.data.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyIterator, PyList};
+
+/// Index streams built by `samplers.rs`. `Sync` because pyclasses may be shared across threads.
+pub type Indices = Box<dyn Iterator<Item = u64> + Send + Sync>;
+
+/// How many indices one `IndexChunks.__next__` returns.
+const CHUNK: usize = 8192;
+
+/// An index stream whose seed may not be drawn yet.
+pub enum Source {
+    /// Not started: calling the factory returns a ready `IndexChunks`.
+    Pending(Py<PyAny>),
+    Ready(Indices),
+}
+
+impl Source {
+    /// Starts the stream if needed and returns it.
+    pub fn ready(&mut self, py: Python<'_>) -> PyResult<&mut Indices> {
+        if let Source::Pending(factory) = self {
+            let made = factory.bind(py).call0()?;
+            let mut chunks = made.extract::<PyRefMut<'_, IndexChunks>>().map_err(|_| {
+                PyTypeError::new_err("an index-stream factory must return an IndexChunks")
+            })?;
+            match std::mem::replace(&mut chunks.source, Source::Ready(Box::new(std::iter::empty()))) {
+                Source::Ready(it) => *self = Source::Ready(it),
+                Source::Pending(_) => {
+                    return Err(PyTypeError::new_err("an index-stream factory must return a started stream"))
+                }
+            }
+        }
+        match self {
+            Source::Ready(it) => Ok(it),
+            Source::Pending(_) => unreachable!("started above"),
+        }
+    }
+}
+
+/// A sampler's indices as lists of up to 8192 ints; see the module docs.
+#[pyclass(module = "rloader._rloader")]
+pub struct IndexChunks {
+    pub(crate) source: Source,
+}
+
+impl IndexChunks {
+    pub fn ready(indices: Indices) -> Self {
+        IndexChunks { source: Source::Ready(indices) }
+    }
+}
+
+#[pymethods]
+impl IndexChunks {
+    /// A stream whose first pull calls `factory()`, which must return a ready `IndexChunks`.
+    #[staticmethod]
+    fn lazy(factory: Py<PyAny>) -> Self {
+        IndexChunks { source: Source::Pending(factory) }
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let it = self.source.ready(py)?;
+        let chunk: Vec<u64> = it.take(CHUNK).collect();
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(PyList::new(py, chunk)?))
+    }
+}
+
+enum BatchSource {
+    /// Indices generated in Rust.
+    Rust(Source),
+    /// Any Python iterable of keys (a user's sampler), not iterated yet: like torch's generator,
+    /// `iter(sampler)` runs at the first pull. Keys pass through untouched.
+    PythonPending(Py<PyAny>),
+    Python(Py<PyIterator>),
+}
+
+/// Batches of indices: what `BatchSampler.__iter__` returns.
+#[pyclass(module = "rloader._rloader")]
+pub struct BatchStream {
+    source: BatchSource,
+    batch_size: usize,
+    drop_last: bool,
+    done: bool,
+}
+
+/// One batch as `BatchStream` produces it.
+pub enum Batch {
+    Indices(Vec<u64>),
+    Keys(Vec<Py<PyAny>>),
+}
+
+impl BatchStream {
+    /// Pulls the next batch, or `None` at the end. `buf` is reused between calls.
+    pub fn next_batch(&mut self, py: Python<'_>, buf: &mut Vec<u64>) -> PyResult<Option<Batch>> {
+        if self.done {
+            return Ok(None);
+        }
+        let want = self.batch_size;
+        let batch = match &mut self.source {
+            BatchSource::Rust(src) => {
+                let it = src.ready(py)?;
+                buf.clear();
+                buf.extend(it.take(want));
+                if buf.is_empty() || (self.drop_last && buf.len() < want) {
+                    None
+                } else {
+                    Some(Batch::Indices(std::mem::take(buf)))
+                }
+            }
+            BatchSource::PythonPending(iterable) => {
+                let iter = iterable.bind(py).try_iter()?.unbind();
+                self.source = BatchSource::Python(iter);
+                return self.next_batch(py, buf);
+            }
+            BatchSource::Python(iter) => {
+                let mut iter = iter.bind(py).clone();
+                let mut keys = Vec::with_capacity(want);
+                while keys.len() < want {
+                    match iter.next() {
+                        Some(key) => keys.push(key?.unbind()),
+                        None => break,
+                    }
+                }
+                if keys.is_empty() || (self.drop_last && keys.len() < want) {
+                    None
+                } else {
+                    Some(Batch::Keys(keys))
+                }
+            }
+        };
+        if batch.is_none() {
+            self.done = true;
+        }
+        Ok(batch)
+    }
+}
+
+#[pymethods]
+impl BatchStream {
+    /// Batches of a Rust index stream (`IndexChunks`, started or not).
+    #[staticmethod]
+    fn from_indices(mut chunks: PyRefMut<'_, IndexChunks>, batch_size: usize, drop_last: bool) -> Self {
+        let source = std::mem::replace(&mut chunks.source, Source::Ready(Box::new(std::iter::empty())));
+        BatchStream { source: BatchSource::Rust(source), batch_size, drop_last, done: false }
+    }
+
+    /// Batches of any Python iterable.
+    #[staticmethod]
+    fn from_iterable(iterable: Py<PyAny>, batch_size: usize, drop_last: bool) -> Self {
+        BatchStream { source: BatchSource::PythonPending(iterable), batch_size, drop_last, done: false }
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let mut buf = Vec::new();
+        Ok(match self.next_batch(py, &mut buf)? {
+            None => None,
+            Some(Batch::Indices(ix)) => Some(PyList::new(py, ix)?),
+            Some(Batch::Keys(keys)) => Some(PyList::new(py, keys)?),
+        })
+    }
+}
