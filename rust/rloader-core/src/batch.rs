@@ -115,9 +115,13 @@ mod tests {
 
     #[test]
     fn len_counts_batches() {
-        assert_eq!(Batches::new(0..7, 3, false).len(), 3);
-        assert_eq!(Batches::new(0..7, 3, true).len(), 2);
-        assert_eq!(Batches::new(0..0, 3, false).len(), 0);
+        let indices = |n: u64| (0..n).collect::<Vec<_>>().into_iter();
+        assert_eq!(Batches::new(indices(7), 3, false).len(), 3);
+        assert_eq!(Batches::new(indices(7), 3, true).len(), 2);
+        assert_eq!(Batches::new(indices(0), 3, false).len(), 0);
+        let mut partly_read = Batches::new(indices(7), 3, false);
+        partly_read.next();
+        assert_eq!(partly_read.len(), 2);
     }
 
     #[test]

@@ -108,7 +108,10 @@ mod tests {
         } else {
             indices.truncate(total_size);
         }
-        indices[rank as usize..total_size]
+        // Python's slice: empty when rank >= total_size.
+        indices
+            .get(rank as usize..total_size)
+            .unwrap_or(&[])
             .iter()
             .step_by(replicas as usize)
             .copied()

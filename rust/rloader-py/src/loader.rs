@@ -29,6 +29,12 @@ enum Fetch {
     Iterable { samples: Py<PyIterator>, batch_size: Option<usize>, drop_last: bool, ended: bool },
 }
 
+/// One batch of keys for a map-style dataset.
+enum KeyBatch<'py> {
+    Indices(Vec<u64>),
+    Object(Bound<'py, PyAny>),
+}
+
 enum Collate {
     /// `default_collate`: the fast path while `live_map == pristine`, else `general(batch)`.
     Default { general: Py<PyAny>, live_map: Py<PyDict>, pristine: Py<PyDict> },
@@ -149,52 +155,53 @@ impl LoaderIter {
     fn fetch_next<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let ds = self.dataset.bind(py);
         match &mut self.fetch {
-            Fetch::Map { keys, batched, getitems } => {
-                if !*batched {
-                    let Keys::Python(it) = keys else { unreachable!("RustBatches implies batched") };
-                    return match it.bind(py).clone().next() {
-                        None => Ok(None),
-                        Some(key) => Ok(Some(ds.get_item(key?)?)),
-                    };
+            Fetch::Map { keys, batched: false, .. } => {
+                let Keys::Python(it) = keys else { unreachable!("RustBatches implies batched") };
+                match it.bind(py).clone().next() {
+                    None => Ok(None),
+                    Some(key) => Ok(Some(ds.get_item(key?)?)),
                 }
-                let keys_list = match keys {
+            }
+            Fetch::Map { keys, batched: true, getitems } => {
+                let batch = match keys {
                     Keys::RustBatches(stream) => {
                         match stream.bind(py).borrow_mut().next_batch(py, &mut self.index_buf)? {
                             None => return Ok(None),
-                            Some(Batch::Indices(ix)) => {
-                                if getitems.is_none() {
-                                    let samples = PyList::empty(py);
-                                    for &i in &ix {
-                                        samples.append(ds.get_item(i)?)?;
-                                    }
-                                    self.index_buf = ix;
-                                    return Ok(Some(samples.into_any()));
-                                }
-                                let list = PyList::new(py, &ix)?;
-                                self.index_buf = ix;
-                                list
-                            }
-                            Some(Batch::Keys(k)) => PyList::new(py, k)?,
+                            Some(Batch::Indices(ix)) => KeyBatch::Indices(ix),
+                            Some(Batch::Keys(k)) => KeyBatch::Object(PyList::new(py, k)?.into_any()),
                         }
                     }
                     Keys::Python(it) => match it.bind(py).clone().next() {
                         None => return Ok(None),
-                        Some(batch) => {
-                            let batch = batch?;
-                            if let Some(getitems) = getitems {
-                                // torch hands the batch sampler's batch to __getitems__ as it is.
-                                return Ok(Some(getitems.bind(py).call1((batch,))?));
-                            }
-                            let samples = PyList::empty(py);
-                            for key in batch.try_iter()? {
-                                samples.append(ds.get_item(key?)?)?;
-                            }
-                            return Ok(Some(samples.into_any()));
-                        }
+                        Some(batch) => KeyBatch::Object(batch?),
                     },
                 };
-                let getitems = getitems.as_ref().expect("handled above when absent");
-                Ok(Some(getitems.bind(py).call1((keys_list,))?))
+                // As torch's fetcher: `__getitems__(batch)` when the dataset has it, else one
+                // `dataset[key]` per key. A batch sampler's own batch object is passed as it is.
+                let samples = match (getitems.as_ref(), batch) {
+                    (Some(f), KeyBatch::Indices(ix)) => {
+                        let keys = PyList::new(py, &ix)?;
+                        self.index_buf = ix;
+                        f.bind(py).call1((keys,))?
+                    }
+                    (Some(f), KeyBatch::Object(keys)) => f.bind(py).call1((keys,))?,
+                    (None, KeyBatch::Indices(ix)) => {
+                        let samples = PyList::empty(py);
+                        for &i in &ix {
+                            samples.append(ds.get_item(i)?)?;
+                        }
+                        self.index_buf = ix;
+                        samples.into_any()
+                    }
+                    (None, KeyBatch::Object(keys)) => {
+                        let samples = PyList::empty(py);
+                        for key in keys.try_iter()? {
+                            samples.append(ds.get_item(key?)?)?;
+                        }
+                        samples.into_any()
+                    }
+                };
+                Ok(Some(samples))
             }
             Fetch::Iterable { samples, batch_size, drop_last, ended } => {
                 if *ended {

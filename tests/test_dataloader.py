@@ -1,0 +1,387 @@
+"""DataLoader against torch.utils.data.DataLoader as the oracle."""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+from rloader import DataLoader
+
+
+def same(a, b) -> bool:
+    """Deep equality that also checks types, dtypes and shapes."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def both(dataset, **kwargs):
+    """(list of torch's batches, list of rloader's batches) for the same arguments."""
+    return list(tud.DataLoader(dataset, **kwargs)), list(DataLoader(dataset, **kwargs))
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class MapDS(tud.Dataset):
+    def __init__(self, n, make):
+        self.n, self.make = n, make
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.make(i)
+
+
+SAMPLES = {
+    "int": lambda i: i,
+    "float": lambda i: i / 3,
+    "bool": lambda i: i % 2 == 0,
+    "tensor": lambda i: torch.full((2, 3), float(i)),
+    "numpy": lambda i: np.full((3,), i, dtype=np.int16),
+    "numpy_f32": lambda i: np.arange(4, dtype=np.float32) * i,
+    "tuple": lambda i: (torch.tensor([i, i]), i, f"s{i}"),
+    "list": lambda i: [i, float(i)],
+    "dict": lambda i: {"x": torch.tensor(i), "y": [i, i + 1], "name": str(i)},
+    "namedtuple": lambda i: Point(i, torch.tensor(float(i))),
+    "np_scalar": lambda i: np.float32(i),
+    "mixed_int_float": lambda i: i if i % 2 else float(i),
+    "str": lambda i: "abc"[i % 3],
+    "bytes": lambda i: b"xy",
+    "big_int": lambda i: 2**62 + i,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLES))
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(batch_size=4), dict(batch_size=4, drop_last=True), dict(batch_size=1),
+     dict(batch_size=None), dict(batch_size=32)],
+    ids=["b4", "b4-drop", "b1", "none", "b32"],
+)
+def test_same_batches_as_torch(kind, kwargs):
+    ds = MapDS(10, SAMPLES[kind])
+    theirs, ours = both(ds, **kwargs)
+    assert same(ours, theirs)
+
+
+def test_non_writable_numpy_warns_like_torch():
+    # torch warns once per process, so each library gets a fresh interpreter.
+    import subprocess
+    import sys
+
+    script = """
+import warnings, numpy as np, torch, torch.utils.data as tud, rloader
+arrays = []
+for i in range(4):
+    a = np.arange(3) + i
+    a.flags.writeable = False
+    arrays.append(a)
+loader_cls = {cls}
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    out = list(loader_cls(arrays, batch_size=2))
+print([b.tolist() for b in out])
+print([str(x.message)[:60] for x in w])
+"""
+    def run(cls):
+        done = subprocess.run([sys.executable, "-c", script.format(cls=cls)],
+                              capture_output=True, text=True, check=True)
+        return done.stdout
+    ours, theirs = run("rloader.DataLoader"), run("tud.DataLoader")
+    assert ours == theirs
+    assert "not writable" in ours
+
+
+@pytest.mark.parametrize("bad", [[1, [2]], [(1, 2), (1,)], [np.array(["a"]), np.array(["b"])],
+                                 [object(), object()], [torch.ones(2), torch.ones(3)]])
+def test_collate_errors_match_torch(bad):
+    with pytest.raises(Exception) as theirs:
+        list(tud.DataLoader(bad, batch_size=2))
+    with pytest.raises(type(theirs.value)) as ours:
+        list(DataLoader(bad, batch_size=2))
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_custom_collate_fn_and_sampler_and_batch_sampler():
+    data = list(range(20))
+    collate_fn = lambda b: sum(b)  # noqa: E731
+    sampler = [3, 1, 4, 1, 5, 9, 2, 6]
+    theirs, ours = both(data, batch_size=3, sampler=sampler, collate_fn=collate_fn)
+    assert ours == theirs
+    batches = [[0, 1], [5], [19, 18, 17]]
+    theirs, ours = both(data, batch_sampler=batches)
+    assert same(ours, theirs)
+    theirs, ours = both(data, batch_sampler=tud.BatchSampler(tud.SequentialSampler(data), 7, True))
+    assert same(ours, theirs)
+
+
+def test_non_integral_keys_through_a_custom_sampler():
+    ds = {"a": 1, "b": 2, "c": 3}
+    theirs, ours = both(ds, sampler=["c", "a", "b"], batch_size=2)
+    assert same(ours, theirs)
+    theirs, ours = both(ds, sampler=["c", "a"], batch_size=None)
+    assert same(ours, theirs)
+
+
+class GetItems(tud.Dataset):
+    def __init__(self):
+        self.calls = []
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        raise AssertionError("__getitems__ should have been used")
+
+    def __getitems__(self, keys):
+        self.calls.append(list(keys))
+        return [k * 10 for k in keys]
+
+
+def test_getitems_is_used_like_torch():
+    ds_t, ds_r = GetItems(), GetItems()
+    theirs = list(tud.DataLoader(ds_t, batch_size=4))
+    ours = list(DataLoader(ds_r, batch_size=4))
+    assert same(ours, theirs)
+    assert ds_r.calls == ds_t.calls
+    ds_r.calls.clear()
+    list(DataLoader(ds_r, batch_sampler=[(1, 2), [3]]))
+    assert ds_r.calls == [[1, 2], [3]]
+
+
+class Stream(tud.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+class SizedStream(Stream):
+    def __len__(self):
+        return 3
+
+
+@pytest.mark.parametrize("kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True),
+                                    dict(batch_size=None), dict(batch_size=20)])
+def test_iterable_dataset_like_torch(kwargs):
+    theirs, ours = both(Stream(10), **kwargs)
+    assert same(ours, theirs)
+
+
+def test_iterable_dataset_len_and_warning_like_torch():
+    dataset = SizedStream(10)  # the warning names it
+
+    def run(loader_cls):
+        loader = loader_cls(dataset, batch_size=None)
+        assert len(loader) == 3
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            out = list(loader)
+        return out, [str(x.message) for x in w]
+
+    assert run(DataLoader) == run(tud.DataLoader)
+
+
+def test_lengths_match_torch():
+    data = list(range(10))
+    for kwargs in [dict(), dict(batch_size=3), dict(batch_size=3, drop_last=True),
+                   dict(batch_size=None), dict(batch_sampler=[[1], [2, 3]])]:
+        assert len(DataLoader(data, **kwargs)) == len(tud.DataLoader(data, **kwargs))
+        assert len(iter(DataLoader(data, **kwargs))) == len(iter(tud.DataLoader(data, **kwargs)))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(num_workers=-1), dict(timeout=-1), dict(prefetch_factor=2),
+     dict(num_workers=1, prefetch_factor=-1), dict(persistent_workers=True),
+     dict(sampler=[0], shuffle=True), dict(batch_sampler=[[0]], batch_size=2),
+     dict(batch_sampler=[[0]], shuffle=True), dict(batch_sampler=[[0]], sampler=[0]),
+     dict(batch_sampler=[[0]], drop_last=True), dict(batch_size=None, drop_last=True),
+     dict(multiprocessing_context="spawn"), dict(num_workers=1, multiprocessing_context="nope"),
+     dict(num_workers=1, multiprocessing_context=3)],
+)
+def test_argument_errors_match_torch(kwargs):
+    with pytest.raises(Exception) as theirs:
+        tud.DataLoader(list(range(4)), **kwargs)
+    with pytest.raises(type(theirs.value)) as ours:
+        DataLoader(list(range(4)), **kwargs)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("kwargs", [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])])
+def test_iterable_dataset_rejects_sampler_options_like_torch(kwargs):
+    with pytest.raises(ValueError) as theirs:
+        tud.DataLoader(Stream(3), **kwargs)
+    with pytest.raises(ValueError) as ours:
+        DataLoader(Stream(3), **kwargs)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_attributes_cannot_be_reassigned_like_torch():
+    loader = DataLoader(list(range(4)))
+    for attr in ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]:
+        with pytest.raises(ValueError, match=f"{attr} attribute should not be set after DataLoader is initialized"):
+            setattr(loader, attr, None)
+    loader.num_workers = 0  # others stay assignable
+
+
+def test_signature_and_attributes_match_torch():
+    ours = inspect.signature(DataLoader.__init__)
+    theirs = inspect.signature(tud.DataLoader.__init__)
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in theirs.parameters.values()
+    ]
+    data = list(range(10))
+    kw = dict(batch_size=3, shuffle=True, drop_last=True, generator=torch.Generator())
+    assert set(vars(DataLoader(data, **kw))) == set(vars(tud.DataLoader(data, **kw)))
+
+
+def test_is_a_torch_dataloader_and_rebuilds_from_its_attributes():
+    # What PyTorch Lightning does to shard a loader: rebuild type(loader)(**attributes).
+    loader = DataLoader(list(range(10)), batch_size=3, shuffle=False, num_workers=0)
+    assert isinstance(loader, tud.DataLoader)
+    params = inspect.signature(type(loader).__init__).parameters
+    attrs = {k: v for k, v in vars(loader).items() if k in params and k not in ("sampler", "batch_sampler")}
+    attrs["sampler"] = tud.distributed.DistributedSampler(loader.dataset, num_replicas=2, rank=1, shuffle=False)
+    attrs["shuffle"] = False
+    rebuilt = type(loader)(**attrs)
+    assert [b.tolist() for b in rebuilt] == [[1, 3, 5], [7, 9]]
+
+
+def test_loader_pickles_before_iteration():
+    loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    clone = pickle.loads(pickle.dumps(loader))
+    assert same(list(clone), list(pickle.loads(pickle.dumps(loader))))
+
+
+def test_typing_generics():
+    assert DataLoader[int] is not None
+    assert rloader.Dataset[int] is not None
+
+
+def test_shuffle_is_a_permutation_and_reproducible():
+    data = list(range(100))
+    def epoch(seed):
+        return [x for b in DataLoader(data, batch_size=7, shuffle=True,
+                                      generator=torch.Generator().manual_seed(seed)) for x in b.tolist()]
+    assert sorted(epoch(0)) == data
+    assert epoch(0) == epoch(0)
+    assert epoch(0) != epoch(1)
+    loader = DataLoader(data, batch_size=7, shuffle=True)
+    torch.manual_seed(3)
+    a = [b.tolist() for b in loader]
+    torch.manual_seed(3)
+    assert [b.tolist() for b in loader] == a
+
+
+def test_global_rng_advances_exactly_as_with_torch():
+    data = list(range(50))
+    for kwargs in [dict(shuffle=True, batch_size=4), dict(shuffle=False), dict(batch_size=None)]:
+        torch.manual_seed(0)
+        list(tud.DataLoader(data, **kwargs))
+        expected = torch.rand(2)
+        torch.manual_seed(0)
+        list(DataLoader(data, **kwargs))
+        assert torch.equal(torch.rand(2), expected), kwargs
+
+
+def test_pin_memory_without_accelerator_warns_like_torch():
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator: pinning is tested by test_pin_memory_pins")
+    def run(cls):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            out = list(cls(list(range(4)), batch_size=2, pin_memory=True))
+        return out, [(x.category, str(x.message)) for x in w]
+    ours, theirs = run(DataLoader), run(tud.DataLoader)
+    assert same(ours[0], theirs[0])
+    assert ours[1] == theirs[1] and ours[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_memory_pins():
+    batch = next(iter(DataLoader([(torch.ones(2), {"a": torch.zeros(1)})] * 4, batch_size=2, pin_memory=True)))
+    assert batch[0].is_pinned() and batch[1]["a"].is_pinned()
+
+
+def test_dataset_errors_propagate_unchanged():
+    class Bad(tud.Dataset):
+        def __len__(self):
+            return 4
+        def __getitem__(self, i):
+            if i == 2:
+                raise KeyError("no sample 2")
+            return i
+    with pytest.raises(KeyError, match="no sample 2"):
+        list(DataLoader(Bad(), batch_size=1))
+
+
+def test_timeout_without_workers_is_rejected_like_torch():
+    with pytest.raises(AssertionError):
+        iter(tud.DataLoader([1], timeout=1))
+    with pytest.raises(AssertionError, match="timeout"):
+        iter(DataLoader([1], timeout=1))
+
+
+def test_modified_collate_map_is_honoured():
+    class Money(float):
+        pass
+    data = [Money(1.5), Money(2.5)]
+    rloader.default_collate_fn_map[Money] = lambda batch, *, collate_fn_map=None: "money!"
+    try:
+        assert list(DataLoader(data, batch_size=2)) == ["money!"]
+    finally:
+        del rloader.default_collate_fn_map[Money]
+    rloader.default_collate_fn_map[int] = lambda batch, *, collate_fn_map=None: "ints!"
+    try:
+        assert list(DataLoader([1, 2], batch_size=2)) == ["ints!"]
+    finally:
+        rloader.default_collate_fn_map[int] = rloader.collate.__globals__["collate_int_fn"]
+    assert same(list(DataLoader([1, 2], batch_size=2)), [torch.tensor([1, 2])])
+
+
+def test_torchs_default_collate_passed_explicitly():
+    data = [(i, np.ones(2) * i) for i in range(5)]
+    theirs, ours = both(data, batch_size=2, collate_fn=tud.default_collate)
+    assert same(ours, theirs)
+
+
+def test_two_iterators_at_once():
+    loader = DataLoader(list(range(6)), batch_size=2)
+    a, b = iter(loader), iter(loader)
+    assert next(a).tolist() == [0, 1]
+    assert next(b).tolist() == [0, 1]
+    assert next(a).tolist() == [2, 3]
+
+
+def test_torch_datasets_and_samplers_in_rloader_loader():
+    ds = tud.TensorDataset(torch.arange(10), torch.arange(10) * 2)
+    theirs, ours = both(ds, batch_size=4, sampler=tud.SequentialSampler(ds))
+    assert same(ours, theirs)
+
+
+@pytest.mark.parametrize("context", [None, "fork", "spawn"])
+def test_workers_give_torchs_batches(context):
+    data = [(i, float(i)) for i in range(23)]
+    kw = dict(batch_size=4, num_workers=2, multiprocessing_context=context)
+    theirs, ours = both(data, **kw)
+    assert same(ours, theirs)
