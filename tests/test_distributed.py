@@ -1,0 +1,33 @@
+"""DistributedSampler under a real process group: gloo, 2 ranks, launched with torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch.utils.data.distributed as tud_distributed
+
+
+def test_two_ranks_under_torchrun(tmp_path):
+    worker = os.path.join(os.path.dirname(__file__), "_distributed_worker.py")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         worker, str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["world"] == r["num_replicas"] == 2 for r in ranks)
+    for epoch in range(2):
+        a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
+        assert len(a) == len(b) == 52
+        # 103 indices, padded by one: together the shards cover everything, overlapping once.
+        assert set(a) | set(b) == set(range(103))
+        assert len(set(a) & set(b)) <= 1
+    assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]  # set_epoch changes the order
+    # Without shuffling, each rank's batches are exactly what torch's sampler gives that rank.
+    for r in ranks:
+        theirs = list(tud_distributed.DistributedSampler(range(50), 2, r["rank"], shuffle=False))
+        assert [i for b in r["batches"] for i in b] == theirs
