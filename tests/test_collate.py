@@ -52,17 +52,23 @@ def assert_same(ours, theirs, path="out"):
         for key in theirs:
             assert_same(ours[key], theirs[key], f"{path}[{key!r}]")
         if hasattr(theirs, "__dict__"):
-            assert vars(ours) == vars(theirs), path
+            assert_same(vars(ours), vars(theirs), f"{path}.__dict__")
         if isinstance(theirs, defaultdict):
             assert ours.default_factory is theirs.default_factory, path
     elif isinstance(theirs, collections.abc.Sequence) and not isinstance(theirs, (str, bytes)):
         assert len(ours) == len(theirs), path
+        if hasattr(theirs, "__dict__") and not _is_namedtuple(theirs):
+            assert_same(vars(ours), vars(theirs), f"{path}.__dict__")
         for i, (a, b) in enumerate(zip(ours, theirs)):
             assert_same(a, b, f"{path}[{i}]")
     elif isinstance(theirs, float) and theirs != theirs:
         assert ours != ours, path
     else:
         assert ours == theirs, f"{path}: {ours!r} vs {theirs!r}"
+
+
+def _is_namedtuple(obj):
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
 def outcome(fn, *args, **kwargs):
@@ -596,6 +602,23 @@ def test_sequence_types():
     check_convert(UserList([np.zeros(1)]))
     check_convert(Row([np.zeros(1)]))
     check_convert(deque([np.zeros(1)]))
+
+
+class TaggedList(list):
+    """A list with extra state that a plain ``TaggedList(values)`` would drop."""
+
+    def __init__(self, *args, tag=None):
+        super().__init__(*args)
+        self.tag = tag
+
+
+def test_mutable_sequence_is_copied_with_its_attributes():
+    batch = [TaggedList([1, 2], tag="t"), TaggedList([3, 4], tag="u")]
+    ours = rl.default_collate(batch)
+    check_collate(batch)
+    assert type(ours) is TaggedList and ours.tag == "t"
+    assert rl.default_convert(TaggedList([np.zeros(1)], tag="v")).tag == "v"
+    check_convert(TaggedList([np.zeros(1)], tag="v"))
 
 
 def test_mutable_sequence_is_copied_not_mutated():

@@ -302,7 +302,8 @@ def test_stack_dataset_nested_size_mismatch():
             lambda: rl.StackDataset(*args, **kwargs).__getitems__([0, 1]),
             lambda: tud.StackDataset(*args, **kwargs).__getitems__([0, 1]),
         )
-        assert got == ("err", ValueError, "Nested dataset's output size mismatch. Expected 2, got 1")
+        message = "Nested dataset's output size mismatch. Expected 2, got 1"
+        assert got == ("err", ValueError, message)
 
 
 @pytest.mark.parametrize(
@@ -341,6 +342,17 @@ def test_concat_dataset_items_and_attributes():
         assert same(ours[i], theirs[i]), i
     assert rl.ConcatDataset.cumsum(parts) == tud.ConcatDataset.cumsum(parts)
     assert rl.ConcatDataset.cumsum([]) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=5))
+def test_concat_dataset_every_index_random_parts(part_lengths):
+    parts = [tud.TensorDataset(torch.arange(n) + 100 * k) for k, n in enumerate(part_lengths)]
+    ours, theirs = rl.ConcatDataset(parts), tud.ConcatDataset(parts)
+    assert ours.cumulative_sizes == theirs.cumulative_sizes
+    total = len(theirs)
+    for index in range(-total - 2, total + 2):
+        assert_same_outcome(lambda: ours[index], lambda: theirs[index])
 
 
 def test_concat_dataset_takes_any_iterable():
@@ -470,7 +482,9 @@ def _subset_subclass(base, name, with_getitems):
 def test_subset_subclass_must_override_getitems_too():
     ours_cls = _subset_subclass(rl.Subset, "MySubset", False)
     theirs_cls = _subset_subclass(tud.Subset, "MySubset", False)
-    got = assert_same_outcome(lambda: ours_cls(Squares(3), [0]), lambda: theirs_cls(Squares(3), [0]))
+    got = assert_same_outcome(
+        lambda: ours_cls(Squares(3), [0]), lambda: theirs_cls(Squares(3), [0])
+    )
     assert got[:2] == ("err", NotImplementedError)
     assert got[2].startswith("MySubset overrides __getitem__ but not __getitems__.")
     ok = _subset_subclass(rl.Subset, "GoodSubset", True)(Squares(3), [0])

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import re
 from collections.abc import Callable
+from typing import Union
 
 import torch
 from torch.utils.data import get_worker_info
@@ -37,7 +38,7 @@ __all__ = [
     "default_convert",
 ]
 
-CollateFnMap = dict[type | tuple[type, ...], Callable]
+CollateFnMap = dict[Union[type, tuple[type, ...]], Callable]  # (runtime alias: no `|` on 3.9)
 
 # numpy dtype strings (e.g. "<U3", "|S2", "|O") for strings, bytes and objects: not tensors.
 _NP_STR_OR_OBJECT_DTYPE = re.compile(r"[SaUO]")

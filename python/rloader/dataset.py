@@ -96,7 +96,9 @@ class StackDataset(Dataset[T_stack], _torch_data.StackDataset[T_stack]):
 
     datasets: tuple | dict
 
-    def __init__(self, *args: _torch_data.Dataset[T_co], **kwargs: _torch_data.Dataset[T_co]) -> None:
+    def __init__(
+        self, *args: _torch_data.Dataset[T_co], **kwargs: _torch_data.Dataset[T_co]
+    ) -> None:
         if args and kwargs:
             # (torch's message has no space between "or" and "``dict``"; kept as is.)
             raise ValueError(

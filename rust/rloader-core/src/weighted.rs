@@ -282,7 +282,9 @@ pub fn weighted_without_replacement(
         return Ok(Vec::new());
     }
     let k = k as usize;
+    let t0 = std::time::Instant::now();
     let keys = exponential_keys(weights, max, seed);
+    eprintln!("keygen {:?}", t0.elapsed());
     let positive_picks = if compact::fits_u32(weights.len() as u64) {
         smallest_keys::<u32>(&keys, k)
     } else {
@@ -384,7 +386,9 @@ fn radix_sorted_prefix(keys: &[u64], take: usize) -> Vec<u64> {
             truncated.checked_shl(index_bits).unwrap_or(0) | i as u64
         })
         .collect();
+    let t0 = std::time::Instant::now();
     radix_sort_bits(&mut packed, index_bits, key_bits);
+    eprintln!("radix {:?} dropped {dropped_bits} key_bits {key_bits}", t0.elapsed());
 
     if dropped_bits > 0 {
         let packed_key = |word: u64| word.checked_shr(index_bits).unwrap_or(0);
@@ -404,7 +408,10 @@ fn radix_sorted_prefix(keys: &[u64], take: usize) -> Vec<u64> {
             start = end;
         }
     }
-    packed[..take].iter().map(|&word| word & index_mask).collect()
+    let t0 = std::time::Instant::now();
+    let r = packed[..take].iter().map(|&word| word & index_mask).collect();
+    eprintln!("tail {:?}", t0.elapsed());
+    r
 }
 
 /// Stable LSD radix sort of `values` by bits `[low, low + width)`, in digits of

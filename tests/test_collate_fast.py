@@ -1,0 +1,100 @@
+"""The Rust fast path of default_collate gives exactly the general path's (and torch's) results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rloader
+from rloader._rloader import fast_collate
+
+
+def same(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32,
+          np.float64, np.complex64, np.uint16]
+
+leaf_kinds = st.sampled_from(["int", "float", "bool", "str", "tensor", "array", "bytes"])
+
+
+@st.composite
+def structure(draw, depth=0):
+    """A recipe: a function from sample index to one sample of a fixed shape."""
+    if depth < 2 and draw(st.booleans()):
+        kind = draw(st.sampled_from(["tuple", "list", "dict"]))
+        width = draw(st.integers(1, 3))
+        parts = [draw(structure(depth + 1)) for _ in range(width)]
+        if kind == "tuple":
+            return lambda i: tuple(p(i) for p in parts)
+        if kind == "list":
+            return lambda i: [p(i) for p in parts]
+        keys = draw(st.lists(st.text("abc", min_size=1, max_size=2), min_size=width, max_size=width, unique=True))
+        return lambda i: {k: p(i) for k, p in zip(keys, parts)}
+    kind = draw(leaf_kinds)
+    if kind == "int":
+        big = draw(st.booleans())
+        return lambda i: i * (2**40 if big else 1) - 3
+    if kind == "float":
+        return lambda i: i / 7
+    if kind == "bool":
+        return lambda i: i % 3 == 0
+    if kind == "str":
+        return lambda i: f"s{i}"
+    if kind == "bytes":
+        return lambda i: b"b"
+    shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
+    if kind == "tensor":
+        dtype = draw(st.sampled_from([torch.float32, torch.int64, torch.bool, torch.float16]))
+        return lambda i: torch.full(shape, i % 2, dtype=dtype)
+    dtype = draw(st.sampled_from(DTYPES))
+    return lambda i: np.full(shape, i % 2, dtype=dtype)
+
+
+@settings(max_examples=300, deadline=None)
+@given(structure(), st.integers(1, 6))
+def test_fast_path_equals_general_path_and_torch(make, n):
+    batch = [make(i) for i in range(n)]
+    general = rloader.collate(batch, collate_fn_map=rloader.default_collate_fn_map)
+    theirs = tud.default_collate(batch)
+    assert same(general, theirs)
+    fast = fast_collate(batch)
+    if fast is not None:
+        assert same(fast, theirs)
+    assert same(rloader.default_collate(batch), theirs)
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [[1, 2, 3], [1.5, 2.5], [True, False], [torch.ones(2), torch.zeros(2)],
+     [np.ones(3, np.float32), np.zeros(3, np.float32)], [(1, 2.0), (3, 4.0)],
+     [{"a": 1}, {"a": 2}], [[1, "x"], [2, "y"]], ["a", "b"]],
+)
+def test_common_batches_take_the_fast_path(batch):
+    out = fast_collate(batch)
+    assert out is not None
+    assert same(out, tud.default_collate(batch))
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [[1, 2.5], [2**70, 1], [np.float32(1), np.float32(2)], [np.ones(2), np.ones(3)],
+     [np.ones(2, np.float32), np.ones(2, np.float64)], [np.ones((2, 2))[:, 0], np.ones(2)],
+     [(1, 2), (1,)], [{"a": 1}, {"b": 2}], [torch.nn.Parameter(torch.ones(1))] * 2, [],
+     [np.array(["a"]), np.array(["b"])], [np.ones(2, ">f4"), np.ones(2, ">f4")]],
+)
+def test_unusual_batches_fall_back_to_the_general_path(batch):
+    assert fast_collate(batch) is None
