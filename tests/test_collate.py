@@ -1,4 +1,4 @@
-"""rloader.collate against torch.utils.data's collate functions, the oracle.
+"""rloader._collate (collate, default_collate, default_convert, ...) against torch.utils.data's collate functions, the oracle.
 
 Every test runs the same input through both and requires the same result: the same types all
 the way down, the same tensor dtypes, shapes and values, the same exceptions (type and text) and
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import importlib
 import types
 import warnings
 from collections import OrderedDict, UserList, defaultdict, deque, namedtuple
@@ -21,7 +22,9 @@ import torch.utils.data._utils.collate as torch_collate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rloader import collate as rl
+# (not `from rloader import collate`: the package re-exports the function `collate`, which
+# shadows the submodule of the same name as a package attribute)
+rl = importlib.import_module("rloader._collate")
 
 Point = namedtuple("Point", ["x", "y"])
 Triple = namedtuple("Triple", ["a", "b", "c"])
@@ -652,7 +655,7 @@ def test_default_map_has_torchs_keys_in_torchs_order():
     assert rl._DEFAULT_MAP_SNAPSHOT == rl.default_collate_fn_map
     assert rl._DEFAULT_MAP_SNAPSHOT is not rl.default_collate_fn_map
     for key, fn in rl.default_collate_fn_map.items():
-        assert fn.__module__ == "rloader.collate", key
+        assert fn.__module__ == "rloader._collate", key
 
 
 def test_collate_without_a_map_only_walks_containers():

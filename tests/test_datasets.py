@@ -19,6 +19,7 @@ import torch.utils.data as tud
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rloader
 from rloader import _rloader
 from rloader import dataset as rl
 from rloader._seed import draw_seed
@@ -144,6 +145,11 @@ class RStream(rl.IterableDataset):
 def test_each_class_subclasses_torchs(name):
     assert issubclass(getattr(rl, name), getattr(tud, name))
     assert getattr(rl, name) is not getattr(tud, name)
+
+
+@pytest.mark.parametrize("name", [*CLASSES, "random_split"])
+def test_package_exports_these_objects(name):
+    assert getattr(rloader, name) is getattr(rl, name)
 
 
 def test_isinstance_both_ways():
@@ -680,7 +686,14 @@ def test_random_split_reproducible_from_generator():
     assert run(1) != run(2)
 
 
-def test_random_split_uses_torchs_global_rng_by_default():
+@pytest.fixture
+def restore_global_rng():
+    state = torch.get_rng_state()
+    yield
+    torch.set_rng_state(state)
+
+
+def test_random_split_uses_torchs_global_rng_by_default(restore_global_rng):
     def run(seed, **kwargs):
         torch.manual_seed(seed)
         parts = split_indices(rl.random_split(range(40), [10, 30], **kwargs))

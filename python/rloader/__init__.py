@@ -11,7 +11,7 @@ from torch.utils.data import get_worker_info
 
 from . import distributed
 from ._rloader import __version__
-from .collate import collate, default_collate, default_collate_fn_map, default_convert
+from ._collate import collate, default_collate, default_collate_fn_map, default_convert
 from .dataloader import DataLoader
 from .dataset import (
     ChainDataset,

@@ -24,6 +24,8 @@ from typing import Union
 import torch
 from torch.utils.data import get_worker_info
 
+from . import _rloader
+
 __all__ = [
     "collate",
     "collate_float_fn",
@@ -218,5 +220,14 @@ _DEFAULT_MAP_SNAPSHOT = dict(default_collate_fn_map)
 
 
 def default_collate(batch):
-    """Collate ``batch`` with ``default_collate_fn_map`` (torch's ``default_collate``)."""
+    """Collate ``batch`` with ``default_collate_fn_map`` (torch's ``default_collate``).
+
+    Common batches go through the Rust fast path (``rust/rloader-py/src/collate.rs``), which
+    returns None for anything it does not handle; it is skipped inside worker processes (where
+    tensors are collated into shared memory) and once the map has been changed.
+    """
+    if default_collate_fn_map == _DEFAULT_MAP_SNAPSHOT and get_worker_info() is None:
+        out = _rloader.fast_collate(batch)
+        if out is not None:
+            return out
     return collate(batch, collate_fn_map=default_collate_fn_map)
