@@ -37,11 +37,17 @@ fn random(c: &mut Criterion) {
         b.iter(|| permutation(black_box(TEN_MILLION), &mut Rng::from_seed(0)))
     });
     c.bench_function("RandomIndices 10M collected", |b| {
-        b.iter(|| RandomIndices::new(black_box(TEN_MILLION), TEN_MILLION, false, 0).collect::<Vec<_>>())
+        b.iter(|| {
+            RandomIndices::new(black_box(TEN_MILLION), TEN_MILLION, false, 0).collect::<Vec<_>>()
+        })
     });
     c.bench_function("Batches(RandomIndices 10M, 1024)", |b| {
         b.iter(|| {
-            let mut batches = Batches::new(RandomIndices::new(TEN_MILLION, TEN_MILLION, false, 0), 1024, false);
+            let mut batches = Batches::new(
+                RandomIndices::new(TEN_MILLION, TEN_MILLION, false, 0),
+                1024,
+                false,
+            );
             let mut batch = Vec::new();
             let mut checksum = 0u64;
             while batches.next_into(&mut batch) {
@@ -81,12 +87,17 @@ fn hundred_million_categories(_: &mut Criterion) {
     let start = Instant::now();
     let table = AliasTable::new(&weights).expect("100M categories");
     println!("AliasTable::new, 100M categories: {:.2?}", start.elapsed());
-    let last = (0..1000).map(|s| table.sample(&mut Rng::from_seed(s))).max();
+    let last = (0..1000)
+        .map(|s| table.sample(&mut Rng::from_seed(s)))
+        .max();
     assert!(last.unwrap() < n as u64);
     drop(table);
     let start = Instant::now();
     let picks = weighted_without_replacement(&weights, 1000, 0).expect("100M categories");
-    println!("weighted_without_replacement, 1k of 100M: {:.2?}", start.elapsed());
+    println!(
+        "weighted_without_replacement, 1k of 100M: {:.2?}",
+        start.elapsed()
+    );
     assert_eq!(picks.len(), 1000);
 }
 
@@ -95,7 +106,7 @@ criterion_group! {
     config = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
+        .measurement_time(Duration::from_secs(6));
     targets = hundred_million_categories, random, weighted, distributed
 }
 criterion_main!(benches);

@@ -74,7 +74,10 @@ mod tests {
 
     #[test]
     fn last_batch_is_short_unless_dropped() {
-        assert_eq!(batches(7, 3, false), [vec![0, 1, 2], vec![3, 4, 5], vec![6]]);
+        assert_eq!(
+            batches(7, 3, false),
+            [vec![0, 1, 2], vec![3, 4, 5], vec![6]]
+        );
         assert_eq!(batches(7, 3, true), [vec![0, 1, 2], vec![3, 4, 5]]);
     }
 

@@ -41,16 +41,9 @@ pub(crate) fn fits_u32(n: u64) -> bool {
     n <= u64::from(u32::MAX) + 1
 }
 
-/// `[0, 1, ..., n - 1]` in words of type `T`.
-pub(crate) fn identity<T: CompactIndex>(n: u64) -> Vec<T> {
-    let mut out = Vec::with_capacity(usize::try_from(n).expect("index buffer exceeds memory"));
-    out.extend((0..n).map(T::from_u64));
-    out
-}
-
-/// Refills `buf` (same length) with `0..len`.
-pub(crate) fn reset_identity<T: CompactIndex>(buf: &mut [T]) {
-    for (i, slot) in buf.iter_mut().enumerate() {
+/// Overwrites `slots` with `0, 1, ..., len - 1`.
+pub(crate) fn fill_identity<T: CompactIndex>(slots: &mut [T]) {
+    for (i, slot) in slots.iter_mut().enumerate() {
         *slot = T::from_u64(i as u64);
     }
 }

@@ -10,7 +10,7 @@
 //! never builds the padded one.
 
 use crate::compact::{self, CompactIndex};
-use crate::random::compact_permutation;
+use crate::random::fill_permutation;
 use crate::rng::Rng;
 
 /// How many indices each rank gets: torch's `num_samples`.
@@ -63,13 +63,20 @@ pub fn distributed_indices(
     }
     let mut rng = Rng::from_seed(seed.wrapping_add(epoch));
     if compact::fits_u32(n) {
-        read_shard(&compact_permutation::<u32>(n, &mut rng), positions)
+        read_shard::<u32>(n, &mut rng, positions)
     } else {
-        read_shard(&compact_permutation::<u64>(n, &mut rng), positions)
+        read_shard::<u64>(n, &mut rng, positions)
     }
 }
 
-fn read_shard<T: CompactIndex>(order: &[T], positions: impl Iterator<Item = u64>) -> Vec<u64> {
+/// Builds the epoch's permutation in `T` words and reads `positions` from it.
+fn read_shard<T: CompactIndex>(
+    n: u64,
+    rng: &mut Rng,
+    positions: impl Iterator<Item = u64>,
+) -> Vec<u64> {
+    let mut order = vec![T::from_u64(0); usize::try_from(n).expect("dataset exceeds memory")];
+    fill_permutation(&mut order, rng);
     positions.map(|p| order[p as usize].to_u64()).collect()
 }
 

@@ -10,8 +10,8 @@
 //! All randomness comes from [`Rng`], whose output for a given seed is part of
 //! rloader's stable contract (see [`rng`]).
 
-mod compact;
 pub mod batch;
+mod compact;
 pub mod distributed;
 pub mod random;
 pub mod rng;

@@ -1,0 +1,144 @@
+//! `WeightedRandomSampler`: sampling indices in proportion to `f64` weights.
+//!
+//! With replacement, draws come from an [`AliasTable`] (O(n) to build, O(1) per
+//! draw). Without replacement, [`weighted_without_replacement`] sorts exponential
+//! keys. Neither caps the number of categories (torch stops at 2^24).
+//!
+//! Weights are validated as torch validates them, with torch's messages
+//! ([`WeightError`]), and then divided by their maximum, so that no sum or key
+//! overflows however large or small the weights are.
+
+mod alias;
+mod without_replacement;
+
+use std::fmt;
+
+pub use alias::{AliasTable, WeightedIndices};
+pub use without_replacement::weighted_without_replacement;
+
+/// Why a list of weights cannot be sampled. `Display` gives torch's message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightError {
+    /// A weight is infinite, NaN or negative.
+    NotFiniteOrNegative,
+    /// Every weight is zero.
+    ZeroSum,
+    /// There are no weights.
+    Empty,
+    /// More samples without replacement than there are weights.
+    TooManySamples,
+}
+
+impl fmt::Display for WeightError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WeightError::NotFiniteOrNegative => {
+                "probability tensor contains either `inf`, `nan` or element < 0"
+            }
+            WeightError::ZeroSum => "invalid multinomial distribution (sum of probabilities <= 0)",
+            WeightError::Empty => "cannot sample from an empty list of weights",
+            WeightError::TooManySamples => {
+                "cannot sample n_sample > prob_dist.size(-1) samples without replacement"
+            }
+        })
+    }
+}
+
+impl std::error::Error for WeightError {}
+
+/// What the samplers need to know about a valid list of weights.
+#[derive(Clone, Copy, Debug)]
+struct WeightSummary {
+    /// The largest weight (> 0).
+    max: f64,
+    /// The smallest positive weight.
+    min_positive: f64,
+    /// How many weights are positive (>= 1).
+    positive: usize,
+}
+
+/// Checks `weights` in torch's order (empty, then invalid values, then all zero).
+fn validate(weights: &[f64]) -> Result<WeightSummary, WeightError> {
+    if weights.is_empty() {
+        return Err(WeightError::Empty);
+    }
+    let mut all_valid = true;
+    let mut summary = WeightSummary {
+        max: 0.0,
+        min_positive: f64::INFINITY,
+        positive: 0,
+    };
+    for &w in weights {
+        // False for NaN, negatives and +inf.
+        all_valid &= (0.0..f64::INFINITY).contains(&w);
+        summary.max = summary.max.max(w);
+        if w > 0.0 {
+            summary.min_positive = summary.min_positive.min(w);
+            summary.positive += 1;
+        }
+    }
+    if !all_valid {
+        Err(WeightError::NotFiniteOrNegative)
+    } else if summary.positive == 0 {
+        Err(WeightError::ZeroSum)
+    } else {
+        Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_messages_are_torchs() {
+        assert_eq!(
+            WeightError::NotFiniteOrNegative.to_string(),
+            "probability tensor contains either `inf`, `nan` or element < 0"
+        );
+        assert_eq!(
+            WeightError::ZeroSum.to_string(),
+            "invalid multinomial distribution (sum of probabilities <= 0)"
+        );
+        assert_eq!(
+            WeightError::Empty.to_string(),
+            "cannot sample from an empty list of weights"
+        );
+        assert_eq!(
+            WeightError::TooManySamples.to_string(),
+            "cannot sample n_sample > prob_dist.size(-1) samples without replacement"
+        );
+        let boxed: Box<dyn std::error::Error> = Box::new(WeightError::Empty);
+        assert!(boxed.source().is_none());
+    }
+
+    #[test]
+    fn invalid_weights_are_rejected_by_both_samplers() {
+        let cases: [(&[f64], WeightError); 7] = [
+            (&[], WeightError::Empty),
+            (&[1.0, f64::NAN], WeightError::NotFiniteOrNegative),
+            (&[1.0, f64::INFINITY], WeightError::NotFiniteOrNegative),
+            (&[f64::NEG_INFINITY], WeightError::NotFiniteOrNegative),
+            (&[1.0, -0.5], WeightError::NotFiniteOrNegative),
+            (&[0.0, 0.0], WeightError::ZeroSum),
+            (&[-0.0], WeightError::ZeroSum),
+        ];
+        for (weights, error) in cases {
+            assert_eq!(AliasTable::new(weights).err(), Some(error), "{weights:?}");
+            let k = weights.len() as u64;
+            assert_eq!(
+                weighted_without_replacement(weights, k, 0).err(),
+                Some(error),
+                "{weights:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn summary_of_valid_weights() {
+        let summary = validate(&[0.0, 2.0, 0.5, 0.0, 3.0]).unwrap();
+        assert_eq!(summary.max, 3.0);
+        assert_eq!(summary.min_positive, 0.5);
+        assert_eq!(summary.positive, 3);
+    }
+}
