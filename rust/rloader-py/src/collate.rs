@@ -100,12 +100,17 @@ fn collate_items<'py>(
     batch: &Bound<'py, PyAny>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some(first) = items.first() else { return Ok(None) };
+    let Some(first) = items.first() else {
+        return Ok(None);
+    };
     if first.is_exact_instance_of::<PyBool>() {
         if !all_exact::<PyBool>(items) {
             return Ok(None);
         }
-        let values: Vec<u8> = items.iter().map(|x| u8::from(x.is_truthy().unwrap_or(false))).collect();
+        let values: Vec<u8> = items
+            .iter()
+            .map(|x| u8::from(x.is_truthy().unwrap_or(false)))
+            .collect();
         return numbers_tensor(py, h, &h.bool_, &values).map(Some);
     }
     if first.is_exact_instance_of::<PyInt>() {
@@ -125,7 +130,10 @@ fn collate_items<'py>(
         if !all_exact::<PyFloat>(items) {
             return Ok(None);
         }
-        let values: Vec<f64> = items.iter().map(|x| x.cast::<PyFloat>().map(|f| f.value()).unwrap_or(0.0)).collect();
+        let values: Vec<f64> = items
+            .iter()
+            .map(|x| x.cast::<PyFloat>().map(|f| f.value()).unwrap_or(0.0))
+            .collect();
         return numbers_tensor(py, h, &h.float64, &values).map(Some);
     }
     if first.is_exact_instance_of::<PyString>() || first.is_exact_instance_of::<PyBytes>() {
@@ -134,7 +142,9 @@ fn collate_items<'py>(
     }
     let first_type = first.get_type();
     if first_type.is(h.tensor_type.bind(py)) {
-        if first.getattr("is_nested")?.is_truthy()? || !first.getattr("layout")?.is(h.strided.bind(py)) {
+        if first.getattr("is_nested")?.is_truthy()?
+            || !first.getattr("layout")?.is(h.strided.bind(py))
+        {
             return Ok(None);
         }
         return Ok(Some(h.stack.bind(py).call1((batch, 0))?));
@@ -258,7 +268,9 @@ impl ArrayView {
             return "B";
         }
         // SAFETY: the exporter gives a NUL-terminated format string living as long as the view.
-        unsafe { CStr::from_ptr(self.0.format) }.to_str().unwrap_or("")
+        unsafe { CStr::from_ptr(self.0.format) }
+            .to_str()
+            .unwrap_or("")
     }
 
     fn shape(&self) -> &[ffi::Py_ssize_t] {
@@ -301,7 +313,9 @@ fn arrays_tensor<'py>(
         }
     }
     let first = &views[0];
-    let Some((dtype, itemsize)) = h.dtypes.get(first.format()) else { return Ok(None) };
+    let Some((dtype, itemsize)) = h.dtypes.get(first.format()) else {
+        return Ok(None);
+    };
     if first.0.itemsize as usize != *itemsize {
         return Ok(None);
     }
@@ -315,13 +329,18 @@ fn arrays_tensor<'py>(
     shape.extend(first.shape().iter().map(|&d| d as isize));
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", dtype.bind(py))?;
-    let out = h.empty.bind(py).call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
+    let out = h
+        .empty
+        .bind(py)
+        .call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
     let base = out.call_method0("data_ptr")?.extract::<usize>()? as *mut u8;
     let each = first.0.len as usize;
     for (i, v) in views.iter().enumerate() {
         let src = v.bytes();
         if src.len() != each {
-            return Err(PyBufferError::new_err("numpy array changed size during collation"));
+            return Err(PyBufferError::new_err(
+                "numpy array changed size during collation",
+            ));
         }
         // SAFETY: `out` holds len(views) * each bytes; slot i is [i*each, (i+1)*each).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(i * each), each) };

@@ -25,8 +25,17 @@ enum Keys {
 }
 
 enum Fetch {
-    Map { keys: Keys, batched: bool, getitems: Option<Py<PyAny>> },
-    Iterable { samples: Py<PyIterator>, batch_size: Option<usize>, drop_last: bool, ended: bool },
+    Map {
+        keys: Keys,
+        batched: bool,
+        getitems: Option<Py<PyAny>>,
+    },
+    Iterable {
+        samples: Py<PyIterator>,
+        batch_size: Option<usize>,
+        drop_last: bool,
+        ended: bool,
+    },
 }
 
 /// One batch of keys for a map-style dataset.
@@ -37,7 +46,11 @@ enum KeyBatch<'py> {
 
 enum Collate {
     /// `default_collate`: the fast path while `live_map == pristine`, else `general(batch)`.
-    Default { general: Py<PyAny>, live_map: Py<PyDict>, pristine: Py<PyDict> },
+    Default {
+        general: Py<PyAny>,
+        live_map: Py<PyDict>,
+        pristine: Py<PyDict>,
+    },
     Call(Py<PyAny>),
 }
 
@@ -94,7 +107,11 @@ impl LoaderIter {
                     Some(f) if f.is_truthy()? => Some(f.unbind()),
                     _ => None,
                 };
-                Fetch::Map { keys, batched: auto_collation, getitems }
+                Fetch::Map {
+                    keys,
+                    batched: auto_collation,
+                    getitems,
+                }
             }
             None => Fetch::Iterable {
                 samples: dataset.bind(py).try_iter()?.unbind(),
@@ -104,7 +121,11 @@ impl LoaderIter {
             },
         };
         let collate = match default_collate {
-            Some((general, live_map, pristine)) => Collate::Default { general, live_map, pristine },
+            Some((general, live_map, pristine)) => Collate::Default {
+                general,
+                live_map,
+                pristine,
+            },
             None => Collate::Call(collate_fn),
         };
         Ok(LoaderIter {
@@ -128,7 +149,9 @@ impl LoaderIter {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let Some(data) = self.fetch_next(py)? else { return Ok(None) };
+        let Some(data) = self.fetch_next(py)? else {
+            return Ok(None);
+        };
         let mut batch = self.collate_batch(py, data)?;
         if let Some(pin) = &self.pin {
             batch = pin.bind(py).call1((batch,))?;
@@ -143,7 +166,12 @@ impl LoaderIter {
                     reported,
                     self.num_yielded
                 );
-                PyErr::warn(py, &py.get_type::<PyUserWarning>(), &std::ffi::CString::new(msg)?, 1)?;
+                PyErr::warn(
+                    py,
+                    &py.get_type::<PyUserWarning>(),
+                    &std::ffi::CString::new(msg)?,
+                    1,
+                )?;
             }
         }
         Ok(Some(batch))
@@ -155,20 +183,36 @@ impl LoaderIter {
     fn fetch_next<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let ds = self.dataset.bind(py);
         match &mut self.fetch {
-            Fetch::Map { keys, batched: false, .. } => {
-                let Keys::Python(it) = keys else { unreachable!("RustBatches implies batched") };
+            Fetch::Map {
+                keys,
+                batched: false,
+                ..
+            } => {
+                let Keys::Python(it) = keys else {
+                    unreachable!("RustBatches implies batched")
+                };
                 match it.bind(py).clone().next() {
                     None => Ok(None),
                     Some(key) => Ok(Some(ds.get_item(key?)?)),
                 }
             }
-            Fetch::Map { keys, batched: true, getitems } => {
+            Fetch::Map {
+                keys,
+                batched: true,
+                getitems,
+            } => {
                 let batch = match keys {
                     Keys::RustBatches(stream) => {
-                        match stream.bind(py).borrow_mut().next_batch(py, &mut self.index_buf)? {
+                        match stream
+                            .bind(py)
+                            .borrow_mut()
+                            .next_batch(py, &mut self.index_buf)?
+                        {
                             None => return Ok(None),
                             Some(Batch::Indices(ix)) => KeyBatch::Indices(ix),
-                            Some(Batch::Keys(k)) => KeyBatch::Object(PyList::new(py, k)?.into_any()),
+                            Some(Batch::Keys(k)) => {
+                                KeyBatch::Object(PyList::new(py, k)?.into_any())
+                            }
                         }
                     }
                     Keys::Python(it) => match it.bind(py).clone().next() {
@@ -203,7 +247,12 @@ impl LoaderIter {
                 };
                 Ok(Some(samples))
             }
-            Fetch::Iterable { samples, batch_size, drop_last, ended } => {
+            Fetch::Iterable {
+                samples,
+                batch_size,
+                drop_last,
+                ended,
+            } => {
                 if *ended {
                     return Ok(None);
                 }
@@ -236,10 +285,18 @@ impl LoaderIter {
         }
     }
 
-    fn collate_batch<'py>(&self, py: Python<'py>, data: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn collate_batch<'py>(
+        &self,
+        py: Python<'py>,
+        data: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         match &self.collate {
             Collate::Call(f) => f.bind(py).call1((data,)),
-            Collate::Default { general, live_map, pristine } => {
+            Collate::Default {
+                general,
+                live_map,
+                pristine,
+            } => {
                 if live_map.bind(py).eq(pristine.bind(py))? {
                     if let Some(out) = fast_collate(&data)? {
                         return Ok(out);

@@ -20,7 +20,13 @@ fn sequential(n: u64) -> IndexChunks {
 
 /// RandomSampler's stream.
 #[pyfunction]
-fn random_indices(py: Python<'_>, n: u64, num_samples: u64, replacement: bool, seed: u64) -> IndexChunks {
+fn random_indices(
+    py: Python<'_>,
+    n: u64,
+    num_samples: u64,
+    replacement: bool,
+    seed: u64,
+) -> IndexChunks {
     // Building the first permutation of a large dataset takes a while: let other threads run.
     let it = py.detach(|| random::RandomIndices::new(n, num_samples, replacement, seed));
     IndexChunks::ready(Box::new(it))
@@ -33,7 +39,9 @@ fn subset_indices(py: Python<'_>, indices: Vec<u64>, seed: u64) -> IndexChunks {
         let mut rng = Rng::from_seed(seed);
         random::permutation(indices.len() as u64, &mut rng)
     });
-    IndexChunks::ready(Box::new(order.into_iter().map(move |p| indices[p as usize])))
+    IndexChunks::ready(Box::new(
+        order.into_iter().map(move |p| indices[p as usize]),
+    ))
 }
 
 /// WeightedRandomSampler's stream. `weights` is a contiguous float64 buffer.
@@ -49,9 +57,12 @@ fn weighted_indices(
     let stream: crate::streams::Indices = py.detach(|| -> Result<_, CoreError> {
         Ok(if replacement {
             let table = Arc::new(weighted::AliasTable::new(&weights)?);
-            Box::new(weighted::WeightedIndices::new(table, num_samples, seed)) as crate::streams::Indices
+            Box::new(weighted::WeightedIndices::new(table, num_samples, seed))
+                as crate::streams::Indices
         } else {
-            Box::new(weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter())
+            Box::new(
+                weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter(),
+            )
         })
     })?;
     Ok(IndexChunks::ready(stream))
@@ -77,8 +88,9 @@ fn distributed_indices(
     epoch: u64,
     drop_last: bool,
 ) -> PyResult<Bound<'_, PyList>> {
-    let shard =
-        py.detach(|| distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last));
+    let shard = py.detach(|| {
+        distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last)
+    });
     PyList::new(py, shard)
 }
 
@@ -95,8 +107,9 @@ fn distributed_stream(
     epoch: u64,
     drop_last: bool,
 ) -> IndexChunks {
-    let shard =
-        py.detach(|| distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last));
+    let shard = py.detach(|| {
+        distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last)
+    });
     IndexChunks::ready(Box::new(shard.into_iter()))
 }
 

@@ -39,10 +39,15 @@ impl Source {
             let mut chunks = made.extract::<PyRefMut<'_, IndexChunks>>().map_err(|_| {
                 PyTypeError::new_err("an index-stream factory must return an IndexChunks")
             })?;
-            match std::mem::replace(&mut chunks.source, Source::Ready(Box::new(std::iter::empty()))) {
+            match std::mem::replace(
+                &mut chunks.source,
+                Source::Ready(Box::new(std::iter::empty())),
+            ) {
                 Source::Ready(it) => *self = Source::Ready(it),
                 Source::Pending(_) => {
-                    return Err(PyTypeError::new_err("an index-stream factory must return a started stream"))
+                    return Err(PyTypeError::new_err(
+                        "an index-stream factory must return a started stream",
+                    ))
                 }
             }
         }
@@ -61,7 +66,9 @@ pub struct IndexChunks {
 
 impl IndexChunks {
     pub fn ready(indices: Indices) -> Self {
-        IndexChunks { source: Source::Ready(indices) }
+        IndexChunks {
+            source: Source::Ready(indices),
+        }
     }
 }
 
@@ -70,7 +77,9 @@ impl IndexChunks {
     /// A stream whose first pull calls `factory()`, which must return a ready `IndexChunks`.
     #[staticmethod]
     fn lazy(factory: Py<PyAny>) -> Self {
-        IndexChunks { source: Source::Pending(factory) }
+        IndexChunks {
+            source: Source::Pending(factory),
+        }
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -161,15 +170,32 @@ impl BatchStream {
 impl BatchStream {
     /// Batches of a Rust index stream (`IndexChunks`, started or not).
     #[staticmethod]
-    fn from_indices(mut chunks: PyRefMut<'_, IndexChunks>, batch_size: usize, drop_last: bool) -> Self {
-        let source = std::mem::replace(&mut chunks.source, Source::Ready(Box::new(std::iter::empty())));
-        BatchStream { source: BatchSource::Rust(source), batch_size, drop_last, done: false }
+    fn from_indices(
+        mut chunks: PyRefMut<'_, IndexChunks>,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Self {
+        let source = std::mem::replace(
+            &mut chunks.source,
+            Source::Ready(Box::new(std::iter::empty())),
+        );
+        BatchStream {
+            source: BatchSource::Rust(source),
+            batch_size,
+            drop_last,
+            done: false,
+        }
     }
 
     /// Batches of any Python iterable.
     #[staticmethod]
     fn from_iterable(iterable: Py<PyAny>, batch_size: usize, drop_last: bool) -> Self {
-        BatchStream { source: BatchSource::PythonPending(iterable), batch_size, drop_last, done: false }
+        BatchStream {
+            source: BatchSource::PythonPending(iterable),
+            batch_size,
+            drop_last,
+            done: false,
+        }
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
