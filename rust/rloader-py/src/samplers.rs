@@ -9,13 +9,13 @@ use pyo3::types::PyList;
 use std::sync::Arc;
 
 use crate::errors::CoreError;
-use crate::streams::IndexChunks;
+use crate::streams::{plain, IndexChunks, Indices};
 use rloader_core::{distributed, random, weighted, Rng};
 
 /// `0, 1, …, n-1`: SequentialSampler's stream.
 #[pyfunction]
 fn sequential(n: u64) -> IndexChunks {
-    IndexChunks::ready(Box::new(0..n))
+    IndexChunks::ready(plain(0..n))
 }
 
 /// RandomSampler's stream.
@@ -29,7 +29,7 @@ fn random_indices(
 ) -> IndexChunks {
     // Building the first permutation of a large dataset takes a while: let other threads run.
     let it = py.detach(|| random::RandomIndices::new(n, num_samples, replacement, seed));
-    IndexChunks::ready(Box::new(it))
+    IndexChunks::ready(plain(it))
 }
 
 /// SubsetRandomSampler's stream over non-negative integer indices.
@@ -39,9 +39,7 @@ fn subset_indices(py: Python<'_>, indices: Vec<u64>, seed: u64) -> IndexChunks {
         let mut rng = Rng::from_seed(seed);
         random::permutation(indices.len() as u64, &mut rng)
     });
-    IndexChunks::ready(Box::new(
-        order.into_iter().map(move |p| indices[p as usize]),
-    ))
+    IndexChunks::ready(plain(order.into_iter().map(move |p| indices[p as usize])))
 }
 
 /// WeightedRandomSampler's stream. `weights` is a contiguous float64 buffer.
@@ -54,15 +52,13 @@ fn weighted_indices(
     seed: u64,
 ) -> PyResult<IndexChunks> {
     let weights: Vec<f64> = PyBuffer::<f64>::get(weights)?.to_vec(py)?;
-    let stream: crate::streams::Indices = py.detach(|| -> Result<_, CoreError> {
+    let stream: Indices = py.detach(|| -> Result<_, CoreError> {
         Ok(if replacement {
             let table = Arc::new(weighted::AliasTable::new(&weights)?);
             Box::new(weighted::WeightedIndices::new(table, num_samples, seed))
                 as crate::streams::Indices
         } else {
-            Box::new(
-                weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter(),
-            )
+            plain(weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter())
         })
     })?;
     Ok(IndexChunks::ready(stream))
@@ -110,7 +106,7 @@ fn distributed_stream(
     let shard = py.detach(|| {
         distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last)
     });
-    IndexChunks::ready(Box::new(shard.into_iter()))
+    IndexChunks::ready(plain(shard.into_iter()))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -18,8 +18,33 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 
-/// Index streams built by `samplers.rs`. `Sync` because pyclasses may be shared across threads.
-pub type Indices = Box<dyn Iterator<Item = u64> + Send + Sync>;
+/// An index stream built by `samplers.rs`. `Sync` because pyclasses may be shared across threads.
+pub trait IndexSource: Send + Sync {
+    /// Appends up to `max` indices to `out`; fewer only at the end of the stream.
+    fn fill(&mut self, out: &mut Vec<u64>, max: usize);
+}
+
+pub type Indices = Box<dyn IndexSource>;
+
+/// Any iterator of indices, filled one `next()` at a time.
+pub struct Plain<I>(pub I);
+
+impl<I: Iterator<Item = u64> + Send + Sync> IndexSource for Plain<I> {
+    fn fill(&mut self, out: &mut Vec<u64>, max: usize) {
+        out.extend(self.0.by_ref().take(max));
+    }
+}
+
+impl IndexSource for rloader_core::weighted::WeightedIndices {
+    fn fill(&mut self, out: &mut Vec<u64>, max: usize) {
+        self.next_chunk(out, max);
+    }
+}
+
+/// `Indices` from any iterator.
+pub fn plain<I: Iterator<Item = u64> + Send + Sync + 'static>(it: I) -> Indices {
+    Box::new(Plain(it))
+}
 
 /// How many indices one `IndexChunks.__next__` returns.
 const CHUNK: usize = 8192;
@@ -39,10 +64,7 @@ impl Source {
             let mut chunks = made.extract::<PyRefMut<'_, IndexChunks>>().map_err(|_| {
                 PyTypeError::new_err("an index-stream factory must return an IndexChunks")
             })?;
-            match std::mem::replace(
-                &mut chunks.source,
-                Source::Ready(Box::new(std::iter::empty())),
-            ) {
+            match std::mem::replace(&mut chunks.source, Source::Ready(plain(std::iter::empty()))) {
                 Source::Ready(it) => *self = Source::Ready(it),
                 Source::Pending(_) => {
                     return Err(PyTypeError::new_err(
@@ -88,7 +110,8 @@ impl IndexChunks {
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let it = self.source.ready(py)?;
-        let chunk: Vec<u64> = it.take(CHUNK).collect();
+        let mut chunk = Vec::with_capacity(CHUNK);
+        it.fill(&mut chunk, CHUNK);
         if chunk.is_empty() {
             return Ok(None);
         }
@@ -131,7 +154,7 @@ impl BatchStream {
             BatchSource::Rust(src) => {
                 let it = src.ready(py)?;
                 buf.clear();
-                buf.extend(it.take(want));
+                it.fill(buf, want);
                 if buf.is_empty() || (self.drop_last && buf.len() < want) {
                     None
                 } else {
@@ -175,10 +198,8 @@ impl BatchStream {
         batch_size: usize,
         drop_last: bool,
     ) -> Self {
-        let source = std::mem::replace(
-            &mut chunks.source,
-            Source::Ready(Box::new(std::iter::empty())),
-        );
+        let source =
+            std::mem::replace(&mut chunks.source, Source::Ready(plain(std::iter::empty())));
         BatchStream {
             source: BatchSource::Rust(source),
             batch_size,

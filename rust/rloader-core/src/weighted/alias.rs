@@ -159,6 +159,30 @@ impl WeightedIndices {
     }
 }
 
+impl WeightedIndices {
+    /// Appends up to `max` draws to `out`: exactly the draws that many `next()` calls give,
+    /// made in two passes — every random number first, then every table look-up — so that
+    /// look-ups that miss the cache (large tables) overlap instead of waiting on each other.
+    pub fn next_chunk(&mut self, out: &mut Vec<u64>, max: usize) {
+        let k = usize::try_from(self.remaining).map_or(max, |r| r.min(max));
+        let n = self.table.columns.len() as u64;
+        let start = out.len();
+        let mut coins = Vec::with_capacity(k);
+        for _ in 0..k {
+            out.push(self.rng.below(n));
+            coins.push(self.rng.next_f64());
+        }
+        let columns = &self.table.columns;
+        for (slot, coin) in out[start..].iter_mut().zip(coins) {
+            let column = columns[*slot as usize];
+            if coin >= column.keep {
+                *slot = column.alias;
+            }
+        }
+        self.remaining -= k as u64;
+    }
+}
+
 impl Iterator for WeightedIndices {
     type Item = u64;
 
@@ -184,6 +208,20 @@ impl ExactSizeIterator for WeightedIndices {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn next_chunk_gives_the_same_draws_as_next() {
+        let weights: Vec<f64> = (0..1000).map(|i| ((i * 7919) % 13) as f64).collect();
+        let table = Arc::new(AliasTable::new(&weights).unwrap());
+        let one_by_one: Vec<u64> = WeightedIndices::new(table.clone(), 5000, 9).collect();
+        let mut chunked = WeightedIndices::new(table, 5000, 9);
+        let mut out = Vec::new();
+        for size in [1, 7, 4096, 4096] {
+            chunked.next_chunk(&mut out, size);
+        }
+        assert_eq!(out, one_by_one);
+        assert_eq!(chunked.next(), None);
+    }
     use crate::test_stats::assert_chi_square_fits;
 
     fn proportions(weights: &[f64]) -> Vec<f64> {
