@@ -14,21 +14,9 @@ import torch.utils.data as tud
 
 import rloader
 from rloader import DataLoader
+from _compare import same
 
 
-def same(a, b) -> bool:
-    """Deep equality that also checks types, dtypes and shapes."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def both(dataset, **kwargs):

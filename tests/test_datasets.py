@@ -23,6 +23,7 @@ import rloader
 from rloader import _rloader
 from rloader import dataset as rl
 from rloader._seed import draw_seed
+from _compare import same
 
 CLASSES = [
     "Dataset",
@@ -35,17 +36,6 @@ CLASSES = [
 ]
 
 
-def same(a, b):
-    """Equal values and equal types, recursively (tensors: dtype, shape and values)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def outcome(fn, *args):
