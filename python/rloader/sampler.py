@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 _T_co = TypeVar("_T_co", covariant=True)
-_MASK64 = (1 << 64) - 1
 
 
 class Sampler(tud.Sampler[_T_co]):
@@ -128,8 +127,9 @@ class SubsetRandomSampler(Sampler[int], tud.SubsetRandomSampler):
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        if _plain_indices(self.indices) is not None:
-            return _chunks(self._index_stream())
+        plain = _plain_indices(self.indices)
+        if plain is not None:
+            return _chunks(self._index_stream(plain))
         return self._iter_any()
 
     def _iter_any(self) -> Iterator:
@@ -142,9 +142,14 @@ class SubsetRandomSampler(Sampler[int], tud.SubsetRandomSampler):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def _index_stream(self) -> Optional[_rloader.IndexChunks]:
-        def start() -> _rloader.IndexChunks:
+    def _index_stream(self, plain: Optional[list] = None) -> _rloader.IndexChunks:
+        """The Rust stream over ``plain`` (the indices, already checked to be plain ints)."""
+        if plain is None:
             plain = _plain_indices(self.indices)
+            if plain is None:
+                raise TypeError("SubsetRandomSampler's Rust stream needs non-negative int indices")
+
+        def start() -> _rloader.IndexChunks:
             return _rloader.subset_indices(plain, draw_seed(self.generator))
 
         return _rloader.IndexChunks.lazy(start)
@@ -255,8 +260,9 @@ def native_stream(sampler: object) -> Optional[_rloader.IndexChunks]:
     iter_fn = getattr(type(sampler), "__iter__", None)
     if iter_fn not in _NATIVE_ITERS:
         return None
-    if isinstance(sampler, SubsetRandomSampler) and _plain_indices(sampler.indices) is None:
-        return None
+    if isinstance(sampler, SubsetRandomSampler):
+        plain = _plain_indices(sampler.indices)
+        return None if plain is None else sampler._index_stream(plain)
     return sampler._index_stream()  # type: ignore[attr-defined]
 
 
