@@ -75,7 +75,10 @@ fn read_shard<T: CompactIndex>(
     rng: &mut Rng,
     positions: impl Iterator<Item = u64>,
 ) -> Vec<u64> {
-    let mut order = vec![T::from_u64(0); usize::try_from(n).expect("dataset exceeds memory")];
+    let mut order = crate::buffer::filled(
+        T::from_u64(0),
+        usize::try_from(n).expect("dataset exceeds memory"),
+    );
     fill_permutation(&mut order, rng);
     positions.map(|p| order[p as usize].to_u64()).collect()
 }

@@ -11,6 +11,7 @@
 //! rloader's stable contract (see [`rng`]).
 
 pub mod batch;
+pub mod buffer;
 mod compact;
 pub mod distributed;
 pub mod random;

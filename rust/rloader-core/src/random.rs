@@ -89,7 +89,10 @@ fn prefetch<T>(items: &[T], index: usize) {
 
 /// A uniformly random permutation of `0..n`.
 pub fn permutation(n: u64, rng: &mut Rng) -> Vec<u64> {
-    let mut slots = vec![0u64; usize::try_from(n).expect("permutation exceeds memory")];
+    let mut slots = crate::buffer::filled(
+        0u64,
+        usize::try_from(n).expect("permutation exceeds memory"),
+    );
     fill_permutation(&mut slots, rng);
     slots
 }
@@ -213,7 +216,7 @@ impl<T: CompactIndex> Round<T> {
     fn start(&mut self, n: u64, rng: &mut Rng) {
         if self.slots.is_empty() {
             let len = usize::try_from(n).expect("permutation exceeds memory");
-            self.slots = vec![T::from_u64(0); len];
+            self.slots = crate::buffer::filled(T::from_u64(0), len);
         }
         fill_permutation(&mut self.slots, rng);
         self.next = 0;

@@ -51,7 +51,10 @@ fn weighted_indices(
     replacement: bool,
     seed: u64,
 ) -> PyResult<IndexChunks> {
-    let weights: Vec<f64> = PyBuffer::<f64>::get(weights)?.to_vec(py)?;
+    let buffer = PyBuffer::<f64>::get(weights)?;
+    // A private copy, so the table is built with the GIL released; in huge pages when large.
+    let mut weights = rloader_core::buffer::filled(0.0f64, buffer.item_count());
+    buffer.copy_to_slice(py, &mut weights)?;
     let stream: Indices = py.detach(|| -> Result<_, CoreError> {
         Ok(if replacement {
             let table = Arc::new(weighted::AliasTable::new(&weights)?);

@@ -83,17 +83,15 @@ fn build_columns<T: CompactIndex>(weights: &[f64]) -> Result<Vec<Column>, Weight
         .map(|chunk| chunk.iter().map(|&w| relative(w)).sum::<f64>())
         .sum();
     let to_mean_one = n as f64 / total;
-    let mut columns: Vec<Column> = weights
-        .iter()
-        .map(|&w| Column {
-            keep: relative(w) * to_mean_one,
-            alias: 0,
-        })
-        .collect();
+    let mut columns: Vec<Column> = crate::buffer::with_capacity(n);
+    columns.extend(weights.iter().map(|&w| Column {
+        keep: relative(w) * to_mean_one,
+        alias: 0,
+    }));
 
     // Two stacks in one buffer: small indices grow up from the front, large ones
     // down from the back. Together they never hold more than n entries.
-    let mut work = vec![T::from_u64(0); n];
+    let mut work = crate::buffer::filled(T::from_u64(0), n);
     let (mut small_end, mut large_start) = (0, n);
     for (i, column) in columns.iter().enumerate() {
         if column.keep < 1.0 {

@@ -205,7 +205,7 @@ impl<'a> Keys<'a> {
         };
 
         let mut counts = [[0usize; BUCKETS]; MAX_PASSES];
-        let mut words = Vec::with_capacity(summary.positive.max(capacity));
+        let mut words = crate::buffer::with_capacity(summary.positive.max(capacity));
         self.for_each(|index, key| {
             let word = packing.pack(index, key);
             for (pass, count) in counts[..passes].iter_mut().enumerate() {
@@ -215,7 +215,7 @@ impl<'a> Keys<'a> {
         });
 
         // Same capacity as `words`: either may end up holding the result.
-        let mut scratch = Vec::with_capacity(words.capacity());
+        let mut scratch = crate::buffer::with_capacity(words.capacity());
         scratch.resize(words.len(), 0);
         for (pass, count) in counts[..passes].iter().enumerate() {
             if count.contains(&words.len()) {
