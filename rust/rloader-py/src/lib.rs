@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 
 mod collate;
 mod errors;
+mod fetch;
 mod loader;
 mod samplers;
 mod streams;

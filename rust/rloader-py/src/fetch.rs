@@ -1,0 +1,230 @@
+//! `Fetcher`: one batch of keys in, one collated batch out.
+//!
+//! The fetch-and-collate step of torch's `_MapDatasetFetcher` / `_IterableDatasetFetcher`,
+//! shared by the single-process loop (`loader.rs`) and the worker loop (`workers.rs`). Python is
+//! entered only for the dataset (`__getitem__`, `__getitems__`, `__next__`) and a custom
+//! `collate_fn`; with the default collate_fn, common batches are collated by `collate.rs`.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyIterator, PyList};
+
+use crate::collate::fast_collate;
+
+/// One batch of keys for a map-style dataset.
+pub enum KeyBatch<'py> {
+    /// Made by an rloader sampler: plain indices.
+    Indices(Vec<u64>),
+    /// Whatever a user's sampler yielded (a batch, or one key without auto-collation).
+    Object(Bound<'py, PyAny>),
+}
+
+pub enum Collate {
+    /// `default_collate`: the fast path while `live_map == pristine`, else `general(batch)`.
+    Default {
+        general: Py<PyAny>,
+        live_map: Py<PyDict>,
+        pristine: Py<PyDict>,
+    },
+    Call(Py<PyAny>),
+}
+
+impl Collate {
+    pub fn new(
+        collate_fn: Py<PyAny>,
+        default_collate: Option<(Py<PyAny>, Py<PyDict>, Py<PyDict>)>,
+    ) -> Self {
+        match default_collate {
+            Some((general, live_map, pristine)) => Collate::Default {
+                general,
+                live_map,
+                pristine,
+            },
+            None => Collate::Call(collate_fn),
+        }
+    }
+}
+
+enum Kind {
+    Map {
+        batched: bool,
+        getitems: Option<Py<PyAny>>,
+    },
+    Iterable {
+        samples: Py<PyIterator>,
+        batch_size: Option<usize>,
+        drop_last: bool,
+        ended: bool,
+    },
+}
+
+pub struct Fetcher {
+    dataset: Py<PyAny>,
+    kind: Kind,
+    collate: Collate,
+}
+
+impl Fetcher {
+    /// For a map-style dataset; `batched` is torch's auto-collation.
+    pub fn map(
+        py: Python<'_>,
+        dataset: Py<PyAny>,
+        batched: bool,
+        collate: Collate,
+    ) -> PyResult<Self> {
+        // torch checks `hasattr(ds, "__getitems__") and ds.__getitems__`.
+        let getitems = match dataset.bind(py).getattr_opt("__getitems__")? {
+            Some(f) if f.is_truthy()? => Some(f.unbind()),
+            _ => None,
+        };
+        Ok(Fetcher {
+            dataset,
+            kind: Kind::Map { batched, getitems },
+            collate,
+        })
+    }
+
+    /// For an iterable-style dataset whose iterator is `samples`.
+    pub fn iterable(
+        dataset: Py<PyAny>,
+        samples: Py<PyIterator>,
+        batch_size: Option<usize>,
+        drop_last: bool,
+        collate: Collate,
+    ) -> Self {
+        Fetcher {
+            dataset,
+            kind: Kind::Iterable {
+                samples,
+                batch_size,
+                drop_last,
+                ended: false,
+            },
+            collate,
+        }
+    }
+
+    pub fn dataset(&self) -> &Py<PyAny> {
+        &self.dataset
+    }
+
+    /// Replaces an iterable dataset's iterator (a new epoch of persistent workers).
+    pub fn restart(&mut self, new_samples: Py<PyIterator>) {
+        if let Kind::Iterable { samples, ended, .. } = &mut self.kind {
+            *samples = new_samples;
+            *ended = false;
+        }
+    }
+
+    /// Fetches and collates the samples of `keys` (map-style datasets). `spent` gets the
+    /// indices vector back for reuse.
+    pub fn fetch_keys<'py>(
+        &self,
+        py: Python<'py>,
+        keys: KeyBatch<'py>,
+        spent: &mut Vec<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let Kind::Map { batched, getitems } = &self.kind else {
+            unreachable!("fetch_keys is for map-style datasets")
+        };
+        let ds = self.dataset.bind(py);
+        if !*batched {
+            let key = match keys {
+                KeyBatch::Object(k) => k,
+                KeyBatch::Indices(ix) => ix[0].into_pyobject(py)?.into_any(),
+            };
+            return self.collate(py, ds.get_item(key)?);
+        }
+        // As torch's fetcher: `__getitems__(batch)` when the dataset has it, else one
+        // `dataset[key]` per key. A batch sampler's own batch object is passed as it is.
+        let samples = match (getitems, keys) {
+            (Some(f), KeyBatch::Indices(ix)) => {
+                let list = PyList::new(py, &ix)?;
+                *spent = ix;
+                f.bind(py).call1((list,))?
+            }
+            (Some(f), KeyBatch::Object(batch)) => f.bind(py).call1((batch,))?,
+            (None, KeyBatch::Indices(ix)) => {
+                let samples = PyList::empty(py);
+                for &i in &ix {
+                    samples.append(ds.get_item(i)?)?;
+                }
+                *spent = ix;
+                samples.into_any()
+            }
+            (None, KeyBatch::Object(batch)) => {
+                let samples = PyList::empty(py);
+                for key in batch.try_iter()? {
+                    samples.append(ds.get_item(key?)?)?;
+                }
+                samples.into_any()
+            }
+        };
+        self.collate(py, samples)
+    }
+
+    /// The next collated batch of an iterable-style dataset, or None once it is exhausted.
+    pub fn fetch_next<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Kind::Iterable {
+            samples,
+            batch_size,
+            drop_last,
+            ended,
+        } = &mut self.kind
+        else {
+            unreachable!("fetch_next is for iterable-style datasets")
+        };
+        if *ended {
+            return Ok(None);
+        }
+        let mut it = samples.bind(py).clone();
+        let data = match *batch_size {
+            None => match it.next() {
+                None => {
+                    *ended = true;
+                    return Ok(None);
+                }
+                Some(x) => x?,
+            },
+            Some(want) => {
+                let out = PyList::empty(py);
+                while out.len() < want {
+                    match it.next() {
+                        Some(x) => out.append(x?)?,
+                        None => {
+                            *ended = true;
+                            break;
+                        }
+                    }
+                }
+                if out.is_empty() || (*drop_last && out.len() < want) {
+                    *ended = true;
+                    return Ok(None);
+                }
+                out.into_any()
+            }
+        };
+        self.collate(py, data).map(Some)
+    }
+
+    fn collate<'py>(
+        &self,
+        py: Python<'py>,
+        data: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match &self.collate {
+            Collate::Call(f) => f.bind(py).call1((data,)),
+            Collate::Default {
+                general,
+                live_map,
+                pristine,
+            } => {
+                if live_map.bind(py).eq(pristine.bind(py))? {
+                    if let Some(out) = fast_collate(&data)? {
+                        return Ok(out);
+                    }
+                }
+                general.bind(py).call1((data,))
+            }
+        }
+    }
+}
