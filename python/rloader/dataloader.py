@@ -6,8 +6,9 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 ``type(loader)(**kwargs)``) treat it as torch's. What differs is where the work happens:
 
 - ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/loader.rs``).
-- ``num_workers>0``: for now, torch's own multi-process iterator runs the workers over rloader's
-  samplers and collate functions (issue #3 moves this into Rust).
+- ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
+  hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
+  ``_rloader.worker_loop`` (``rust/rloader-py/src/workers.rs``, ``python/rloader/_workers.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data as tud
-from torch.utils.data.dataloader import _DatasetKind, _MultiProcessingDataLoaderIter
+from torch.utils.data.dataloader import _DatasetKind
 
-from . import _rloader
+from . import _rloader, _workers
 from ._collate import _DEFAULT_MAP_SNAPSHOT, collate, default_collate, default_collate_fn_map, default_convert
 from ._pin import pin_batch
 from ._seed import draw_seed
@@ -180,7 +181,16 @@ class DataLoader(tud.DataLoader[_T_co]):
         if self.num_workers == 0:
             return _single_process_iter(self)
         self.check_worker_number_rationality()
-        return _MultiProcessingDataLoaderIter(self)
+        return _workers.start_pool(self)
+
+    def __iter__(self):
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None:
+                self._iterator = self._get_iterator()
+            else:
+                _workers.reset_pool(self._iterator, self)
+            return self._iterator
+        return self._get_iterator()
 
 
 def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:

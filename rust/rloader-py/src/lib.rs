@@ -4,7 +4,9 @@
 //! - `streams.rs`: `IndexChunks` and `BatchStream`, the index streams every sampler hands out;
 //! - `samplers.rs`: the functions the Python samplers call to start a stream;
 //! - `collate.rs`: the fast path of `default_collate`;
-//! - `loader.rs`: `LoaderIter`, the single-process fetch-and-collate loop;
+//! - `fetch.rs`: the fetch-and-collate step shared by both loops;
+//! - `loader.rs`: `LoaderIter`, the single-process loop;
+//! - `workers.rs`: `PoolIter` and `worker_loop`, multi-process loading;
 //! - `errors.rs`: how core errors become the exceptions torch raises.
 
 use pyo3::prelude::*;
@@ -15,6 +17,7 @@ mod fetch;
 mod loader;
 mod samplers;
 mod streams;
+mod workers;
 
 #[pymodule]
 fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -24,5 +27,6 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::LoaderIter>()?;
     samplers::register(m)?;
     collate::register(m)?;
+    workers::register(m)?;
     Ok(())
 }

@@ -46,7 +46,8 @@ pub struct Scheduler<T> {
     rcvd: u64,
     /// Sent and not yet answered.
     outstanding: usize,
-    /// in_order: sent tasks not handed out yet, with their results once they arrive.
+    /// Sent tasks not handed out yet (in_order: with their results once they arrive;
+    /// otherwise only until answered).
     tasks: BTreeMap<u64, Task<T>>,
     /// !in_order: results in arrival order.
     arrived: VecDeque<T>,
@@ -89,7 +90,13 @@ impl<T> Scheduler<T> {
         self.next_task += 1;
         self.outstanding += 1;
         if self.in_order {
-            self.tasks.insert(task, Task { worker, result: None });
+            self.tasks.insert(
+                task,
+                Task {
+                    worker,
+                    result: None,
+                },
+            );
         }
         (worker, task)
     }
@@ -107,6 +114,7 @@ impl<T> Scheduler<T> {
     pub fn on_result(&mut self, task: u64, result: T) {
         self.outstanding = self.outstanding.saturating_sub(1);
         if !self.in_order {
+            self.tasks.remove(&task);
             self.arrived.push_back(result);
         } else if let Some(t) = self.tasks.get_mut(&task) {
             t.result = Some(result);
@@ -154,13 +162,12 @@ impl<T> Scheduler<T> {
                 return Next::Ready(r);
             }
         } else {
-            while let Some(mut entry) = self.tasks.first_entry() {
+            if let Some(entry) = self.tasks.first_entry() {
                 if entry.get().result.is_some() {
                     let task = entry.remove();
                     self.rcvd += 1;
                     return Next::Ready(task.result.expect("checked above"));
                 }
-                break;
             }
         }
         if self.outstanding == 0 && (self.exhausted || !self.active.iter().any(|&a| a)) {
@@ -189,7 +196,13 @@ mod tests {
 
     /// Runs an epoch with instant workers that answer in the given arrival order permutation
     /// and returns the order in which results were handed out.
-    fn run(num_workers: usize, prefetch: usize, in_order: bool, tasks: u64, reverse: bool) -> Vec<u64> {
+    fn run(
+        num_workers: usize,
+        prefetch: usize,
+        in_order: bool,
+        tasks: u64,
+        reverse: bool,
+    ) -> Vec<u64> {
         let mut s = Scheduler::new(num_workers, prefetch, in_order);
         let mut next_index = 0;
         let mut out = Vec::new();
@@ -207,7 +220,11 @@ mod tests {
                 Next::Ready(r) => out.push(r),
                 Next::Done => break,
                 Next::Wait => {
-                    let (_, task) = if reverse { inbox.pop().unwrap() } else { inbox.remove(0) };
+                    let (_, task) = if reverse {
+                        inbox.pop().unwrap()
+                    } else {
+                        inbox.remove(0)
+                    };
                     s.on_result(task, task);
                 }
             }
@@ -253,6 +270,21 @@ mod tests {
         s.on_result(1, 11);
         assert_eq!(s.next(), Next::Ready(11));
         s.on_worker_ended(1, 3);
+        assert_eq!(s.next(), Next::Done);
+    }
+
+    #[test]
+    fn ended_workers_out_of_order() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, false);
+        let _ = (s.assign(), s.assign(), s.assign(), s.assign()); // tasks 0..4 on workers 0,1,0,1
+        s.on_result(1, 1);
+        s.on_worker_ended(0, 0); // worker 0 drops task 2
+        s.on_result(3, 3);
+        assert_eq!(s.next(), Next::Ready(1));
+        assert_eq!(s.next(), Next::Ready(3));
+        assert_eq!(s.outstanding(), 0);
+        assert!(s.has_room());
+        s.mark_exhausted();
         assert_eq!(s.next(), Next::Done);
     }
 

@@ -1,0 +1,282 @@
+"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/workers.rs``).
+
+Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
+``multiprocessing_context`` works and datasets travel by torch's rules), seed each worker and
+run ``worker_init_fn`` exactly as torch does, turn batches into bytes and back, and stop the
+processes. Everything between — assigning index batches to workers, the bound on work in
+flight, reordering, waiting, noticing dead workers, and each worker's fetch-and-collate loop —
+runs in Rust, and batches cross between processes through shared-memory rings.
+
+NOTE [Worker shutdown]: a pool is stopped by ``_Pool.shutdown``, which is idempotent and is
+called (1) by the Rust iterator when an epoch ends without persistent workers, (2) when the
+iterator is garbage-collected (``weakref.finalize``), and (3) at interpreter exit (finalize's
+atexit hook). It asks each worker to stop, waits up to ``_JOIN_TIMEOUT`` seconds, then
+terminates and kills stragglers, and unlinks the shared-memory region if the workers had not
+all opened it yet. Workers also exit on their own when the main process dies: the kernel
+signals them (PR_SET_PDEATHSIG) and their wait loop checks the parent every 100 ms.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import worker as torch_worker
+
+from . import _rloader
+from ._seed import draw_seed
+
+__all__ = ["start_pool"]
+
+_JOIN_TIMEOUT = 5.0
+
+
+# ---------------------------------------------------------------- batches as bytes
+
+
+def _rebuild_tensor(buffer, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    if len(buffer) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+class _BatchPickler(pickle.Pickler):
+    """Pickles plain CPU tensors as raw out-of-band buffers: no copy into the pickle stream."""
+
+    def reducer_override(self, obj):
+        if (
+            type(obj) is torch.Tensor
+            and obj.layout == torch.strided
+            and obj.device.type == "cpu"
+            and not obj.requires_grad
+            and not obj.is_conj()
+            and not obj.is_neg()
+            and not obj.is_quantized
+        ):
+            flat = obj.contiguous().reshape(-1).view(torch.uint8)
+            return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), obj.dtype, tuple(obj.shape))
+        return NotImplemented
+
+
+def dumps(batch: Any) -> tuple[bytes, list]:
+    """``batch`` as pickle bytes plus out-of-band byte buffers (tensors', arrays')."""
+    buffers: list = []
+    stream = io.BytesIO()
+    _BatchPickler(stream, protocol=5, buffer_callback=buffers.append).dump(batch)
+    return stream.getvalue(), [b.raw() for b in buffers]
+
+
+def loads(message, pickle_range: tuple, buffer_ranges: list) -> Any:
+    """The inverse of ``dumps``, over one received message (no copy of the buffers)."""
+    view = memoryview(message)
+    start, end = pickle_range
+    return pickle.loads(view[start:end], buffers=[view[a:b] for a, b in buffer_ranges])
+
+
+def dump_error(worker_id: int, exc: BaseException, traceback=None) -> bytes:
+    """An exception raised in a worker, as torch's ExceptionWrapper names it, pickled."""
+    wrapper = ExceptionWrapper(
+        exc_info=(type(exc), exc, traceback or exc.__traceback__),
+        where=f"in DataLoader worker process {worker_id}",
+    )
+    return pickle.dumps(wrapper)
+
+
+# ---------------------------------------------------------------- the worker process
+
+
+def _worker_main(spec: dict) -> None:
+    """Entry point of a worker process."""
+    worker_id = spec["worker_id"]
+    # The main process handles Ctrl-C; a worker leaves when told to or when its parent dies.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    seed = spec["base_seed"] + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(torch_worker._generate_state(spec["base_seed"], worker_id))
+    except ImportError:
+        pass
+    dataset = spec["dataset"]
+    # torch.utils.data.get_worker_info() (and rloader's, the same function) reads this.
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id, num_workers=spec["num_workers"], seed=seed, dataset=dataset
+    )
+    init_error = None
+    samples = None
+    try:
+        if spec["worker_init_fn"] is not None:
+            spec["worker_init_fn"](worker_id)
+        if spec["iterable"]:
+            samples = iter(dataset)
+    except Exception as exc:  # reported with the first task, as torch does
+        init_error = dump_error(worker_id, exc)
+    from .dataloader import _default_collate_plan
+
+    collate_fn = spec["collate_fn"]
+    _rloader.worker_loop(
+        region=spec["region"],
+        worker_id=worker_id,
+        num_workers=spec["num_workers"],
+        dataset=dataset,
+        iterable=spec["iterable"],
+        samples=samples,
+        auto_collation=spec["auto_collation"],
+        batch_size=spec["batch_size"],
+        drop_last=spec["drop_last"],
+        collate_fn=collate_fn,
+        default_collate=_default_collate_plan(collate_fn),
+        init_error=init_error,
+        parent_pid=spec["parent_pid"],
+        hooks=_WorkerHooks(worker_id, dataset),
+    )
+
+
+class _WorkerHooks:
+    """What the Rust worker loop calls back for."""
+
+    def __init__(self, worker_id: int, dataset) -> None:
+        self.worker_id = worker_id
+        self.dataset = dataset
+
+    dumps = staticmethod(dumps)
+
+    def dump_error(self, exc: BaseException, traceback=None) -> bytes:
+        return dump_error(self.worker_id, exc, traceback)
+
+    def restart(self):
+        return iter(self.dataset)
+
+    def load_keys(self, data: bytes):
+        return pickle.loads(data)
+
+
+# ---------------------------------------------------------------- the main process
+
+
+def _describe_exit(pid: int, code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+class _Pool:
+    """The worker processes of one iterator, and how to stop them."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self.procs: list = []
+        self.stopped = False
+
+    loads = staticmethod(loads)
+
+    def load_error(self, data: bytes):
+        return pickle.loads(data)
+
+    def dump_keys(self, keys) -> bytes:
+        return pickle.dumps(keys, protocol=5)
+
+    def check_workers(self) -> None:
+        """Raises RuntimeError naming any worker that died (the caller then shuts down)."""
+        for worker_id, proc in enumerate(self.procs):
+            code = proc.exitcode
+            if code is not None:
+                pid = proc.pid
+                raise RuntimeError(
+                    f"DataLoader worker {worker_id} (pid {pid}) {_describe_exit(pid, code)} "
+                    "unexpectedly. If this was killed for memory, use fewer workers or a "
+                    "smaller batch_size/prefetch_factor; a segfault points at the dataset's code."
+                )
+
+    def shutdown(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        _stop_processes(self.procs, self.region)
+
+
+def _stop_processes(procs: list, region: str) -> None:
+    for proc in procs:
+        proc.join(timeout=_JOIN_TIMEOUT)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        proc.close()
+    _rloader.unlink_shm(region)
+
+
+def start_pool(loader) -> "_rloader.PoolIter":
+    """Starts ``loader.num_workers`` workers and returns the iterator over their batches."""
+    from .dataloader import _DatasetKind, _pin_plan
+
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter(loader._index_sampler)
+    base_seed = draw_seed(loader.generator)
+    pin = _pin_plan(loader)
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    region = _rloader.unique_shm_name("pool")
+    pool = _Pool(region)
+    it = _rloader.PoolIter(
+        region=region,
+        num_workers=loader.num_workers,
+        prefetch_factor=loader.prefetch_factor,
+        in_order=loader.in_order,
+        keys=keys,
+        auto_collation=loader._auto_collation,
+        timeout=float(loader.timeout),
+        persistent=loader.persistent_workers,
+        pin=pin,
+        length_of=loader._index_sampler,
+        hooks=pool,
+    )
+    # From here on the region exists: make sure it goes, whatever happens.
+    finalizer = weakref.finalize(it, pool.shutdown)
+    try:
+        for worker_id in range(loader.num_workers):
+            spec = dict(
+                region=region,
+                worker_id=worker_id,
+                num_workers=loader.num_workers,
+                base_seed=base_seed,
+                dataset=loader.dataset,
+                iterable=iterable,
+                auto_collation=loader._auto_collation,
+                batch_size=loader.batch_size,
+                drop_last=loader.drop_last,
+                collate_fn=loader.collate_fn,
+                worker_init_fn=loader.worker_init_fn,
+                parent_pid=os.getpid(),
+            )
+            proc = context.Process(target=_worker_main, args=(spec,), daemon=True)
+            proc.start()
+            pool.procs.append(proc)
+    except BaseException:
+        finalizer()
+        raise
+    return it
+
+
+def reset_pool(it, loader) -> None:
+    """A new epoch on persistent workers."""
+    from .dataloader import _DatasetKind
+
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    it._reset(None if iterable else iter(loader._index_sampler))

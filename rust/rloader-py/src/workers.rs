@@ -1,0 +1,707 @@
+//! Multi-process loading: the main process's `PoolIter` and each worker's `worker_loop`.
+//!
+//! One shared-memory region per iterator holds a doorbell and, per worker, two rings
+//! (`rloader-queue`): tasks go main → worker, answers worker → main. The region is created here
+//! before the workers start; they open it by name, and once every worker has said `READY` the
+//! name is unlinked, so nothing is left in /dev/shm even if a process dies later.
+//!
+//! NOTE [Pool protocol]: every message starts with a 16-byte header (kind: u32, worker: u32,
+//! task: u64, little-endian). Main → worker: `TASK_INDICES` (u64 indices), `TASK_OBJECT` (a
+//! pickled key or batch of keys; an empty payload for iterable datasets), `RESUME` (a new epoch
+//! of persistent workers on an iterable dataset), `STOP`. Worker → main: `READY`, `DATA` (a
+//! pickled batch, see `encode_batch`), `ERROR` (a pickled torch ExceptionWrapper), `ENDED` (the
+//! worker's iterable dataset is exhausted; the answer to that task), `RESUMED`. The order of
+//! tasks and answers, and who gets the next task, is `rloader_workers::Scheduler`'s business.
+//!
+//! Waiting never holds the GIL: the main process sleeps on the doorbell (which every worker
+//! rings after each answer) in slices of `WAIT_SLICE`, and between slices checks that its
+//! workers are alive and that `timeout` has not passed; a worker sleeps on its task ring in the
+//! same slices and leaves when its parent is gone.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use rloader_queue::{Doorbell, QueueError, Ring, ShmRegion};
+use rloader_workers::{Next, Scheduler};
+
+use crate::fetch::{Collate, Fetcher, KeyBatch};
+use crate::loader::Keys;
+
+const INDEX_RING: usize = 1 << 20;
+const RESULT_RING: usize = 16 << 20;
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// How long the main process waits for room to send a task before declaring the worker stuck.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+const HEADER: usize = 16;
+
+mod kind {
+    pub const TASK_INDICES: u32 = 1;
+    pub const TASK_OBJECT: u32 = 2;
+    pub const RESUME: u32 = 3;
+    pub const STOP: u32 = 4;
+    pub const READY: u32 = 10;
+    pub const DATA: u32 = 11;
+    pub const ERROR: u32 = 12;
+    pub const ENDED: u32 = 13;
+    pub const RESUMED: u32 = 14;
+}
+
+fn header(kind: u32, worker: usize, task: u64) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[0..4].copy_from_slice(&kind.to_le_bytes());
+    h[4..8].copy_from_slice(&(worker as u32).to_le_bytes());
+    h[8..16].copy_from_slice(&task.to_le_bytes());
+    h
+}
+
+fn parse_header(msg: &[u8]) -> PyResult<(u32, usize, u64)> {
+    if msg.len() < HEADER {
+        return Err(PyRuntimeError::new_err(
+            "rloader: a worker message is shorter than its header",
+        ));
+    }
+    let kind = u32::from_le_bytes(msg[0..4].try_into().expect("4 bytes"));
+    let worker = u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes")) as usize;
+    let task = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes"));
+    Ok((kind, worker, task))
+}
+
+pub fn queue_err(e: QueueError) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// Where each piece lives in a pool's region.
+struct Layout {
+    len: usize,
+    /// (task ring, answer ring) offsets per worker.
+    rings: Vec<(usize, usize)>,
+}
+
+fn align(x: usize) -> usize {
+    x.div_ceil(64) * 64
+}
+
+impl Layout {
+    fn new(num_workers: usize) -> Layout {
+        let mut at = align(Doorbell::LEN);
+        let mut rings = Vec::with_capacity(num_workers);
+        for _ in 0..num_workers {
+            let task = at;
+            at = align(at + Ring::required_len(INDEX_RING));
+            let answer = at;
+            at = align(at + Ring::required_len(RESULT_RING));
+            rings.push((task, answer));
+        }
+        Layout { len: at, rings }
+    }
+}
+
+/// A received message, exported through the buffer protocol so a batch's tensors can be
+/// built over it without another copy (they keep it alive).
+#[pyclass(module = "rloader._rloader")]
+pub struct Message {
+    data: Vec<u8>,
+}
+
+#[pymethods]
+impl Message {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = {
+            let me = slf.borrow();
+            (
+                me.data.as_ptr() as *mut std::os::raw::c_void,
+                me.data.len() as pyo3::ffi::Py_ssize_t,
+            )
+        };
+        // SAFETY: `data` is never changed after construction, and the view holds a reference
+        // to `slf` (PyBuffer_FillInfo sets view.obj), so the bytes outlive every export.
+        let rc = unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
+        if rc == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+}
+
+/// What a worker answered to one task.
+enum Answer {
+    Batch(Py<PyAny>),
+    Error(Py<PyAny>),
+}
+
+/// The iterator `iter(DataLoader(..., num_workers>0))` returns.
+#[pyclass(module = "rloader._rloader", weakref)]
+pub struct PoolIter {
+    region_name: String,
+    _region: Arc<ShmRegion>,
+    doorbell: Doorbell,
+    to_workers: Vec<Ring>,
+    from_workers: Vec<Ring>,
+    scheduler: Scheduler<Answer>,
+    /// None for an iterable-style dataset (every task is "the next batch").
+    keys: Option<Keys>,
+    auto_collation: bool,
+    /// The Python side (`rloader._workers._Pool`): unpickling, liveness, stopping processes.
+    hooks: Py<PyAny>,
+    pin: Option<Py<PyAny>>,
+    length_of: Py<PyAny>,
+    timeout: Option<Duration>,
+    persistent: bool,
+    ready: usize,
+    unlinked: bool,
+    stopped: bool,
+    resumed: usize,
+    index_buf: Vec<u64>,
+}
+
+#[pymethods]
+impl PoolIter {
+    #[new]
+    #[pyo3(signature = (*, region, num_workers, prefetch_factor, in_order, keys, auto_collation,
+                        timeout, persistent, pin, length_of, hooks))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        region: String,
+        num_workers: usize,
+        prefetch_factor: usize,
+        in_order: bool,
+        keys: Option<Bound<'_, PyAny>>,
+        auto_collation: bool,
+        timeout: f64,
+        persistent: bool,
+        pin: Option<Py<PyAny>>,
+        length_of: Py<PyAny>,
+        hooks: Py<PyAny>,
+    ) -> PyResult<Self> {
+        if num_workers == 0 {
+            return Err(PyTypeError::new_err("PoolIter needs num_workers > 0"));
+        }
+        let layout = Layout::new(num_workers);
+        let shm = Arc::new(ShmRegion::create(&region, layout.len).map_err(queue_err)?);
+        let doorbell = Doorbell::init(shm.clone(), 0);
+        let mut to_workers = Vec::with_capacity(num_workers);
+        let mut from_workers = Vec::with_capacity(num_workers);
+        for &(task, answer) in &layout.rings {
+            to_workers.push(
+                Ring::init(shm.clone(), task, Ring::required_len(INDEX_RING)).map_err(queue_err)?,
+            );
+            from_workers.push(
+                Ring::init(shm.clone(), answer, Ring::required_len(RESULT_RING))
+                    .map_err(queue_err)?,
+            );
+        }
+        let keys = match keys {
+            Some(k) => Some(Keys::new(&k, auto_collation)?),
+            None => None,
+        };
+        Ok(PoolIter {
+            region_name: region,
+            _region: shm,
+            doorbell,
+            to_workers,
+            from_workers,
+            scheduler: Scheduler::new(num_workers, prefetch_factor.max(1), in_order),
+            keys,
+            auto_collation,
+            hooks,
+            pin,
+            length_of,
+            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+            persistent,
+            ready: 0,
+            unlinked: false,
+            stopped: false,
+            resumed: 0,
+            index_buf: Vec::new(),
+        })
+    }
+
+    #[getter]
+    fn region(&self) -> &str {
+        &self.region_name
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.length_of.bind(py).len()
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.stopped {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        loop {
+            self.send_tasks(py)?;
+            match self.scheduler.next() {
+                Next::Ready(Answer::Batch(batch)) => {
+                    let batch = batch.into_bound(py);
+                    return Ok(Some(match &self.pin {
+                        Some(pin) => pin.bind(py).call1((batch,))?,
+                        None => batch,
+                    }));
+                }
+                Next::Ready(Answer::Error(wrapper)) => {
+                    wrapper.bind(py).call_method0("reraise")?;
+                    return Err(PyRuntimeError::new_err("a worker's error did not re-raise"));
+                }
+                Next::Done => {
+                    if !self.persistent {
+                        self.shutdown(py)?;
+                    }
+                    return Ok(None);
+                }
+                Next::Wait => self.wait_for_answer(py, started)?,
+            }
+        }
+    }
+
+    /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
+    /// iterable dataset, whose workers restart their iterators).
+    fn _reset(&mut self, py: Python<'_>, keys: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        // Answers still owed from an abandoned epoch are drained and dropped first.
+        let started = Instant::now();
+        while self.scheduler.outstanding() > 0 {
+            self.scheduler.mark_exhausted();
+            match self.scheduler.next() {
+                Next::Wait => self.wait_for_answer(py, started)?,
+                _ => continue,
+            }
+        }
+        self.scheduler.reset();
+        self.keys = match keys {
+            Some(k) => Some(Keys::new(&k, self.auto_collation)?),
+            None => {
+                self.resumed = 0;
+                for w in 0..self.to_workers.len() {
+                    self.send(py, w, &header(kind::RESUME, w, 0), &[])?;
+                }
+                while self.resumed < self.to_workers.len() {
+                    self.wait_for_answer(py, started)?;
+                }
+                None
+            }
+        };
+        Ok(())
+    }
+
+    /// Stops the workers now (idempotent).
+    fn _shutdown_workers(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.shutdown(py)
+    }
+}
+
+impl PoolIter {
+    /// Sends tasks while the scheduler has room and the sampler has keys.
+    fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
+        while self.scheduler.has_room() {
+            let payload: Option<(u32, Vec<u8>)> = match &self.keys {
+                None => Some((kind::TASK_OBJECT, Vec::new())),
+                Some(keys) => match keys.next(py, &mut self.index_buf)? {
+                    None => None,
+                    Some(KeyBatch::Indices(ix)) => {
+                        let bytes = ix.iter().flat_map(|i| i.to_le_bytes()).collect();
+                        self.index_buf = ix;
+                        Some((kind::TASK_INDICES, bytes))
+                    }
+                    Some(KeyBatch::Object(obj)) => {
+                        let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
+                        Some((
+                            kind::TASK_OBJECT,
+                            data.cast::<PyBytes>()?.as_bytes().to_vec(),
+                        ))
+                    }
+                },
+            };
+            let Some((k, bytes)) = payload else {
+                self.scheduler.mark_exhausted();
+                break;
+            };
+            let (worker, task) = self.scheduler.assign();
+            self.send(py, worker, &header(k, worker, task), &bytes)?;
+        }
+        Ok(())
+    }
+
+    fn send(&self, py: Python<'_>, worker: usize, head: &[u8], body: &[u8]) -> PyResult<()> {
+        let ring = &self.to_workers[worker];
+        py.detach(|| ring.send(&[head, body], Some(SEND_TIMEOUT)))
+            .map_err(|e| match e {
+                QueueError::Timeout => PyRuntimeError::new_err(format!(
+                    "DataLoader worker {worker} took no task for {} s: it is stuck",
+                    SEND_TIMEOUT.as_secs()
+                )),
+                other => queue_err(other),
+            })
+    }
+
+    /// Blocks until at least one answer has been taken in, checking workers between slices.
+    fn wait_for_answer(&mut self, py: Python<'_>, started: Instant) -> PyResult<()> {
+        let mut buf = Vec::new();
+        loop {
+            let seen = self.doorbell.current();
+            let mut got = false;
+            for w in 0..self.from_workers.len() {
+                while self.from_workers[w].try_recv(&mut buf).map_err(queue_err)? {
+                    self.take_answer(py, w, std::mem::take(&mut buf))?;
+                    got = true;
+                }
+            }
+            if got {
+                return Ok(());
+            }
+            let mut slice = WAIT_SLICE;
+            if let Some(limit) = self.timeout {
+                let spent = started.elapsed();
+                if spent >= limit {
+                    return Err(PyRuntimeError::new_err(format!(
+                        "DataLoader timed out after {} seconds",
+                        limit.as_secs_f64()
+                    )));
+                }
+                slice = slice.min(limit - spent);
+            }
+            let bell = &self.doorbell;
+            let rang = py.detach(|| bell.wait(seen, slice));
+            if !rang {
+                py.check_signals()?;
+                if let Err(dead) = self.hooks.bind(py).call_method0("check_workers") {
+                    self.shutdown(py)?;
+                    return Err(dead);
+                }
+            }
+        }
+    }
+
+    fn take_answer(&mut self, py: Python<'_>, worker: usize, msg: Vec<u8>) -> PyResult<()> {
+        let (k, _, task) = parse_header(&msg)?;
+        match k {
+            kind::READY => {
+                self.ready += 1;
+                if self.ready == self.to_workers.len() && !self.unlinked {
+                    ShmRegion::unlink(&self.region_name).map_err(queue_err)?;
+                    self.unlinked = true;
+                }
+            }
+            kind::DATA => {
+                let (pickle_range, buffers) = decode_batch_table(&msg)?;
+                let message = Py::new(py, Message { data: msg })?;
+                let batch = self
+                    .hooks
+                    .bind(py)
+                    .call_method1("loads", (message, pickle_range, buffers))?;
+                self.scheduler
+                    .on_result(task, Answer::Batch(batch.unbind()));
+            }
+            kind::ERROR => {
+                let wrapper = self
+                    .hooks
+                    .bind(py)
+                    .call_method1("load_error", (PyBytes::new(py, &msg[HEADER..]),))?;
+                self.scheduler
+                    .on_result(task, Answer::Error(wrapper.unbind()));
+            }
+            kind::ENDED => self.scheduler.on_worker_ended(worker, task),
+            kind::RESUMED => self.resumed += 1,
+            other => {
+                return Err(PyRuntimeError::new_err(format!(
+                    "rloader: unexpected message kind {other} from worker {worker}"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn shutdown(&mut self, py: Python<'_>) -> PyResult<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        self.close_rings();
+        self.hooks.bind(py).call_method0("shutdown")?;
+        Ok(())
+    }
+
+    fn close_rings(&self) {
+        for ring in self.to_workers.iter().chain(&self.from_workers) {
+            ring.close();
+        }
+    }
+}
+
+impl Drop for PoolIter {
+    fn drop(&mut self) {
+        // Closing the rings wakes the workers, which then exit; the Python finalizer joins them.
+        self.close_rings();
+    }
+}
+
+/// DATA layout after the header: n_buffers u64, pickle_len u64, n_buffers × len u64, the pickle,
+/// then the buffers back to back.
+fn decode_batch_table(msg: &[u8]) -> PyResult<((usize, usize), Vec<(usize, usize)>)> {
+    let word = |at: usize| -> PyResult<usize> {
+        msg.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+            .ok_or_else(|| PyRuntimeError::new_err("rloader: truncated batch message"))
+    };
+    let n = word(HEADER)?;
+    let pickle_len = word(HEADER + 8)?;
+    let mut at = HEADER + 16 + 8 * n;
+    let pickle_range = (at, at + pickle_len);
+    at += pickle_len;
+    let mut buffers = Vec::with_capacity(n);
+    for i in 0..n {
+        let len = word(HEADER + 16 + 8 * i)?;
+        buffers.push((at, at + len));
+        at += len;
+    }
+    if at > msg.len() {
+        return Err(PyRuntimeError::new_err("rloader: truncated batch message"));
+    }
+    Ok((pickle_range, buffers))
+}
+
+/// A worker process's loop: take tasks, fetch and collate, send answers, until told to stop.
+#[pyfunction]
+#[pyo3(signature = (*, region, worker_id, num_workers, dataset, iterable, samples, auto_collation,
+                    batch_size, drop_last, collate_fn, default_collate, init_error, parent_pid, hooks))]
+#[allow(clippy::too_many_arguments)]
+pub fn worker_loop(
+    py: Python<'_>,
+    region: &str,
+    worker_id: usize,
+    num_workers: usize,
+    dataset: Py<PyAny>,
+    iterable: bool,
+    samples: Option<Bound<'_, PyAny>>,
+    auto_collation: bool,
+    batch_size: Option<usize>,
+    drop_last: bool,
+    collate_fn: Py<PyAny>,
+    default_collate: Option<(Py<PyAny>, Py<PyDict>, Py<PyDict>)>,
+    init_error: Option<Py<PyBytes>>,
+    parent_pid: i32,
+    hooks: Py<PyAny>,
+) -> PyResult<()> {
+    // A worker must never outlive its loader. Started by fork or spawn, the main process is
+    // our parent: the kernel kills us when it dies (Linux), and the wait loop watches getppid.
+    // Started by a forkserver, the parent is the server: the loop polls the main pid instead.
+    let main = MainProcess::new(parent_pid);
+    if main.gone() {
+        return Ok(());
+    }
+    let layout = Layout::new(num_workers);
+    let shm = Arc::new(ShmRegion::open(region).map_err(queue_err)?);
+    let doorbell = Doorbell::attach(shm.clone(), 0);
+    let (task_at, answer_at) = layout.rings[worker_id];
+    let tasks =
+        Ring::attach(shm.clone(), task_at, Ring::required_len(INDEX_RING)).map_err(queue_err)?;
+    let answers =
+        Ring::attach(shm.clone(), answer_at, Ring::required_len(RESULT_RING)).map_err(queue_err)?;
+    let collate = Collate::new(collate_fn, default_collate);
+    let mut fetcher = if iterable {
+        // Without an iterator (its creation failed: `init_error` reports it) the worker stays
+        // empty-handed.
+        let samples = match samples {
+            Some(s) => s.try_iter()?,
+            None => pyo3::types::PyTuple::empty(py).try_iter()?,
+        };
+        Fetcher::iterable(dataset, samples.unbind(), batch_size, drop_last, collate)
+    } else {
+        Fetcher::map(py, dataset, auto_collation, collate)?
+    };
+    let hooks = hooks.bind(py);
+    // Ok(false): the main process closed the ring (it is done with this worker).
+    let send = |parts: &[&[u8]]| -> PyResult<bool> {
+        match py.detach(|| answers.send(parts, None)) {
+            Ok(()) => {
+                doorbell.ring();
+                Ok(true)
+            }
+            Err(QueueError::Closed) => Ok(false),
+            Err(e) => Err(queue_err(e)),
+        }
+    };
+    if !send(&[&header(kind::READY, worker_id, 0)])? {
+        return Ok(());
+    }
+    let mut init_error = init_error;
+    let mut ended = false;
+    let mut msg = Vec::new();
+    let mut spent = Vec::new();
+    loop {
+        match py.detach(|| tasks.recv(&mut msg, Some(WAIT_SLICE))) {
+            Ok(()) => {}
+            Err(QueueError::Timeout) => {
+                if main.gone() {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(QueueError::Closed) => return Ok(()),
+            Err(e) => return Err(queue_err(e)),
+        }
+        let (k, _, task) = parse_header(&msg)?;
+        match k {
+            kind::STOP => return Ok(()),
+            kind::RESUME => {
+                let fresh = hooks.call_method0("restart")?;
+                fetcher.restart(fresh.try_iter()?.unbind());
+                ended = false;
+                if !send(&[&header(kind::RESUMED, worker_id, 0)])? {
+                    return Ok(());
+                }
+                continue;
+            }
+            kind::TASK_INDICES | kind::TASK_OBJECT => {}
+            other => {
+                return Err(PyRuntimeError::new_err(format!(
+                    "rloader worker: unexpected message kind {other}"
+                )))
+            }
+        }
+        if ended {
+            continue; // tasks sent before the main process learnt this worker had ended
+        }
+        if let Some(err) = init_error.take() {
+            if !send(&[
+                &header(kind::ERROR, worker_id, task),
+                err.bind(py).as_bytes(),
+            ])? {
+                return Ok(());
+            }
+            continue;
+        }
+        let result = if iterable {
+            fetcher.fetch_next(py)
+        } else {
+            let keys = if k == kind::TASK_INDICES {
+                let body = &msg[HEADER..];
+                KeyBatch::Indices(
+                    body.chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                        .collect(),
+                )
+            } else {
+                KeyBatch::Object(
+                    hooks.call_method1("load_keys", (PyBytes::new(py, &msg[HEADER..]),))?,
+                )
+            };
+            fetcher.fetch_keys(py, keys, &mut spent).map(Some)
+        };
+        let delivered = match result {
+            Ok(Some(batch)) => {
+                let encoded = hooks.call_method1("dumps", (batch,))?;
+                let (data, buffers): (Bound<'_, PyBytes>, Bound<'_, PyList>) = encoded.extract()?;
+                send_batch(&send, worker_id, task, &data, &buffers)?
+            }
+            Ok(None) => {
+                ended = true;
+                send(&[&header(kind::ENDED, worker_id, task)])?
+            }
+            Err(e) => {
+                let wrapped = hooks.call_method1("dump_error", (e.value(py), e.traceback(py)))?;
+                send(&[
+                    &header(kind::ERROR, worker_id, task),
+                    wrapped.cast::<PyBytes>()?.as_bytes(),
+                ])?
+            }
+        };
+        if !delivered {
+            return Ok(());
+        }
+    }
+}
+
+fn send_batch(
+    send: &dyn Fn(&[&[u8]]) -> PyResult<bool>,
+    worker_id: usize,
+    task: u64,
+    data: &Bound<'_, PyBytes>,
+    buffers: &Bound<'_, PyList>,
+) -> PyResult<bool> {
+    let views: Vec<pyo3::buffer::PyBuffer<u8>> = buffers
+        .iter()
+        .map(|b| pyo3::buffer::PyBuffer::<u8>::get(&b))
+        .collect::<PyResult<_>>()?;
+    let mut table = Vec::with_capacity(16 + 8 * views.len());
+    table.extend_from_slice(&(views.len() as u64).to_le_bytes());
+    table.extend_from_slice(&(data.as_bytes().len() as u64).to_le_bytes());
+    for v in &views {
+        table.extend_from_slice(&(v.len_bytes() as u64).to_le_bytes());
+    }
+    let head = header(kind::DATA, worker_id, task);
+    let mut parts: Vec<&[u8]> = vec![&head, &table, data.as_bytes()];
+    for v in &views {
+        // SAFETY: a contiguous u8 buffer kept exported (and so alive and unmoved) by `views`
+        // until this function returns; nothing in this process writes to it meanwhile.
+        parts.push(unsafe { std::slice::from_raw_parts(v.buf_ptr() as *const u8, v.len_bytes()) });
+    }
+    send(&parts)
+}
+
+/// The process that owns a worker's loader, watched from the worker.
+struct MainProcess {
+    pid: i32,
+    is_parent: bool,
+}
+
+impl MainProcess {
+    fn new(pid: i32) -> MainProcess {
+        // SAFETY: getppid has no preconditions.
+        let is_parent = unsafe { libc::getppid() } == pid;
+        #[cfg(target_os = "linux")]
+        if is_parent {
+            // SAFETY: sets this process's parent-death signal; no memory is involved.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        }
+        MainProcess { pid, is_parent }
+    }
+
+    fn gone(&self) -> bool {
+        if self.is_parent {
+            // SAFETY: getppid has no preconditions.
+            return unsafe { libc::getppid() } != self.pid;
+        }
+        // SAFETY: signal 0 only checks that the process exists.
+        unsafe { libc::kill(self.pid, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
+    }
+}
+
+/// A name for a new shared-memory region of this process.
+#[pyfunction]
+fn unique_shm_name(tag: &str) -> String {
+    rloader_queue::unique_name(tag)
+}
+
+/// Removes a shared-memory name (no error if it is already gone).
+#[pyfunction]
+fn unlink_shm(name: &str) -> PyResult<()> {
+    ShmRegion::unlink(name).map_err(queue_err)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PoolIter>()?;
+    m.add_class::<Message>()?;
+    m.add_function(wrap_pyfunction!(worker_loop, m)?)?;
+    m.add_function(wrap_pyfunction!(unique_shm_name, m)?)?;
+    m.add_function(wrap_pyfunction!(unlink_shm, m)?)?;
+    Ok(())
+}

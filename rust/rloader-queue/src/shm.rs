@@ -1,0 +1,392 @@
+//! Named POSIX shared memory: the only thing a spawned or forkserver worker can find by
+//! itself is a name, so every region has one.
+
+use std::ffi::CString;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::QueueError;
+
+/// The longest name `shm_open` accepts on Linux (NAME_MAX, with the leading '/').
+const MAX_NAME: usize = 255;
+
+/// A named POSIX shared-memory region (`shm_open` + `mmap`), mapped once, read-write.
+///
+/// The creator's handle unlinks the name when it is dropped, unless [`ShmRegion::unlink_name`]
+/// already did, and only in the process that created it (a forked child holding a copy
+/// never unlinks the parent's name). The mapping lives until the handle is dropped, whether
+/// or not the name still exists.
+#[derive(Debug)]
+pub struct ShmRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+    name: String,
+    /// The creating process, for the unlink in Drop; None for `open`ed regions.
+    creator_pid: Option<libc::pid_t>,
+    unlinked: AtomicBool,
+}
+
+// SAFETY: the region is plain shared memory; what may touch which bytes is the business of
+// the types built on it (Ring, Doorbell), which only use atomics and protocol-owned ranges.
+unsafe impl Send for ShmRegion {}
+unsafe impl Sync for ShmRegion {}
+
+fn os(op: &str, name: &str) -> impl FnOnce(io::Error) -> QueueError {
+    let op = format!("{op}({name:?})");
+    move |source| QueueError::Os { op, source }
+}
+
+fn c_name(name: &str) -> Result<CString, QueueError> {
+    let valid = name.len() >= 2
+        && name.len() <= MAX_NAME
+        && name.starts_with('/')
+        && !name[1..].contains('/')
+        && !name.contains('\0');
+    if !valid {
+        return Err(QueueError::InvalidName(name.to_owned()));
+    }
+    Ok(CString::new(name).expect("NUL checked above"))
+}
+
+/// A file descriptor closed on every path.
+struct Fd(libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own the descriptor.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// Bytes free in /dev/shm, 0 if unknown (only for the error message).
+fn dev_shm_free() -> u64 {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a buffer statvfs fills.
+    let rc = unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return 0;
+    }
+    // SAFETY: statvfs succeeded, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
+}
+
+fn map(fd: &Fd, len: usize, name: &str) -> Result<NonNull<u8>, QueueError> {
+    // SAFETY: a fresh shared mapping of an fd we hold; the kernel picks the address.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.0,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(os("mmap", name)(io::Error::last_os_error()));
+    }
+    Ok(NonNull::new(ptr.cast()).expect("mmap returned a non-null address"))
+}
+
+impl ShmRegion {
+    /// Creates the name (`O_CREAT | O_EXCL`, mode 0600) and reserves `len` bytes of
+    /// `/dev/shm` now, with `posix_fallocate`: a full `/dev/shm` is a
+    /// [`QueueError::NoSpace`] here, never a SIGBUS on first touch later.
+    pub fn create(name: &str, len: usize) -> Result<ShmRegion, QueueError> {
+        let cname = c_name(name)?;
+        if len == 0 {
+            return Err(QueueError::TooSmall {
+                what: "a shared-memory region",
+                need: 1,
+                got: 0,
+            });
+        }
+        // SAFETY: a NUL-terminated name.
+        let raw = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if raw < 0 {
+            return Err(os("shm_open", name)(io::Error::last_os_error()));
+        }
+        let fd = Fd(raw);
+        let unlink_on_error = |e: QueueError| {
+            // SAFETY: a NUL-terminated name; we created it just now.
+            unsafe { libc::shm_unlink(cname.as_ptr()) };
+            e
+        };
+        let Ok(off_len) = libc::off_t::try_from(len) else {
+            return Err(unlink_on_error(QueueError::TooSmall {
+                what: "the file offset type",
+                need: len,
+                got: libc::off_t::MAX as usize,
+            }));
+        };
+        loop {
+            // SAFETY: an fd we own. posix_fallocate returns the error number itself.
+            match unsafe { libc::posix_fallocate(fd.0, 0, off_len) } {
+                0 => break,
+                libc::EINTR => continue,
+                libc::ENOSPC | libc::EFBIG => {
+                    return Err(unlink_on_error(QueueError::NoSpace {
+                        name: name.to_owned(),
+                        requested: len,
+                        free: dev_shm_free(),
+                    }))
+                }
+                errno => {
+                    return Err(unlink_on_error(os("posix_fallocate", name)(
+                        io::Error::from_raw_os_error(errno),
+                    )))
+                }
+            }
+        }
+        let ptr = map(&fd, len, name).map_err(unlink_on_error)?;
+        Ok(ShmRegion {
+            ptr,
+            len,
+            name: name.to_owned(),
+            // SAFETY: getpid cannot fail.
+            creator_pid: Some(unsafe { libc::getpid() }),
+            unlinked: AtomicBool::new(false),
+        })
+    }
+
+    /// Maps a region another process created, by name; its length is the region's size.
+    pub fn open(name: &str) -> Result<ShmRegion, QueueError> {
+        let cname = c_name(name)?;
+        // SAFETY: a NUL-terminated name.
+        let raw = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if raw < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Err(QueueError::Os {
+                    op: format!(
+                        "shm_open({name:?}) (it does not exist: the creating process has \
+                         unlinked it already, or exited)"
+                    ),
+                    source: e,
+                });
+            }
+            return Err(os("shm_open", name)(e));
+        }
+        let fd = Fd(raw);
+        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: an fd we own and a buffer fstat fills.
+        if unsafe { libc::fstat(fd.0, st.as_mut_ptr()) } != 0 {
+            return Err(os("fstat", name)(io::Error::last_os_error()));
+        }
+        // SAFETY: fstat succeeded.
+        let size = unsafe { st.assume_init() }.st_size;
+        let len = usize::try_from(size).unwrap_or(0);
+        if len == 0 {
+            return Err(QueueError::TooSmall {
+                what: "the shared-memory region (still being created?)",
+                need: 1,
+                got: 0,
+            });
+        }
+        let ptr = map(&fd, len, name)?;
+        Ok(ShmRegion {
+            ptr,
+            len,
+            name: name.to_owned(),
+            creator_pid: None,
+            unlinked: AtomicBool::new(false),
+        })
+    }
+
+    /// Removes `name` from `/dev/shm`; mappings stay valid. A name already gone is Ok. The
+    /// creator calls this as soon as every peer has opened the region. On the creator's own
+    /// handle prefer [`ShmRegion::unlink_name`], which also stops its Drop from unlinking.
+    pub fn unlink(name: &str) -> Result<(), QueueError> {
+        let cname = c_name(name)?;
+        // SAFETY: a NUL-terminated name.
+        if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(os("shm_unlink", name)(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`ShmRegion::unlink`] of this region's name, at most once per handle.
+    pub fn unlink_name(&self) -> Result<(), QueueError> {
+        if self.unlinked.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        ShmRegion::unlink(&self.name)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: regions are at least one byte long.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The start of the mapping (page-aligned).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for ShmRegion {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once; nothing borrows from it past `self`
+        // (Ring and Doorbell hold an Arc<ShmRegion>).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        // SAFETY: getpid cannot fail.
+        if self.creator_pid == Some(unsafe { libc::getpid() }) {
+            let _ = self.unlink_name();
+        }
+    }
+}
+
+/// `"/rloader-<pid>-<counter>-<tag>"`: a fresh name per call in this process (a forked
+/// child has another pid, so it cannot collide with its parent). `tag` is for people
+/// reading `ls /dev/shm`; characters other than `[A-Za-z0-9_.-]` become `_`.
+pub fn unique_name(tag: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    let mut name = format!("/rloader-{pid}-{n}-");
+    name.extend(
+        tag.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(MAX_NAME - name.len()),
+    );
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_dev_shm(name: &str) -> bool {
+        std::path::Path::new("/dev/shm").join(&name[1..]).exists()
+    }
+
+    #[test]
+    fn unique_names_are_unique_and_valid() {
+        let a = unique_name("index/queue 1");
+        let b = unique_name("index/queue 1");
+        assert_ne!(a, b);
+        assert!(a.starts_with(&format!("/rloader-{}-", std::process::id())));
+        assert!(a.ends_with("-index_queue_1"));
+        assert!(c_name(&a).is_ok());
+        assert!(c_name(&unique_name(&"x".repeat(1000))).is_ok());
+    }
+
+    #[test]
+    fn invalid_names_are_refused() {
+        for bad in ["", "/", "noslash", "/a/b", "/a\0b"] {
+            assert!(
+                matches!(ShmRegion::create(bad, 64), Err(QueueError::InvalidName(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn create_open_share_bytes_and_drop_unlinks() {
+        let name = unique_name("shm-test");
+        let a = ShmRegion::create(&name, 10_000).unwrap();
+        assert_eq!(a.len(), 10_000);
+        assert!(in_dev_shm(&name));
+        let b = ShmRegion::open(&name).unwrap();
+        assert_eq!(b.len(), 10_000);
+        // SAFETY: both map the same 10_000 bytes; single-threaded test.
+        unsafe {
+            *a.as_ptr().add(9_999) = 42;
+            assert_eq!(*b.as_ptr().add(9_999), 42);
+        }
+        // Exclusive create: a second one with the same name fails.
+        assert!(matches!(
+            ShmRegion::create(&name, 64),
+            Err(QueueError::Os { .. })
+        ));
+        drop(b); // an opener never unlinks
+        assert!(in_dev_shm(&name));
+        drop(a);
+        assert!(!in_dev_shm(&name));
+        let e = ShmRegion::open(&name).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn unlink_keeps_mappings_and_tolerates_enoent() {
+        let name = unique_name("unlink-test");
+        let a = ShmRegion::create(&name, 4096).unwrap();
+        let b = ShmRegion::open(&name).unwrap();
+        a.unlink_name().unwrap();
+        assert!(!in_dev_shm(&name));
+        ShmRegion::unlink(&name).unwrap(); // ENOENT is fine
+        a.unlink_name().unwrap(); // twice is fine
+                                  // SAFETY: single-threaded test, both map the same page.
+        unsafe {
+            *a.as_ptr() = 7;
+            assert_eq!(*b.as_ptr(), 7);
+        }
+    }
+
+    #[test]
+    fn zero_length_is_refused() {
+        let name = unique_name("zero");
+        assert!(matches!(
+            ShmRegion::create(&name, 0),
+            Err(QueueError::TooSmall { .. })
+        ));
+        assert!(!in_dev_shm(&name));
+    }
+
+    /// tmpfs refuses a fallocate larger than the whole filesystem up front, without
+    /// allocating anything, so this provokes the real ENOSPC path without filling /dev/shm.
+    #[test]
+    fn larger_than_dev_shm_is_no_space_error() {
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: as in dev_shm_free.
+        if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) } != 0 {
+            return;
+        }
+        // SAFETY: statvfs succeeded.
+        let st = unsafe { st.assume_init() };
+        let total = (st.f_blocks as u64).saturating_mul(st.f_frsize as u64);
+        if total == 0 || total > (1 << 50) {
+            return; // no size limit to exceed
+        }
+        let name = unique_name("too-big");
+        let requested = (total * 2) as usize;
+        let started = std::time::Instant::now();
+        match ShmRegion::create(&name, requested) {
+            Err(QueueError::NoSpace {
+                requested: r, free, ..
+            }) => {
+                assert_eq!(r, requested);
+                assert!(free <= total);
+            }
+            other => panic!("expected NoSpace, got {other:?}"),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(!in_dev_shm(&name));
+    }
+}

@@ -1,0 +1,305 @@
+"""Multi-process loading (num_workers > 0) against torch.utils.data as the oracle."""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+from _compare import same
+
+pytestmark = pytest.mark.timeout(120)
+
+CONTEXTS = ["fork", "spawn", "forkserver"]
+
+
+def both(dataset, **kwargs):
+    theirs = list(tud.DataLoader(dataset, **kwargs))
+    ours = list(rloader.DataLoader(dataset, **kwargs))
+    return theirs, ours
+
+
+class Squares(tud.Dataset):
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.full((3,), float(i * i)), "i": i, "name": f"s{i}", "a": np.arange(2) + i}
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_same_batches_as_torch_under_each_start_method(context):
+    theirs, ours = both(Squares(), batch_size=4, num_workers=2, multiprocessing_context=context)
+    assert same(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(batch_size=5, drop_last=True), dict(batch_size=None), dict(batch_size=3, prefetch_factor=1),
+     dict(batch_size=2, num_workers=3, prefetch_factor=4), dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
+     dict(batch_size=4, collate_fn=lambda b: [x["i"] for x in b])],
+)
+def test_same_batches_as_torch(kwargs):
+    kwargs = {"num_workers": 2, **kwargs}
+    theirs, ours = both(Squares(), **kwargs)
+    assert same(ours, theirs)
+
+
+def test_shuffle_is_reproducible_and_a_permutation():
+    def epoch(seed):
+        loader = rloader.DataLoader(Squares(50), batch_size=8, shuffle=True, num_workers=2,
+                                    generator=torch.Generator().manual_seed(seed))
+        return [i for b in loader for i in b["i"].tolist()]
+    a = epoch(1)
+    assert sorted(a) == list(range(50))
+    assert epoch(1) == a and epoch(2) != a
+
+
+def test_in_order_false_yields_every_batch():
+    out = list(rloader.DataLoader(Squares(40), batch_size=4, num_workers=2, in_order=False))
+    assert sorted(i for b in out for i in b["i"].tolist()) == list(range(40))
+
+
+class SeedReport(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        return (info.id, info.num_workers, info.seed, torch.initial_seed(), random.random(),
+                float(np.random.random()), float(torch.rand(())))
+
+
+def test_worker_seeds_match_torch():
+    torch.manual_seed(123)
+    theirs = list(tud.DataLoader(SeedReport(), batch_size=None, num_workers=2))
+    torch.manual_seed(123)
+    ours = list(rloader.DataLoader(SeedReport(), batch_size=None, num_workers=2))
+    assert same(ours, theirs)
+    # numpy draws differ between workers
+    assert len({row[5] for row in ours[:2]}) == 2
+
+
+def test_get_worker_info_is_none_in_the_main_process():
+    assert rloader.get_worker_info() is None
+    assert tud.get_worker_info() is None
+
+
+# The documentation's IterableDataset examples.
+class MyIterableDataset(tud.IterableDataset):
+    def __init__(self, start, end):
+        super().__init__()
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        worker_info = tud.get_worker_info()
+        if worker_info is None:
+            iter_start, iter_end = self.start, self.end
+        else:
+            per_worker = int(math.ceil((self.end - self.start) / float(worker_info.num_workers)))
+            iter_start = self.start + worker_info.id * per_worker
+            iter_end = min(iter_start + per_worker, self.end)
+        return iter(range(iter_start, iter_end))
+
+
+class PlainRange(tud.IterableDataset):
+    def __init__(self, start, end):
+        super().__init__()
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def split_init_fn(worker_id):
+    info = tud.get_worker_info()
+    dataset = info.dataset
+    overall_start, overall_end = dataset.start, dataset.end
+    per_worker = int(math.ceil((overall_end - overall_start) / float(info.num_workers)))
+    dataset.start = overall_start + worker_id * per_worker
+    dataset.end = min(dataset.start + per_worker, overall_end)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 12])
+def test_documented_iterable_examples(workers):
+    ds = MyIterableDataset(start=3, end=7)
+    theirs, ours = both(ds, num_workers=workers)
+    assert same(ours, theirs)
+    if workers == 2:
+        assert [t.item() for t in ours] == [3, 5, 4, 6]
+    ds = PlainRange(3, 7)
+    theirs, ours = both(ds, num_workers=workers, worker_init_fn=split_init_fn)
+    assert same(ours, theirs)
+    theirs, ours = both(PlainRange(3, 7), num_workers=workers)  # duplicated data, as documented
+    assert same(ours, theirs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)])
+def test_iterable_batches_per_worker_like_torch(kwargs):
+    theirs, ours = both(PlainRange(0, 10), num_workers=2, **kwargs)
+    assert same(ours, theirs)
+
+
+class InitCount(tud.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return (os.getpid(), INIT_CALLS.get("n", 0))
+
+
+INIT_CALLS: dict = {}
+
+
+def counting_init(worker_id):
+    INIT_CALLS["n"] = INIT_CALLS.get("n", 0) + 1
+
+
+def test_persistent_workers_survive_epochs_and_init_once():
+    loader = rloader.DataLoader(InitCount(), batch_size=None, num_workers=2, persistent_workers=True,
+                                worker_init_fn=counting_init)
+    first = list(loader)
+    second = list(loader)
+    assert {p for p, _ in first} == {p for p, _ in second}
+    assert all(n == 1 for _, n in first + second)
+    loader._iterator._shutdown_workers()
+
+
+def test_persistent_workers_on_iterable_dataset():
+    loader = rloader.DataLoader(PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True)
+    theirs = tud.DataLoader(PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        assert same(list(loader), list(theirs))
+    loader._iterator._shutdown_workers()
+
+
+class Failing(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("sample 5 is broken")
+        return i
+
+
+def test_worker_exception_reraises_with_type_message_and_traceback():
+    with pytest.raises(ValueError) as theirs:
+        list(tud.DataLoader(Failing(), batch_size=2, num_workers=2))
+    with pytest.raises(ValueError) as ours:
+        list(rloader.DataLoader(Failing(), batch_size=2, num_workers=2))
+    text = str(ours.value)
+    assert text.startswith("Caught ValueError in DataLoader worker process 0.")
+    assert "sample 5 is broken" in text and "Traceback" in text
+    assert str(theirs.value).splitlines()[0] == text.splitlines()[0]
+
+
+def failing_init(worker_id):
+    raise KeyError("no init")
+
+
+def test_worker_init_fn_error_is_reported():
+    with pytest.raises(KeyError, match="in DataLoader worker process"):
+        list(rloader.DataLoader(Squares(), num_workers=2, worker_init_fn=failing_init))
+
+
+class Dies(tud.Dataset):
+    def __init__(self, how):
+        self.how = how
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        if i == 3:
+            if self.how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+
+@pytest.mark.parametrize("how,expected", [("exit", "exited with code 3"), ("kill", r"killed by signal 9 \(SIGKILL\)")])
+def test_dead_worker_is_reported_quickly(how, expected):
+    loader = rloader.DataLoader(Dies(how), batch_size=1, num_workers=2)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=expected) as err:
+        list(loader)
+    assert time.monotonic() - start < 10
+    assert "pid" in str(err.value)
+
+
+class Slow(tud.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(3)
+        return i
+
+
+def test_timeout_names_the_timeout():
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
+        list(rloader.DataLoader(Slow(), num_workers=1, timeout=0.5))
+
+
+def count_resources():
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getpid()]
+    fds = len(os.listdir("/proc/self/fd"))
+    shm = [n for n in os.listdir("/dev/shm") if n.startswith(f"rloader-{os.getpid()}-")]
+    return len(children), fds, len(shm)
+
+
+def _ppid(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_abandoned_iterators_leave_nothing_behind():
+    gc.collect()
+    before = count_resources()
+    loader = rloader.DataLoader(Squares(100), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    for k in range(200):
+        it = iter(loader)
+        next(it)
+        if k % 2:
+            del it  # dropped half-consumed
+        else:
+            for _ in it:  # or broken out of
+                break
+            del it
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while count_resources() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+        gc.collect()
+    assert count_resources() == before
+
+
+def test_two_iterators_at_once():
+    loader = rloader.DataLoader(Squares(10), batch_size=2, num_workers=2)
+    a, b = iter(loader), iter(loader)
+    assert next(a)["i"].tolist() == [0, 1]
+    assert next(b)["i"].tolist() == [0, 1]
+    assert [x["i"].tolist() for x in a] == [[2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+def test_batches_held_by_the_user_stay_valid():
+    loader = rloader.DataLoader(Squares(64), batch_size=4, num_workers=2)
+    held = list(loader)
+    again = list(rloader.DataLoader(Squares(64), batch_size=4, num_workers=0))
+    assert same(held, again)
