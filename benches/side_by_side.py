@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 import torch.utils.data.distributed as tud_distributed
@@ -80,6 +81,63 @@ class ImageLabelDataset(tud.Dataset):
         return self.samples[i]
 
 
+class ImageArrayDataset(tud.Dataset):
+    """uint8 numpy images [3, 224, 224], as an image set decoded into memory."""
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        self.images = [rng.integers(0, 255, (3, 224, 224), dtype=np.uint8) for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        return self.images[i]
+
+
+class BusyDataset(tud.Dataset):
+    """A pure-Python ``__getitem__`` of about 50 us: the work is the user's."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        total = 0
+        for k in range(800):
+            total += k * i
+        return total % 1000
+
+
+class SleepyDataset(tud.Dataset):
+    """Sleeps 1 ms per sample: I/O-bound loading."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.001)
+        return i
+
+
+class IntStream(tud.IterableDataset):
+    """Small ints, split between workers as the documentation shows."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
 def batched_ints(n: int, size: int) -> list:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
@@ -99,6 +157,39 @@ def workloads(quick: bool) -> list[Workload]:
         for batch in loader:
             n += 1
         return n
+
+    pairs = ImageLabelDataset(20_000 // scale)
+    arrays = ImageArrayDataset(1_024 // scale)
+    busy = BusyDataset(4_000 // scale)
+    sleepy = SleepyDataset(2_000 // scale)
+    stream = IntStream(200_000 // scale)
+
+    def workers_epoch(lib, dataset, **kwargs) -> int:
+        n = 0
+        for batch in lib.DataLoader(dataset, num_workers=2, **kwargs):
+            n += 1
+        return n
+
+    def first_batch(lib) -> None:
+        it = iter(lib.DataLoader(pairs, batch_size=256, num_workers=2))
+        next(it)
+        del it
+
+    worker_loads = [
+        Workload(f"2 workers: (float32[3,32,32], int) x {len(pairs):,}, batch 256", "samples",
+                 len(pairs), lambda lib: workers_epoch(lib, pairs, batch_size=256), ">= 2x"),
+        Workload(f"2 workers: uint8[3,224,224] numpy x {len(arrays):,}, batch 64", "bytes",
+                 len(arrays) * 3 * 224 * 224, lambda lib: workers_epoch(lib, arrays, batch_size=64),
+                 ">= 2x", lambda: [a.copy() for a in arrays.images]),
+        Workload("2 workers: time from iter() to the first batch", "first batches", 1, first_batch,
+                 ">= 2x (time <= 0.5x)"),
+        Workload(f"2 workers: pure-Python __getitem__ of ~50 us x {len(busy):,}", "samples", len(busy),
+                 lambda lib: workers_epoch(lib, busy, batch_size=32), ">= 0.95x"),
+        Workload(f"2 workers: IterableDataset of {len(range(stream.n)):,} small ints, batch 256",
+                 "samples", stream.n, lambda lib: workers_epoch(lib, stream, batch_size=256), ">= 1.5x"),
+        Workload(f"2 workers: sleeps 1 ms per sample x {len(sleepy):,}", "samples", len(sleepy),
+                 lambda lib: workers_epoch(lib, sleepy, batch_size=16), ">= 1x"),
+    ]
 
     return [
         Workload(
@@ -132,6 +223,7 @@ def workloads(quick: bool) -> list[Workload]:
             f"DataLoader((float32[3,32,32], int) x {len(images):,}, batch_size=256, shuffle=True)",
             "samples", len(images), lambda lib: loader_epoch(lib, images), ">= 1.5x",
         ),
+        *worker_loads,
     ]
 
 
@@ -193,6 +285,8 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in times.items() if v}
         ratio = med["torch"] / med["rloader"]
         floor = f"{med['torch'] / med['floor']:.1f}x" if "floor" in med else "-"
+        if w.unit == "bytes":  # the floor here is a plain memcpy of the same bytes
+            floor = f"memcpy {w.count / med['floor'] / 1e9:.1f} GB/s"
         rows.append((w.name, f"{human(w.count / med['torch'])}/s", f"{human(w.count / med['rloader'])}/s",
                      f"{ratio:.2f}x", w.target, floor, w.unit))
 

@@ -31,8 +31,10 @@ use rloader_workers::{Next, Scheduler};
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::loader::Keys;
 
-const INDEX_RING: usize = 1 << 20;
-const RESULT_RING: usize = 16 << 20;
+/// Ring capacities. A batch larger than its ring streams through it in parts (the main
+/// process reassembles it), so these bound memory, not batch size.
+const INDEX_RING: usize = 256 << 10;
+const RESULT_RING: usize = 4 << 20;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// How long the main process waits for room to send a task before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -166,6 +168,8 @@ pub struct PoolIter {
     stopped: bool,
     resumed: usize,
     index_buf: Vec<u64>,
+    /// Per worker: the answer being received (a streamed one arrives in parts).
+    inbox: Vec<Vec<u8>>,
 }
 
 #[pymethods]
@@ -227,6 +231,7 @@ impl PoolIter {
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
+            inbox: vec![Vec::new(); num_workers],
         })
     }
 
@@ -354,13 +359,16 @@ impl PoolIter {
 
     /// Blocks until at least one answer has been taken in, checking workers between slices.
     fn wait_for_answer(&mut self, py: Python<'_>, started: Instant) -> PyResult<()> {
-        let mut buf = Vec::new();
         loop {
             let seen = self.doorbell.current();
             let mut got = false;
             for w in 0..self.from_workers.len() {
-                while self.from_workers[w].try_recv(&mut buf).map_err(queue_err)? {
-                    self.take_answer(py, w, std::mem::take(&mut buf))?;
+                while self.from_workers[w]
+                    .try_recv(&mut self.inbox[w])
+                    .map_err(queue_err)?
+                {
+                    let msg = std::mem::take(&mut self.inbox[w]);
+                    self.take_answer(py, w, msg)?;
                     got = true;
                 }
             }
@@ -508,13 +516,21 @@ pub fn worker_loop(
         return Ok(());
     }
     let layout = Layout::new(num_workers);
-    let shm = Arc::new(ShmRegion::open(region).map_err(queue_err)?);
-    let doorbell = Doorbell::attach(shm.clone(), 0);
+    let shm = match ShmRegion::open(region) {
+        Ok(shm) => Arc::new(shm),
+        // The loader was dropped before this worker got going: nothing to do.
+        Err(QueueError::Os { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(())
+        }
+        Err(e) => return Err(queue_err(e)),
+    };
     let (task_at, answer_at) = layout.rings[worker_id];
     let tasks =
         Ring::attach(shm.clone(), task_at, Ring::required_len(INDEX_RING)).map_err(queue_err)?;
-    let answers =
-        Ring::attach(shm.clone(), answer_at, Ring::required_len(RESULT_RING)).map_err(queue_err)?;
+    // Every answer (and every part of a streamed one) rings the main process's doorbell.
+    let answers = Ring::attach(shm.clone(), answer_at, Ring::required_len(RESULT_RING))
+        .map_err(queue_err)?
+        .with_doorbell(Doorbell::attach(shm.clone(), 0));
     let collate = Collate::new(collate_fn, default_collate);
     let mut fetcher = if iterable {
         // Without an iterator (its creation failed: `init_error` reports it) the worker stays
@@ -531,10 +547,7 @@ pub fn worker_loop(
     // Ok(false): the main process closed the ring (it is done with this worker).
     let send = |parts: &[&[u8]]| -> PyResult<bool> {
         match py.detach(|| answers.send(parts, None)) {
-            Ok(()) => {
-                doorbell.ring();
-                Ok(true)
-            }
+            Ok(()) => Ok(true),
             Err(QueueError::Closed) => Ok(false),
             Err(e) => Err(queue_err(e)),
         }

@@ -17,6 +17,9 @@
 //! Linux only (futex). Model check: `RUSTFLAGS="--cfg loom" cargo test -p rloader-queue
 //! --release loom` (under loom only the protocol is built, over loom's atomics).
 
+// Under loom only the protocol and its model checks are built: much of it goes unused.
+#![cfg_attr(loom, allow(dead_code))]
+
 mod error;
 mod protocol;
 mod sync;

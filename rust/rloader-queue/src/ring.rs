@@ -63,7 +63,7 @@ impl Ring {
                 got: len,
             });
         }
-        let end = offset.checked_add(len).unwrap_or(usize::MAX);
+        let end = offset.saturating_add(len);
         if end > region.len() {
             return Err(QueueError::TooSmall {
                 what: "the region holding the ring",

@@ -60,6 +60,8 @@ impl Drop for Fd {
 }
 
 /// Bytes free in /dev/shm, 0 if unknown (only for the error message).
+// fsblkcnt_t and c_ulong are narrower than u64 on some targets.
+#[allow(clippy::unnecessary_cast)]
 fn dev_shm_free() -> u64 {
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
     // SAFETY: a NUL-terminated path and a buffer statvfs fills.
@@ -370,6 +372,7 @@ mod tests {
         }
         // SAFETY: statvfs succeeded.
         let st = unsafe { st.assume_init() };
+        #[allow(clippy::unnecessary_cast)]
         let total = (st.f_blocks as u64).saturating_mul(st.f_frsize as u64);
         if total == 0 || total > (1 << 50) {
             return; // no size limit to exceed
