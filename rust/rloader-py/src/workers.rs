@@ -34,7 +34,7 @@ use crate::loader::Keys;
 /// Ring capacities. A batch larger than its ring streams through it in parts (the main
 /// process reassembles it), so these bound memory, not batch size.
 const INDEX_RING: usize = 256 << 10;
-const RESULT_RING: usize = 4 << 20;
+const RESULT_RING: usize = 16 << 20;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// How long the main process waits for room to send a task before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);

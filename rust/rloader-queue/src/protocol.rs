@@ -66,6 +66,8 @@ const FRAME_TAG: u64 = 0x5251;
 pub(crate) const FRAME_HEADER: u64 = 8;
 /// The longest payload a frame header can describe (48 bits).
 pub(crate) const MAX_MESSAGE_LEN: u64 = (1 << 48) - 1;
+/// Polls before a futex sleep (none under loom, where every poll is a new interleaving).
+const SPIN_LIMIT: u32 = if cfg!(loom) { 0 } else { 64 };
 /// The smallest data area a ring may have: one frame header plus some payload.
 pub(crate) const MIN_CAPACITY: u64 = 16;
 
@@ -316,6 +318,18 @@ impl RingCore<'_> {
         }
     }
 
+    /// Before sleeping, watch for a short while (about a microsecond): a peer that is busy
+    /// right now usually publishes within that, and a futex sleep and wake cost more.
+    fn spin_until(&self, ready: impl Fn() -> bool) -> bool {
+        for _ in 0..SPIN_LIMIT {
+            std::hint::spin_loop();
+            if ready() {
+                return true;
+            }
+        }
+        false
+    }
+
     // ---- producer side ----
 
     fn start_producer(&self, st: &mut ProducerState) -> Result<(), QueueError> {
@@ -374,6 +388,12 @@ impl RingCore<'_> {
             }
             if expired(deadline) {
                 return Err(QueueError::Timeout);
+            }
+            if self.spin_until(|| {
+                self.cap() - (st.tail - self.hdr.cons.head.load(Ordering::Relaxed)) >= need
+                    || self.is_closed()
+            }) {
+                continue;
             }
             let seq = self.hdr.cons.space_seq.load(Ordering::Acquire);
             self.hdr.prod.space_waiters.store(1, Ordering::Relaxed);
@@ -536,6 +556,11 @@ impl RingCore<'_> {
             }
             if expired(deadline) {
                 return Err(QueueError::Timeout);
+            }
+            if self.spin_until(|| {
+                self.hdr.prod.tail.load(Ordering::Relaxed) - st.head >= need || self.is_closed()
+            }) {
+                continue;
             }
             let seq = self.hdr.prod.data_seq.load(Ordering::Acquire);
             self.hdr.cons.data_waiters.store(1, Ordering::Relaxed);
