@@ -303,3 +303,77 @@ def test_batches_held_by_the_user_stay_valid():
     held = list(loader)
     again = list(rloader.DataLoader(Squares(64), batch_size=4, num_workers=0))
     assert same(held, again)
+
+
+def run_script(code: str, timeout: float = 150, **kwargs):
+    import subprocess
+    import sys
+    import textwrap
+
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout, cwd=os.path.dirname(__file__), **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_exit_when_the_main_process_dies(context):
+    done = run_script(f"""
+        import os, signal, sys, rloader
+        from test_workers import Squares
+        it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=2,
+                                     multiprocessing_context="{context}"))
+        next(it)
+        print(" ".join(str(p.pid) for p in it._rloader_pool.procs), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_low_fd_limit_still_works():
+    done = run_script("""
+        import resource, rloader
+        from test_workers import Squares
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+        loader = rloader.DataLoader(Squares(64), batch_size=4, num_workers=2)
+        for epoch in range(5):
+            assert sum(len(b["i"]) for b in loader) == 64
+        print("ok")
+    """)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_ctrl_c_interrupts_cleanly():
+    import subprocess
+    import sys
+
+    code = """
+import rloader, sys
+from test_workers import Slow
+print("start", flush=True)
+try:
+    for _ in rloader.DataLoader(Slow(), num_workers=2):
+        pass
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=os.path.dirname(__file__))
+    assert proc.stdout.readline().strip() == "start"
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert "interrupted" in out, err
+    assert proc.returncode == 0, err

@@ -247,6 +247,7 @@ def start_pool(loader) -> "_rloader.PoolIter":
         length_of=loader._index_sampler,
         hooks=pool,
     )
+    it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
     # From here on the region exists: make sure it goes, whatever happens.
     finalizer = weakref.finalize(it, pool.shutdown)
     try:

@@ -146,7 +146,7 @@ enum Answer {
 }
 
 /// The iterator `iter(DataLoader(..., num_workers>0))` returns.
-#[pyclass(module = "rloader._rloader", weakref)]
+#[pyclass(module = "rloader._rloader", weakref, dict)]
 pub struct PoolIter {
     region_name: String,
     _region: Arc<ShmRegion>,

@@ -49,7 +49,9 @@ use crate::QueueError;
 // the flag and bumps the futex word, and FUTEX_WAIT compares the word with the `seq` loaded
 // *before* the announce, atomically with going to sleep, so a bump that lands before the
 // sleep makes the wait return at once and one after it finds the sleeper queued. The fast
-// path (the peer is not asleep) is a fence and a load: no system call.
+// path (the peer is not asleep) is a fence and a load: no system call. Before announcing,
+// a sleeper polls the position for a few dozen `pause`s (`spin_until`): a peer mid-send
+// usually publishes within that, and a futex round trip costs more.
 // `close` sets `closed`, then bumps both futex words and wakes everyone; sleepers check
 // `closed` after announcing, so it cannot be missed either. The `Doorbell` uses the same
 // hand-shake with its counter as the futex word and a count of sleepers (many producers
@@ -390,8 +392,8 @@ impl RingCore<'_> {
                 return Err(QueueError::Timeout);
             }
             if self.spin_until(|| {
-                self.cap() - (st.tail - self.hdr.cons.head.load(Ordering::Relaxed)) >= need
-                    || self.is_closed()
+                let head = self.hdr.cons.head.load(Ordering::Relaxed);
+                st.tail.wrapping_sub(head) <= self.cap() - need || self.is_closed()
             }) {
                 continue;
             }
@@ -558,7 +560,8 @@ impl RingCore<'_> {
                 return Err(QueueError::Timeout);
             }
             if self.spin_until(|| {
-                self.hdr.prod.tail.load(Ordering::Relaxed) - st.head >= need || self.is_closed()
+                let tail = self.hdr.prod.tail.load(Ordering::Relaxed);
+                tail.wrapping_sub(st.head) >= need || self.is_closed()
             }) {
                 continue;
             }
