@@ -76,6 +76,10 @@ pub fn queue_err(e: QueueError) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
+/// The doorbell sits at offset 0; at `ATTACHED_AT`, a u32 counts the workers that have opened
+/// the region, so the last one to open it can unlink its name (see `worker_loop`).
+const ATTACHED_AT: usize = 64;
+
 /// Where each piece lives in a pool's region.
 struct Layout {
     len: usize,
@@ -89,7 +93,7 @@ fn align(x: usize) -> usize {
 
 impl Layout {
     fn new(num_workers: usize) -> Layout {
-        let mut at = align(Doorbell::LEN);
+        let mut at = align(ATTACHED_AT + 4);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
             let task = at;
@@ -512,9 +516,6 @@ pub fn worker_loop(
     // our parent: the kernel kills us when it dies (Linux), and the wait loop watches getppid.
     // Started by a forkserver, the parent is the server: the loop polls the main pid instead.
     let main = MainProcess::new(parent_pid);
-    if main.gone() {
-        return Ok(());
-    }
     let layout = Layout::new(num_workers);
     let shm = match ShmRegion::open(region) {
         Ok(shm) => Arc::new(shm),
@@ -524,6 +525,17 @@ pub fn worker_loop(
         }
         Err(e) => return Err(queue_err(e)),
     };
+    // The last worker to open the region removes its name: from then on nothing is left in
+    // /dev/shm whichever process dies, and the main process's own unlink finds it gone.
+    // SAFETY: ATTACHED_AT is inside the region, 4-aligned, and only ever used atomically.
+    let attached =
+        unsafe { &*(shm.as_ptr().add(ATTACHED_AT) as *const std::sync::atomic::AtomicU32) };
+    if attached.fetch_add(1, std::sync::atomic::Ordering::AcqRel) as usize + 1 == num_workers {
+        ShmRegion::unlink(region).map_err(queue_err)?;
+    }
+    if main.gone() {
+        return Ok(());
+    }
     let (task_at, answer_at) = layout.rings[worker_id];
     let tasks =
         Ring::attach(shm.clone(), task_at, Ring::required_len(INDEX_RING)).map_err(queue_err)?;
