@@ -377,3 +377,9 @@ except KeyboardInterrupt:
     out, err = proc.communicate(timeout=30)
     assert "interrupted" in out, err
     assert proc.returncode == 0, err
+
+
+def test_iterable_dataset_with_in_order_false_ends():
+    # Regression: tasks of an exhausted worker must be forgotten in out-of-order mode too.
+    out = list(rloader.DataLoader(PlainRange(0, 10), batch_size=3, num_workers=2, in_order=False))
+    assert sorted(x for b in out for x in b.tolist()) == sorted(list(range(10)) * 2)

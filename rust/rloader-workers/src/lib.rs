@@ -89,15 +89,13 @@ impl<T> Scheduler<T> {
         let task = self.next_task;
         self.next_task += 1;
         self.outstanding += 1;
-        if self.in_order {
-            self.tasks.insert(
-                task,
-                Task {
-                    worker,
-                    result: None,
-                },
-            );
-        }
+        self.tasks.insert(
+            task,
+            Task {
+                worker,
+                result: None,
+            },
+        );
         (worker, task)
     }
 
