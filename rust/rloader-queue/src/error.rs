@@ -56,7 +56,7 @@ impl fmt::Display for QueueError {
                 f,
                 "could not reserve {requested} bytes ({}) of shared memory in /dev/shm for {name} \
                  ({free} bytes ({}) free): free space there, or mount a larger /dev/shm \
-                 (docker: --shm-size), or lower num_workers/prefetch_factor",
+                 (docker: --shm-size), or lower num_workers, prefetch_factor or batch_size",
                 human(*requested as u64),
                 human(*free),
             ),
@@ -128,7 +128,8 @@ mod tests {
             e.to_string(),
             "could not reserve 67108864 bytes (64.0 MiB) of shared memory in /dev/shm for \
              /rloader-1-0-data (3145728 bytes (3.0 MiB) free): free space there, or mount a \
-             larger /dev/shm (docker: --shm-size), or lower num_workers/prefetch_factor"
+             larger /dev/shm (docker: --shm-size), or lower num_workers, prefetch_factor or \
+             batch_size"
         );
     }
 

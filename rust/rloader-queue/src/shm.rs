@@ -25,6 +25,8 @@ pub struct ShmRegion {
     /// The creating process, for the unlink in Drop; None for `open`ed regions.
     creator_pid: Option<libc::pid_t>,
     unlinked: AtomicBool,
+    /// Kept open only by [`ShmRegion::open_committable`], for [`ShmRegion::commit`].
+    fd: Option<Fd>,
 }
 
 // SAFETY: the region is plain shared memory; what may touch which bytes is the business of
@@ -50,6 +52,7 @@ fn c_name(name: &str) -> Result<CString, QueueError> {
 }
 
 /// A file descriptor closed on every path.
+#[derive(Debug)]
 struct Fd(libc::c_int);
 
 impl Drop for Fd {
@@ -72,6 +75,39 @@ fn dev_shm_free() -> u64 {
     // SAFETY: statvfs succeeded, so it filled the struct.
     let st = unsafe { st.assume_init() };
     (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
+}
+
+/// posix_fallocate of `[offset, offset + len)`, ENOSPC as [`QueueError::NoSpace`].
+fn reserve(fd: &Fd, name: &str, offset: usize, len: usize) -> Result<(), QueueError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let too_big = |_| QueueError::TooSmall {
+        what: "the file offset type",
+        need: offset.saturating_add(len),
+        got: libc::off_t::MAX as usize,
+    };
+    let off = libc::off_t::try_from(offset).map_err(too_big)?;
+    let n = libc::off_t::try_from(len).map_err(too_big)?;
+    loop {
+        // SAFETY: an fd we own. posix_fallocate returns the error number itself.
+        match unsafe { libc::posix_fallocate(fd.0, off, n) } {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            libc::ENOSPC | libc::EFBIG => {
+                return Err(QueueError::NoSpace {
+                    name: name.to_owned(),
+                    requested: len,
+                    free: dev_shm_free(),
+                })
+            }
+            errno => {
+                return Err(os("posix_fallocate", name)(io::Error::from_raw_os_error(
+                    errno,
+                )))
+            }
+        }
+    }
 }
 
 fn map(fd: &Fd, len: usize, name: &str) -> Result<NonNull<u8>, QueueError> {
@@ -97,6 +133,14 @@ impl ShmRegion {
     /// `/dev/shm` now, with `posix_fallocate`: a full `/dev/shm` is a
     /// [`QueueError::NoSpace`] here, never a SIGBUS on first touch later.
     pub fn create(name: &str, len: usize) -> Result<ShmRegion, QueueError> {
+        ShmRegion::create_sparse(name, len, len)
+    }
+
+    /// As [`ShmRegion::create`], but only the first `commit` bytes are reserved now; the rest
+    /// is a hole that costs nothing until [`ShmRegion::commit`] reserves a part of it (from
+    /// any process that opened the region with [`ShmRegion::open_committable`]). Touching
+    /// bytes that were never committed may SIGBUS when /dev/shm is full: commit first.
+    pub fn create_sparse(name: &str, len: usize, commit: usize) -> Result<ShmRegion, QueueError> {
         let cname = c_name(name)?;
         if len == 0 {
             return Err(QueueError::TooSmall {
@@ -129,25 +173,13 @@ impl ShmRegion {
                 got: libc::off_t::MAX as usize,
             }));
         };
-        loop {
-            // SAFETY: an fd we own. posix_fallocate returns the error number itself.
-            match unsafe { libc::posix_fallocate(fd.0, 0, off_len) } {
-                0 => break,
-                libc::EINTR => continue,
-                libc::ENOSPC | libc::EFBIG => {
-                    return Err(unlink_on_error(QueueError::NoSpace {
-                        name: name.to_owned(),
-                        requested: len,
-                        free: dev_shm_free(),
-                    }))
-                }
-                errno => {
-                    return Err(unlink_on_error(os("posix_fallocate", name)(
-                        io::Error::from_raw_os_error(errno),
-                    )))
-                }
-            }
+        // SAFETY: an fd we own.
+        if unsafe { libc::ftruncate(fd.0, off_len) } != 0 {
+            return Err(unlink_on_error(os("ftruncate", name)(
+                io::Error::last_os_error(),
+            )));
         }
+        reserve(&fd, name, 0, commit.min(len)).map_err(unlink_on_error)?;
         let ptr = map(&fd, len, name).map_err(unlink_on_error)?;
         Ok(ShmRegion {
             ptr,
@@ -156,11 +188,22 @@ impl ShmRegion {
             // SAFETY: getpid cannot fail.
             creator_pid: Some(unsafe { libc::getpid() }),
             unlinked: AtomicBool::new(false),
+            fd: None,
         })
     }
 
     /// Maps a region another process created, by name; its length is the region's size.
     pub fn open(name: &str) -> Result<ShmRegion, QueueError> {
+        ShmRegion::open_with(name, false)
+    }
+
+    /// As [`ShmRegion::open`], keeping the file descriptor open so that this handle can
+    /// [`ShmRegion::commit`] parts of a sparse region (one descriptor per handle).
+    pub fn open_committable(name: &str) -> Result<ShmRegion, QueueError> {
+        ShmRegion::open_with(name, true)
+    }
+
+    fn open_with(name: &str, keep_fd: bool) -> Result<ShmRegion, QueueError> {
         let cname = c_name(name)?;
         // SAFETY: a NUL-terminated name.
         let raw = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
@@ -200,7 +243,31 @@ impl ShmRegion {
             name: name.to_owned(),
             creator_pid: None,
             unlinked: AtomicBool::new(false),
+            fd: keep_fd.then_some(fd),
         })
+    }
+
+    /// Reserves `len` bytes of `/dev/shm` at `offset` of a sparse region (see
+    /// [`ShmRegion::create_sparse`]): a full `/dev/shm` is a [`QueueError::NoSpace`] here.
+    /// Committing a committed range again is a cheap no-op.
+    pub fn commit(&self, offset: usize, len: usize) -> Result<(), QueueError> {
+        let Some(fd) = &self.fd else {
+            return Err(QueueError::Os {
+                op: format!(
+                    "commit({:?}): the region was not opened to commit",
+                    self.name
+                ),
+                source: io::Error::from_raw_os_error(libc::EBADF),
+            });
+        };
+        if offset.checked_add(len).map_or(true, |end| end > self.len) {
+            return Err(QueueError::TooSmall {
+                what: "the region, for the range to commit",
+                need: offset.saturating_add(len),
+                got: self.len,
+            });
+        }
+        reserve(fd, &self.name, offset, len)
     }
 
     /// Removes `name` from `/dev/shm`; mappings stay valid. A name already gone is Ok. The
@@ -358,6 +425,73 @@ mod tests {
             ShmRegion::create(&name, 0),
             Err(QueueError::TooSmall { .. })
         ));
+        assert!(!in_dev_shm(&name));
+    }
+
+    fn blocks_of(name: &str) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(std::path::Path::new("/dev/shm").join(&name[1..]))
+            .unwrap()
+            .blocks()
+            * 512
+    }
+
+    #[test]
+    fn sparse_regions_reserve_only_what_is_committed() {
+        let name = unique_name("sparse");
+        let a = ShmRegion::create_sparse(&name, 1 << 30, 8192).unwrap();
+        assert_eq!(a.len(), 1 << 30);
+        assert!(blocks_of(&name) < 1 << 20, "{}", blocks_of(&name));
+        let b = ShmRegion::open_committable(&name).unwrap();
+        assert_eq!(b.len(), 1 << 30);
+        b.commit(512 << 20, 2 << 20).unwrap();
+        b.commit(512 << 20, 2 << 20).unwrap(); // again: a no-op
+        let blocks = blocks_of(&name);
+        assert!((2 << 20..4 << 20).contains(&blocks), "{blocks}");
+        // SAFETY: a committed byte of a mapping both handles share; single-threaded test.
+        unsafe {
+            *b.as_ptr().add((512 << 20) + 5) = 9;
+            assert_eq!(*a.as_ptr().add((512 << 20) + 5), 9);
+        }
+        // Out of range, and a handle opened without its descriptor.
+        assert!(matches!(
+            b.commit((1 << 30) - 10, 11),
+            Err(QueueError::TooSmall { .. })
+        ));
+        assert!(matches!(
+            b.commit(usize::MAX, 2),
+            Err(QueueError::TooSmall { .. })
+        ));
+        let c = ShmRegion::open(&name).unwrap();
+        assert!(c
+            .commit(0, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("not opened to commit"));
+    }
+
+    #[test]
+    fn committing_more_than_dev_shm_is_no_space_error() {
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: as in dev_shm_free.
+        if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) } != 0 {
+            return;
+        }
+        // SAFETY: statvfs succeeded.
+        let st = unsafe { st.assume_init() };
+        #[allow(clippy::unnecessary_cast)]
+        let total = (st.f_blocks as u64).saturating_mul(st.f_frsize as u64) as usize;
+        if total == 0 || total > (1 << 50) {
+            return;
+        }
+        let name = unique_name("sparse-full");
+        let a = ShmRegion::create_sparse(&name, total * 3, 4096).unwrap();
+        let b = ShmRegion::open_committable(&name).unwrap();
+        match b.commit(total / 2, total * 2) {
+            Err(QueueError::NoSpace { requested, .. }) => assert_eq!(requested, total * 2),
+            other => panic!("expected NoSpace, got {other:?}"),
+        }
+        drop((a, b));
         assert!(!in_dev_shm(&name));
     }
 
