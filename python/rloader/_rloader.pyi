@@ -1,0 +1,173 @@
+# Type stub for the native module `rloader._rloader`, built from rust/rloader-py/src/.
+# Keep it in step with the Rust signatures: `make lint` checks it against the built module
+# with `python -m mypy.stubtest rloader._rloader`.
+
+import sys
+from collections.abc import Callable, Iterable, Sized
+from typing import Any, final
+
+# In registration order, as PyO3 builds it.
+__all__ = [
+    "__version__",
+    "IndexChunks",
+    "BatchStream",
+    "LoaderIter",
+    "sequential",
+    "random_indices",
+    "subset_indices",
+    "weighted_indices",
+    "permutation",
+    "distributed_indices",
+    "distributed_stream",
+    "fast_collate",
+    "PoolIter",
+    "Message",
+    "worker_loop",
+    "unique_shm_name",
+    "unlink_shm",
+]
+
+__version__: str
+
+# streams.rs
+
+@final
+class IndexChunks:
+    """A sampler's indices as lists of up to 8192 ints."""
+
+    @staticmethod
+    def lazy(factory: Callable[[], IndexChunks]) -> IndexChunks: ...
+    def __iter__(self) -> IndexChunks: ...
+    def __next__(self) -> list[int]: ...
+
+@final
+class BatchStream:
+    """Batches of indices: what ``BatchSampler.__iter__`` returns."""
+
+    @staticmethod
+    def from_indices(chunks: IndexChunks, batch_size: int, drop_last: bool) -> BatchStream: ...
+    @staticmethod
+    def from_iterable(iterable: Iterable[Any], batch_size: int, drop_last: bool) -> BatchStream: ...
+    def __iter__(self) -> BatchStream: ...
+    def __next__(self) -> list[Any]: ...
+
+# loader.rs
+
+# `(general_fn, live_map, pristine_map)`: see rloader.dataloader._default_collate_plan.
+_DefaultCollate = tuple[Callable[[Any], Any], dict[Any, Any], dict[Any, Any]]
+
+@final
+class LoaderIter:
+    """The iterator ``iter(DataLoader(..., num_workers=0))`` returns."""
+
+    def __new__(
+        cls,
+        *,
+        dataset: Any,
+        keys: Iterable[Any] | None,
+        auto_collation: bool,
+        batch_size: int | None,
+        drop_last: bool,
+        collate_fn: Callable[[Any], Any],
+        default_collate: _DefaultCollate | None,
+        pin: Callable[[Any], Any] | None,
+        length_of: Sized,
+        reported_len: int | None,
+    ) -> LoaderIter: ...
+    def __iter__(self) -> LoaderIter: ...
+    def __len__(self) -> int: ...
+    def __next__(self) -> Any: ...
+
+# samplers.rs
+
+def sequential(n: int) -> IndexChunks: ...
+def random_indices(n: int, num_samples: int, replacement: bool, seed: int) -> IndexChunks: ...
+def subset_indices(indices: list[int], seed: int) -> IndexChunks: ...
+
+# `weights`: any object exporting a contiguous float64 buffer (WeightedRandomSampler passes a
+# float64 numpy array; numpy's stubs only declare `__buffer__` for Python 3.12+, so not `Buffer`).
+def weighted_indices(weights: Any, num_samples: int, replacement: bool, seed: int) -> IndexChunks: ...
+def permutation(n: int, seed: int) -> list[int]: ...
+def distributed_indices(
+    n: int,
+    num_replicas: int,
+    rank: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    drop_last: bool,
+) -> list[int]: ...
+def distributed_stream(
+    n: int,
+    num_replicas: int,
+    rank: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    drop_last: bool,
+) -> IndexChunks: ...
+
+# collate.rs
+
+def fast_collate(batch: Any) -> Any | None:
+    """The collated batch, or None when the general path must run."""
+
+# workers.rs
+
+@final
+class Message:
+    """A received message, exported through the buffer protocol."""
+
+    def __len__(self) -> int: ...
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class PoolIter:
+    """The iterator ``iter(DataLoader(..., num_workers>0))`` returns."""
+
+    # Instances have a __dict__; rloader._workers.start_pool sets this one.
+    _rloader_pool: Any
+    def __new__(
+        cls,
+        *,
+        region: str,
+        num_workers: int,
+        prefetch_factor: int,
+        in_order: bool,
+        keys: Iterable[Any] | None,
+        auto_collation: bool,
+        timeout: float,
+        persistent: bool,
+        pin: Callable[[Any], Any] | None,
+        length_of: Sized,
+        hooks: Any,
+    ) -> PoolIter: ...
+    @property
+    def region(self) -> str: ...
+    def __iter__(self) -> PoolIter: ...
+    def __len__(self) -> int: ...
+    def __next__(self) -> Any: ...
+    def _reset(self, keys: Iterable[Any] | None) -> None: ...
+    def _shutdown_workers(self) -> None: ...
+
+def worker_loop(
+    *,
+    region: str,
+    worker_id: int,
+    num_workers: int,
+    dataset: Any,
+    iterable: bool,
+    samples: Iterable[Any] | None,
+    auto_collation: bool,
+    batch_size: int | None,
+    drop_last: bool,
+    collate_fn: Callable[[Any], Any],
+    default_collate: _DefaultCollate | None,
+    init_error: bytes | None,
+    parent_pid: int,
+    hooks: Any,
+) -> None: ...
+def unique_shm_name(tag: str) -> str: ...
+def unlink_shm(name: str) -> None: ...
