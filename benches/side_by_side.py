@@ -154,7 +154,7 @@ def workloads(quick: bool) -> list[Workload]:
     def loader_epoch(lib, dataset) -> int:
         loader = lib.DataLoader(dataset, batch_size=256, shuffle=True, num_workers=0)
         n = 0
-        for batch in loader:
+        for _batch in loader:
             n += 1
         return n
 
@@ -166,7 +166,7 @@ def workloads(quick: bool) -> list[Workload]:
 
     def workers_epoch(lib, dataset, **kwargs) -> int:
         n = 0
-        for batch in lib.DataLoader(dataset, num_workers=2, **kwargs):
+        for _batch in lib.DataLoader(dataset, num_workers=2, **kwargs):
             n += 1
         return n
 
@@ -277,7 +277,7 @@ def main() -> None:
         times: dict[str, list[float]] = {"torch": [], "rloader": [], "floor": []}
         for _ in range(args.repeats):
             for name, lib in libs.items():
-                times[name].append(timed(lambda: w.run(lib)))
+                times[name].append(timed(lambda: w.run(lib)))  # noqa: B023 - called at once
                 progress.step(f"{name}: {w.name}")
             if w.floor is not None:
                 times["floor"].append(timed(w.floor))

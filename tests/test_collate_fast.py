@@ -11,10 +11,8 @@ from hypothesis import strategies as st
 
 import rloader
 from rloader._rloader import fast_collate
+
 from _compare import same
-
-
-
 
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32,
           np.float64, np.complex64, np.uint16]

@@ -14,9 +14,8 @@ import torch.utils.data as tud
 
 import rloader
 from rloader import DataLoader
+
 from _compare import same
-
-
 
 
 def both(dataset, **kwargs):

@@ -23,6 +23,7 @@ import rloader
 from rloader import _rloader
 from rloader import dataset as rl
 from rloader._seed import draw_seed
+
 from _compare import same
 
 CLASSES = [
@@ -295,8 +296,8 @@ def test_stack_dataset_getitems(indices):
 def test_stack_dataset_nested_size_mismatch():
     for args, kwargs in [((ShortBatched(3), Squares(3)), {}), ((), {"a": ShortBatched(3)})]:
         got = assert_same_outcome(
-            lambda: rl.StackDataset(*args, **kwargs).__getitems__([0, 1]),
-            lambda: tud.StackDataset(*args, **kwargs).__getitems__([0, 1]),
+            lambda: rl.StackDataset(*args, **kwargs).__getitems__([0, 1]),  # noqa: B023 - called at once
+            lambda: tud.StackDataset(*args, **kwargs).__getitems__([0, 1]),  # noqa: B023 - called at once
         )
         message = "Nested dataset's output size mismatch. Expected 2, got 1"
         assert got == ("err", ValueError, message)
@@ -348,7 +349,7 @@ def test_concat_dataset_every_index_random_parts(part_lengths):
     assert ours.cumulative_sizes == theirs.cumulative_sizes
     total = len(theirs)
     for index in range(-total - 2, total + 2):
-        assert_same_outcome(lambda: ours[index], lambda: theirs[index])
+        assert_same_outcome(lambda: ours[index], lambda: theirs[index])  # noqa: B023 - called at once
 
 
 def test_concat_dataset_takes_any_iterable():

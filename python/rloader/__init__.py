@@ -10,8 +10,8 @@ from __future__ import annotations
 from torch.utils.data import get_worker_info
 
 from . import distributed
-from ._rloader import __version__
 from ._collate import collate, default_collate, default_collate_fn_map, default_convert
+from ._rloader import __version__ as __version__
 from .dataloader import DataLoader
 from .dataset import (
     ChainDataset,

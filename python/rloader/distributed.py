@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.utils.data.distributed as tud_distributed
 
 from . import _rloader
-from .sampler import Sampler, _chunks, _register_native
+from .sampler import Sampler, _register_native
 
 __all__ = ["DistributedSampler"]
 
