@@ -269,7 +269,10 @@ impl<'a> Keys<'a> {
     /// the key leave the words sorted by (top 30 bits, index). Counts for each
     /// pass are taken as the words are drawn (the first) or moved by the pass
     /// before (the others), and a pass whose digit is the same for every word
-    /// is skipped.
+    /// is skipped. The words are drawn into scratch space that starts on a huge
+    /// page boundary ([`crate::buffer::aligned_scratch`]), so that its first
+    /// touch faults in 2 MiB pages only, and three passes leave them in the
+    /// result vector.
     ///
     /// A single insertion pass then sorts by whole word, that is by (packed
     /// key, index): words only ever move within a run of equal top bits, rare
@@ -302,10 +305,12 @@ impl<'a> Keys<'a> {
 
         let positive = summary.positive;
         let mut counts = [[0usize; BUCKETS]; MAX_PASSES];
-        let mut words = crate::buffer::with_capacity(positive.max(capacity));
         let mut snapshots = Vec::with_capacity(self.weights.len().div_ceil(SNAPSHOT_STRIDE));
+        // The words are drawn into scratch space that huge pages back in full,
+        // so that the passes end in `words`, the result, after three moves.
+        let (mut scratch_buffer, offset) = crate::buffer::aligned_scratch::<u64>(positive);
+        let drawn = &mut scratch_buffer.spare_capacity_mut()[offset..offset + positive];
         let mut len = 0;
-        let spare = &mut words.spare_capacity_mut()[..positive];
         let mut block_words = [0u64; BLOCK];
         self.for_each_block(|first, weights, uniforms, rng| {
             if first % SNAPSHOT_STRIDE == 0 {
@@ -326,23 +331,25 @@ impl<'a> Keys<'a> {
                     if passes > 0 {
                         counts[0][digit(word, 0)] += 1;
                     }
-                    spare[len].write(word);
+                    drawn[len].write(word);
                     len += 1;
                 }
             }
         });
         assert_eq!(len, positive);
-        // SAFETY: the loop above initialised the first `positive` elements.
-        unsafe { words.set_len(positive) };
+        // SAFETY: the loop above initialised all `positive` elements, and
+        // `MaybeUninit<u64>` has the layout of `u64`.
+        let scratch = unsafe { &mut *(drawn as *mut [MaybeUninit<u64>] as *mut [u64]) };
 
-        // Same capacity as `words`: either may end up holding the result.
-        let mut scratch: Vec<u64> = crate::buffer::with_capacity(words.capacity());
+        let mut words: Vec<u64> = crate::buffer::with_capacity(positive.max(capacity));
+        let mut in_scratch = true;
         for pass in 0..passes {
             let count_next = pass + 1 < passes;
             if counts[pass].contains(&positive) {
                 // One digit for every word: nothing to move.
                 if count_next {
-                    for &word in &words {
+                    let source = if in_scratch { &*scratch } else { &words[..] };
+                    for &word in source {
                         counts[pass + 1][digit(word, pass + 1)] += 1;
                     }
                 }
@@ -354,24 +361,24 @@ impl<'a> Keys<'a> {
                 *slot = sum;
                 sum += c;
             }
-            scratch.clear();
-            let target = &mut scratch.spare_capacity_mut()[..positive];
             if count_next {
                 let next_count = &mut counts[pass + 1];
-                let next_digit = |word| digit(word, pass + 1);
-                scatter(&words, target, &mut next_slot, |word| {
-                    next_count[next_digit(word)] += 1;
+                let digits = |word| {
+                    next_count[digit(word, pass + 1)] += 1;
                     digit(word, pass)
-                });
+                };
+                radix_pass(in_scratch, scratch, &mut words, &mut next_slot, digits);
             } else {
-                scatter(&words, target, &mut next_slot, |word| digit(word, pass));
+                let digits = |word| digit(word, pass);
+                radix_pass(in_scratch, scratch, &mut words, &mut next_slot, digits);
             }
-            // SAFETY: `next_slot` started at the bucket starts of a count of these
-            // very words' digits, so the scatter wrote each of the `positive` slots.
-            unsafe { scratch.set_len(positive) };
-            std::mem::swap(&mut words, &mut scratch);
+            in_scratch = !in_scratch;
         }
-        drop(scratch);
+        if in_scratch {
+            words.clear();
+            words.extend_from_slice(scratch);
+        }
+        drop(scratch_buffer);
 
         let ties = finish_sort(&mut words, take, low, packing);
         if !ties.is_empty() {
@@ -425,18 +432,64 @@ fn exponentials_in_place(uniforms: &mut [f64]) {
     }
 }
 
+/// One LSD radix pass between the scratch space and `words`, either way; the
+/// words fill all of `scratch` and, once moved there, `words`.
+#[inline(always)]
+fn radix_pass(
+    to_words: bool,
+    scratch: &mut [u64],
+    words: &mut Vec<u64>,
+    next_slot: &mut [usize],
+    digit: impl FnMut(u64) -> usize,
+) {
+    if to_words {
+        let len = scratch.len();
+        words.clear();
+        scatter(
+            scratch,
+            &mut words.spare_capacity_mut()[..len],
+            next_slot,
+            digit,
+        );
+        // SAFETY: `next_slot` started at the bucket starts of a count of these
+        // very words' digits, so the scatter wrote every one of the `len` slots.
+        unsafe { words.set_len(len) };
+    } else {
+        scatter(words, scratch, next_slot, digit);
+    }
+}
+
 /// One LSD radix pass: each word to `target[next_slot[digit(word)]]`, in order.
 #[inline(always)]
-fn scatter(
+fn scatter<T: Slot>(
     words: &[u64],
-    target: &mut [MaybeUninit<u64>],
+    target: &mut [T],
     next_slot: &mut [usize],
     mut digit: impl FnMut(u64) -> usize,
 ) {
     for &word in words {
         let d = digit(word);
-        target[next_slot[d]].write(word);
+        target[next_slot[d]].set(word);
         next_slot[d] += 1;
+    }
+}
+
+/// Where [`scatter`] can write a word: initialised or not.
+trait Slot {
+    fn set(&mut self, word: u64);
+}
+
+impl Slot for u64 {
+    #[inline(always)]
+    fn set(&mut self, word: u64) {
+        *self = word;
+    }
+}
+
+impl Slot for MaybeUninit<u64> {
+    #[inline(always)]
+    fn set(&mut self, word: u64) {
+        self.write(word);
     }
 }
 
