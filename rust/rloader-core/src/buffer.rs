@@ -9,10 +9,21 @@
 /// Buffers smaller than this are left alone: a huge page would not fit in them.
 const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
 
-/// An empty Vec with room for `capacity` elements, advised to use huge pages.
+/// An empty Vec with room for at least `capacity` elements, advised to use huge pages.
+///
+/// A big buffer gets up to 2 MiB more capacity (virtual memory), so that the huge page its
+/// first `capacity` elements end in lies inside it: the advice covers that page whole, and the
+/// buffer's tail faults in as one huge page rather than up to 512 small ones.
 pub fn with_capacity<T>(capacity: usize) -> Vec<T> {
-    let buffer: Vec<T> = Vec::with_capacity(capacity);
-    advise_huge_pages(buffer.as_ptr().cast(), capacity * std::mem::size_of::<T>());
+    let size = std::mem::size_of::<T>();
+    let bytes = capacity.saturating_mul(size);
+    if bytes < HUGE_PAGE_MIN_BYTES {
+        return Vec::with_capacity(capacity);
+    }
+    let buffer: Vec<T> = Vec::with_capacity(capacity + HUGE_PAGE.div_ceil(size));
+    let start = buffer.as_ptr() as usize;
+    let end = (start + bytes).next_multiple_of(HUGE_PAGE);
+    advise_huge_pages(buffer.as_ptr().cast(), end - start);
     buffer
 }
 
