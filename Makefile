@@ -41,9 +41,15 @@ test-rust:
 test-python: build
 	$(PY) -m pytest -q -p no:cacheprovider
 
-lint:
+# ruff checks the Python; mypy's stubtest checks the installed wheel's _rloader.pyi (a copy of
+# python/rloader/_rloader.pyi, hence `build`) against its native module. It reads the installed
+# copy on purpose: with python/ on mypy's path it would type-check the whole package first.
+lint: build
 	cargo fmt --all --check
 	cargo clippy --workspace --tests -- -D warnings
+	$(PY) -m pip install -q "ruff>=0.17,<0.18" "mypy>=2.4,<3"
+	$(VENV)/bin/ruff check python tests benches
+	$(PY) -m mypy.stubtest rloader._rloader
 
 clean:
 	rm -rf dist target $(VENV)
