@@ -170,11 +170,20 @@ def collate_tensor_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
         )
     out = None
     if get_worker_info() is not None:
-        # In a worker the batch is sent to the main process through shared memory anyway;
-        # stacking straight into a shared buffer saves the copy made when sending it.
-        numel = sum(t.numel() for t in batch)
-        storage = elem._typed_storage()._new_shared(numel, device=elem.device)
-        out = elem.new(storage).resize_(len(batch), *elem.size())
+        # As torch's collate in a worker: stack into an output of the first element's dtype.
+        # In rloader's workers it is in the batch's shared-memory slot when there is one, so the
+        # batch reaches the main process without another copy (NOTE [Slots] in
+        # rust/rloader-py/src/slots.rs). In torch's workers it is in shared memory of its own, as
+        # torch's collate makes it, which torch's transport passes on without a copy.
+        shape = (len(batch), *elem.size())
+        if elem.is_cpu:
+            out = _rloader.slot_empty(shape, elem.dtype)
+        if out is None and _rloader.in_slot_worker():
+            out = elem.new_empty(shape)
+        elif out is None:
+            numel = sum(t.numel() for t in batch)
+            storage = elem._typed_storage()._new_shared(numel, device=elem.device)
+            out = elem.new(storage).resize_(shape)
     return torch.stack(batch, 0, out=out)
 
 

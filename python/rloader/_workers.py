@@ -74,11 +74,18 @@ def dumps(batch: Any) -> tuple[bytes, list]:
     return stream.getvalue(), [b.raw() for b in buffers]
 
 
-def loads(message, pickle_range: tuple, buffer_ranges: list) -> Any:
-    """The inverse of ``dumps``, over one received message (no copy of the buffers)."""
+def loads(message, lease, pickle_range: tuple, buffers: list) -> Any:
+    """The inverse of ``dumps``, over one received message and the worker slot it names.
+
+    Each of ``buffers`` is ``(in_slot, start, end)``: bytes of the slot held by ``lease``, or of
+    the message. Neither is copied: the tensors are built over them and keep them alive.
+    """
     view = memoryview(message)
+    slot = memoryview(lease) if lease is not None else None
     start, end = pickle_range
-    return pickle.loads(view[start:end], buffers=[view[a:b] for a, b in buffer_ranges])
+    return pickle.loads(
+        view[start:end], buffers=[(slot if in_slot else view)[a:b] for in_slot, a, b in buffers]
+    )
 
 
 def dump_error(worker_id: int, exc: BaseException, traceback=None) -> bytes:
@@ -129,6 +136,7 @@ def _worker_main(spec: dict) -> None:
         region=spec["region"],
         worker_id=worker_id,
         num_workers=spec["num_workers"],
+        prefetch_factor=spec["prefetch_factor"],
         dataset=dataset,
         iterable=spec["iterable"],
         samples=samples,
@@ -256,6 +264,7 @@ def start_pool(loader) -> "_rloader.PoolIter":
                 region=region,
                 worker_id=worker_id,
                 num_workers=loader.num_workers,
+                prefetch_factor=loader.prefetch_factor,
                 base_seed=base_seed,
                 dataset=loader.dataset,
                 iterable=iterable,

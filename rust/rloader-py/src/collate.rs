@@ -8,12 +8,14 @@
 //! (`rloader.collate.collate`), which owns every error message. Whatever this path returns is
 //! identical to what the general path returns for the same batch: the tests compare the two.
 //!
-//! Callers must not use it inside a worker process: there torch's collate allocates the output
-//! in shared memory, which the general path does.
+//! Inside a worker process, tensors and arrays are collated straight into the batch's
+//! shared-memory slot when there is one (NOTE [Slots] in slots.rs), with `torch.stack(...,
+//! out=...)` as torch's collate does in a worker.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
 
+use crate::slots;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -147,7 +149,17 @@ fn collate_items<'py>(
         {
             return Ok(None);
         }
-        return Ok(Some(h.stack.bind(py).call1((batch, 0))?));
+        let stack = h.stack.bind(py);
+        if first.getattr("is_cpu")?.is_truthy()? {
+            let mut shape = vec![items.len() as isize];
+            shape.extend(first.getattr("shape")?.extract::<Vec<isize>>()?);
+            if let Some(out) = slots::slot_empty(py, &shape, &first.getattr("dtype")?)? {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("out", out)?;
+                return Ok(Some(stack.call((batch, 0), Some(&kwargs))?));
+            }
+        }
+        return Ok(Some(stack.call1((batch, 0))?));
     }
     if let Some(nd) = &h.ndarray_type {
         if first_type.is(nd.bind(py)) {
@@ -327,12 +339,16 @@ fn arrays_tensor<'py>(
     let mut shape: Vec<isize> = Vec::with_capacity(first.shape().len() + 1);
     shape.push(views.len() as isize);
     shape.extend(first.shape().iter().map(|&d| d as isize));
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("dtype", dtype.bind(py))?;
-    let out = h
-        .empty
-        .bind(py)
-        .call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
+    let out = match slots::slot_empty(py, &shape, dtype.bind(py))? {
+        Some(out) => out,
+        None => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("dtype", dtype.bind(py))?;
+            h.empty
+                .bind(py)
+                .call((PyTuple::new(py, shape)?,), Some(&kwargs))?
+        }
+    };
     let base = out.call_method0("data_ptr")?.extract::<usize>()? as *mut u8;
     let each = first.0.len as usize;
     for (i, v) in views.iter().enumerate() {

@@ -16,6 +16,7 @@ mod errors;
 mod fetch;
 mod loader;
 mod samplers;
+mod slots;
 mod streams;
 mod workers;
 
@@ -28,5 +29,6 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     samplers::register(m)?;
     collate::register(m)?;
     workers::register(m)?;
+    slots::register(m)?;
     Ok(())
 }

@@ -30,11 +30,13 @@ use rloader_workers::{Next, Scheduler};
 
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::loader::Keys;
+use crate::slots::{self, Arena, Lease, SLOT_SPAN};
 
-/// Ring capacities. A batch larger than its ring streams through it in parts (the main
-/// process reassembles it), so these bound memory, not batch size.
+/// Ring capacities. A message larger than its ring streams through it in parts (the main
+/// process reassembles it), so these bound memory, not batch size. Tensor bytes travel in
+/// slots (NOTE [Slots] in slots.rs), and through the answer ring only when no slot is free.
 const INDEX_RING: usize = 256 << 10;
-const RESULT_RING: usize = 16 << 20;
+const RESULT_RING: usize = 2 << 20;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// How long the main process waits for room to send a task before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -79,12 +81,20 @@ pub fn queue_err(e: QueueError) -> PyErr {
 /// The doorbell sits at offset 0; at `ATTACHED_AT`, a u32 counts the workers that have opened
 /// the region, so the last one to open it can unlink its name (see `worker_loop`).
 const ATTACHED_AT: usize = 64;
+/// Slots start at a multiple of this (huge-page friendly).
+const SLOTS_ALIGN: usize = 2 << 20;
 
-/// Where each piece lives in a pool's region.
+/// Where each piece lives in a pool's region: the doorbell and counter, the slots' state words,
+/// each worker's rings (all reserved in /dev/shm up front: `committed` bytes), then each worker's
+/// slots (reserved as they are used).
 struct Layout {
     len: usize,
+    committed: usize,
     /// (task ring, answer ring) offsets per worker.
     rings: Vec<(usize, usize)>,
+    slots_per_worker: usize,
+    states_at: usize,
+    slots_at: usize,
 }
 
 fn align(x: usize) -> usize {
@@ -92,8 +102,10 @@ fn align(x: usize) -> usize {
 }
 
 impl Layout {
-    fn new(num_workers: usize) -> Layout {
-        let mut at = align(ATTACHED_AT + 4);
+    fn new(num_workers: usize, prefetch_factor: usize) -> Layout {
+        let slots_per_worker = slots::slots_per_worker(prefetch_factor);
+        let states_at = align(ATTACHED_AT + 4);
+        let mut at = align(states_at + 4 * num_workers * slots_per_worker);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
             let task = at;
@@ -102,7 +114,27 @@ impl Layout {
             at = align(at + Ring::required_len(RESULT_RING));
             rings.push((task, answer));
         }
-        Layout { len: at, rings }
+        let committed = at;
+        let slots_at = at.div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN;
+        Layout {
+            len: slots_at + num_workers * slots_per_worker * SLOT_SPAN,
+            committed,
+            rings,
+            slots_per_worker,
+            states_at,
+            slots_at,
+        }
+    }
+
+    /// The offsets of worker `w`'s slot `s` and of its state word.
+    fn slot(&self, w: usize, s: usize) -> (usize, usize) {
+        let i = w * self.slots_per_worker + s;
+        (self.slots_at + i * SLOT_SPAN, self.states_at + 4 * i)
+    }
+
+    fn arena(&self, region: Arc<ShmRegion>, w: usize) -> Arena {
+        let (slots_at, states_at) = self.slot(w, 0);
+        Arena::new(region, states_at, slots_at, self.slots_per_worker)
     }
 }
 
@@ -153,7 +185,8 @@ enum Answer {
 #[pyclass(module = "rloader._rloader", weakref, dict)]
 pub struct PoolIter {
     region_name: String,
-    _region: Arc<ShmRegion>,
+    region: Arc<ShmRegion>,
+    layout: Layout,
     doorbell: Doorbell,
     to_workers: Vec<Ring>,
     from_workers: Vec<Ring>,
@@ -174,6 +207,9 @@ pub struct PoolIter {
     index_buf: Vec<u64>,
     /// Per worker: the answer being received (a streamed one arrives in parts).
     inbox: Vec<Vec<u8>>,
+    /// Tensor buffers received in slots and inline (for tests and debugging).
+    buffers_in_slots: u64,
+    buffers_inline: u64,
 }
 
 #[pymethods]
@@ -198,8 +234,10 @@ impl PoolIter {
         if num_workers == 0 {
             return Err(PyTypeError::new_err("PoolIter needs num_workers > 0"));
         }
-        let layout = Layout::new(num_workers);
-        let shm = Arc::new(ShmRegion::create(&region, layout.len).map_err(queue_err)?);
+        let layout = Layout::new(num_workers, prefetch_factor);
+        let shm = Arc::new(
+            ShmRegion::create_sparse(&region, layout.len, layout.committed).map_err(queue_err)?,
+        );
         let doorbell = Doorbell::init(shm.clone(), 0);
         let mut to_workers = Vec::with_capacity(num_workers);
         let mut from_workers = Vec::with_capacity(num_workers);
@@ -218,7 +256,8 @@ impl PoolIter {
         };
         Ok(PoolIter {
             region_name: region,
-            _region: shm,
+            region: shm,
+            layout,
             doorbell,
             to_workers,
             from_workers,
@@ -236,12 +275,20 @@ impl PoolIter {
             resumed: 0,
             index_buf: Vec::new(),
             inbox: vec![Vec::new(); num_workers],
+            buffers_in_slots: 0,
+            buffers_inline: 0,
         })
     }
 
     #[getter]
     fn region(&self) -> &str {
         &self.region_name
+    }
+
+    /// (tensor buffers received in shared-memory slots, received inline and copied).
+    #[getter]
+    fn _transport_counts(&self) -> (u64, u64) {
+        (self.buffers_in_slots, self.buffers_inline)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -413,12 +460,29 @@ impl PoolIter {
                 }
             }
             kind::DATA => {
-                let (pickle_range, buffers) = decode_batch_table(&msg)?;
+                let table = decode_batch_table(&msg)?;
+                let in_slots = table.buffers.iter().filter(|b| b.0).count() as u64;
+                self.buffers_in_slots += in_slots;
+                self.buffers_inline += table.buffers.len() as u64 - in_slots;
+                let lease = match table.slot {
+                    None => None,
+                    Some(s) if s < self.layout.slots_per_worker => {
+                        let (slot_at, state_at) = self.layout.slot(worker, s);
+                        let lease =
+                            Lease::new(self.region.clone(), state_at, slot_at, table.in_slot)?;
+                        Some(Py::new(py, lease)?)
+                    }
+                    Some(s) => {
+                        return Err(PyRuntimeError::new_err(format!(
+                            "rloader: worker {worker} named slot {s}, which it does not have"
+                        )))
+                    }
+                };
                 let message = Py::new(py, Message { data: msg })?;
                 let batch = self
                     .hooks
                     .bind(py)
-                    .call_method1("loads", (message, pickle_range, buffers))?;
+                    .call_method1("loads", (message, lease, table.pickle, table.buffers))?;
                 self.scheduler
                     .on_result(task, Answer::Batch(batch.unbind()));
             }
@@ -465,41 +529,80 @@ impl Drop for PoolIter {
     }
 }
 
-/// DATA layout after the header: n_buffers u64, pickle_len u64, n_buffers × len u64, the pickle,
-/// then the buffers back to back.
-fn decode_batch_table(msg: &[u8]) -> PyResult<((usize, usize), Vec<(usize, usize)>)> {
-    let word = |at: usize| -> PyResult<usize> {
+/// Marks "none" in a DATA table: no slot, or a buffer that is not in the slot.
+const NOWHERE: u64 = u64::MAX;
+
+/// DATA layout after the header: n_buffers u64, pickle_len u64, slot u64 (or NOWHERE), then per
+/// buffer its len u64 and its offset in the slot u64 (NOWHERE: inline), then the pickle, then
+/// the inline buffers back to back.
+struct BatchTable {
+    pickle: (usize, usize),
+    slot: Option<usize>,
+    /// Per buffer: (in the slot?, start, end), in the slot or in the message.
+    buffers: Vec<(bool, usize, usize)>,
+    /// The bytes of the slot the buffers use.
+    in_slot: usize,
+}
+
+fn decode_batch_table(msg: &[u8]) -> PyResult<BatchTable> {
+    let truncated = || PyRuntimeError::new_err("rloader: truncated batch message");
+    let word = |at: usize| -> PyResult<u64> {
         msg.get(at..at + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-            .ok_or_else(|| PyRuntimeError::new_err("rloader: truncated batch message"))
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .ok_or_else(truncated)
     };
-    let n = word(HEADER)?;
-    let pickle_len = word(HEADER + 8)?;
-    let mut at = HEADER + 16 + 8 * n;
-    let pickle_range = (at, at + pickle_len);
-    at += pickle_len;
-    let mut buffers = Vec::with_capacity(n);
+    let n = word(HEADER)? as usize;
+    let pickle_len = word(HEADER + 8)? as usize;
+    let slot = word(HEADER + 16)?;
+    let entries = HEADER + 24;
+    let mut at = n
+        .checked_mul(16)
+        .and_then(|b| b.checked_add(entries))
+        .ok_or_else(truncated)?;
+    let pickle = (at, at.saturating_add(pickle_len));
+    at = pickle.1;
+    let mut buffers = Vec::with_capacity(n.min(1 << 16));
+    let mut in_slot = 0;
     for i in 0..n {
-        let len = word(HEADER + 16 + 8 * i)?;
-        buffers.push((at, at + len));
-        at += len;
+        let len = word(entries + 16 * i)? as usize;
+        let offset = word(entries + 16 * i + 8)?;
+        if offset == NOWHERE {
+            buffers.push((false, at, at.saturating_add(len)));
+            at = at.saturating_add(len);
+        } else {
+            let (a, b) = (offset as usize, (offset as usize).saturating_add(len));
+            if slot == NOWHERE || b > SLOT_SPAN {
+                return Err(PyRuntimeError::new_err(
+                    "rloader: a batch names bytes outside its slot",
+                ));
+            }
+            in_slot = in_slot.max(b);
+            buffers.push((true, a, b));
+        }
     }
     if at > msg.len() {
-        return Err(PyRuntimeError::new_err("rloader: truncated batch message"));
+        return Err(truncated());
     }
-    Ok((pickle_range, buffers))
+    Ok(BatchTable {
+        pickle,
+        slot: (slot != NOWHERE).then_some(slot as usize),
+        buffers,
+        in_slot,
+    })
 }
 
 /// A worker process's loop: take tasks, fetch and collate, send answers, until told to stop.
 #[pyfunction]
-#[pyo3(signature = (*, region, worker_id, num_workers, dataset, iterable, samples, auto_collation,
-                    batch_size, drop_last, collate_fn, default_collate, init_error, parent_pid, hooks))]
+#[pyo3(signature = (*, region, worker_id, num_workers, prefetch_factor, dataset, iterable, samples,
+                    auto_collation, batch_size, drop_last, collate_fn, default_collate, init_error,
+                    parent_pid, hooks))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
     region: &str,
     worker_id: usize,
     num_workers: usize,
+    prefetch_factor: usize,
     dataset: Py<PyAny>,
     iterable: bool,
     samples: Option<Bound<'_, PyAny>>,
@@ -516,8 +619,8 @@ pub fn worker_loop(
     // our parent: the kernel kills us when it dies (Linux), and the wait loop watches getppid.
     // Started by a forkserver, the parent is the server: the loop polls the main pid instead.
     let main = MainProcess::new(parent_pid);
-    let layout = Layout::new(num_workers);
-    let shm = match ShmRegion::open(region) {
+    let layout = Layout::new(num_workers, prefetch_factor);
+    let shm = match ShmRegion::open_committable(region) {
         Ok(shm) => Arc::new(shm),
         // The loader was dropped before this worker got going: nothing to do.
         Err(QueueError::Os { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -543,6 +646,8 @@ pub fn worker_loop(
     let answers = Ring::attach(shm.clone(), answer_at, Ring::required_len(RESULT_RING))
         .map_err(queue_err)?
         .with_doorbell(Doorbell::attach(shm.clone(), 0));
+    // Collation and send_batch find this worker's slots here (NOTE [Slots]).
+    let _arena = slots::install(layout.arena(shm.clone(), worker_id));
     let collate = Collate::new(collate_fn, default_collate);
     let mut fetcher = if iterable {
         // Without an iterator (its creation failed: `init_error` reports it) the worker stays
@@ -614,6 +719,7 @@ pub fn worker_loop(
             }
             continue;
         }
+        slots::with_arena(|a| a.begin());
         let result = if iterable {
             fetcher.fetch_next(py)
         } else {
@@ -631,6 +737,14 @@ pub fn worker_loop(
             };
             fetcher.fetch_keys(py, keys, &mut spent).map(Some)
         };
+        if let Some(Some(warning)) = slots::with_arena(|a| a.take_warning()) {
+            PyErr::warn(
+                py,
+                &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+                &std::ffi::CString::new(warning).unwrap_or_default(),
+                1,
+            )?;
+        }
         let delivered = match result {
             Ok(Some(batch)) => {
                 let encoded = hooks.call_method1("dumps", (batch,))?;
@@ -638,10 +752,12 @@ pub fn worker_loop(
                 send_batch(&send, worker_id, task, &data, &buffers)?
             }
             Ok(None) => {
+                slots::with_arena(|a| a.finish(false));
                 ended = true;
                 send(&[&header(kind::ENDED, worker_id, task)])?
             }
             Err(e) => {
+                slots::with_arena(|a| a.finish(false));
                 let wrapped = hooks.call_method1("dump_error", (e.value(py), e.traceback(py)))?;
                 send(&[
                     &header(kind::ERROR, worker_id, task),
@@ -666,18 +782,43 @@ fn send_batch(
         .iter()
         .map(|b| pyo3::buffer::PyBuffer::<u8>::get(&b))
         .collect::<PyResult<_>>()?;
-    let mut table = Vec::with_capacity(16 + 8 * views.len());
+    // SAFETY: each is a contiguous u8 buffer kept exported (and so alive and unmoved) by `views`
+    // until this function returns; nothing in this process writes to it meanwhile.
+    let bytes: Vec<&[u8]> = views
+        .iter()
+        .map(|v| unsafe { std::slice::from_raw_parts(v.buf_ptr() as *const u8, v.len_bytes()) })
+        .collect();
+    // Each buffer's place in the slot: collated there already, or copied there if it fits.
+    let places: Vec<Option<usize>> = bytes
+        .iter()
+        .map(|b| {
+            slots::with_arena(|a| {
+                a.offset_of(b.as_ptr(), b.len()).or_else(|| {
+                    let (at, dst) = a.alloc(b.len())?;
+                    // SAFETY: `dst` has `b.len()` bytes of the slot, which no one else uses.
+                    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, b.len()) };
+                    Some(at)
+                })
+            })
+            .flatten()
+        })
+        .collect();
+    let slot = slots::with_arena(|a| a.finish(places.iter().any(Option::is_some))).flatten();
+    let word = |x: Option<usize>| x.map_or(NOWHERE, |x| x as u64).to_le_bytes();
+    let mut table = Vec::with_capacity(24 + 16 * views.len());
     table.extend_from_slice(&(views.len() as u64).to_le_bytes());
     table.extend_from_slice(&(data.as_bytes().len() as u64).to_le_bytes());
-    for v in &views {
-        table.extend_from_slice(&(v.len_bytes() as u64).to_le_bytes());
+    table.extend_from_slice(&word(slot));
+    for (b, place) in bytes.iter().zip(&places) {
+        table.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        table.extend_from_slice(&word(*place));
     }
     let head = header(kind::DATA, worker_id, task);
     let mut parts: Vec<&[u8]> = vec![&head, &table, data.as_bytes()];
-    for v in &views {
-        // SAFETY: a contiguous u8 buffer kept exported (and so alive and unmoved) by `views`
-        // until this function returns; nothing in this process writes to it meanwhile.
-        parts.push(unsafe { std::slice::from_raw_parts(v.buf_ptr() as *const u8, v.len_bytes()) });
+    for (b, place) in bytes.iter().zip(&places) {
+        if place.is_none() {
+            parts.push(b);
+        }
     }
     send(&parts)
 }
