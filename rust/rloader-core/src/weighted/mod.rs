@@ -59,48 +59,52 @@ struct WeightSummary {
 
 /// Checks `weights` in torch's order (empty, then invalid values, then all zero).
 ///
-/// Branch-free over 8 lanes, so that it vectorises. `all_valid` catches NaN,
-/// negative and infinite weights, so plain comparisons do for the rest: the
-/// summary only counts when every weight is valid.
+/// Branch-free f64 arithmetic in 4 lanes, so that it vectorises: `w * 0.0` is
+/// NaN exactly for NaN and infinite weights (and sums stay NaN), the lowest
+/// weight tells negatives, and the summary only counts when all are valid.
+/// Positive weights are counted in f64 lanes too, exactly (below 2^53 each).
 fn validate(weights: &[f64]) -> Result<WeightSummary, WeightError> {
-    const LANES: usize = 8;
+    const LANES: usize = 4;
     if weights.is_empty() {
         return Err(WeightError::Empty);
     }
-    let mut all_valid = [true; LANES];
+    let mut non_finite = [0.0f64; LANES];
+    let mut lowest = [0.0f64; LANES];
     let mut max = [0.0f64; LANES];
     let mut min_positive = [f64::INFINITY; LANES];
-    let mut positive = [0usize; LANES];
-    let mut visit = |lane: usize, w: f64| {
-        // False for NaN, negatives and +inf.
-        all_valid[lane] &= (0.0..f64::INFINITY).contains(&w);
-        max[lane] = if w > max[lane] { w } else { max[lane] };
-        let candidate = if w > 0.0 { w } else { f64::INFINITY };
-        min_positive[lane] = if candidate < min_positive[lane] {
-            candidate
-        } else {
-            min_positive[lane]
-        };
-        positive[lane] += usize::from(w > 0.0);
+    let mut positive = [0.0f64; LANES];
+    let mut visit = |chunk: &[f64; LANES]| {
+        for lane in 0..LANES {
+            let w = chunk[lane];
+            non_finite[lane] += w * 0.0;
+            lowest[lane] = if w < lowest[lane] { w } else { lowest[lane] };
+            max[lane] = if w > max[lane] { w } else { max[lane] };
+            let candidate = if w > 0.0 { w } else { f64::INFINITY };
+            min_positive[lane] = if candidate < min_positive[lane] {
+                candidate
+            } else {
+                min_positive[lane]
+            };
+            positive[lane] += if w > 0.0 { 1.0 } else { 0.0 };
+        }
     };
     let chunks = weights.chunks_exact(LANES);
-    let rest = chunks.remainder();
+    // Zeros, the rest's padding, change nothing.
+    let mut rest = [0.0; LANES];
+    rest[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
     for chunk in chunks {
-        for (lane, &w) in chunk.iter().enumerate() {
-            visit(lane, w);
-        }
+        visit(chunk.try_into().expect("chunks_exact"));
     }
-    for (lane, &w) in rest.iter().enumerate() {
-        visit(lane, w);
-    }
+    visit(&rest);
+    let valid = non_finite.iter().all(|x| !x.is_nan()) && lowest.iter().all(|&w| w >= 0.0);
     let summary = WeightSummary {
         max: max.into_iter().fold(0.0, |a, b| if b > a { b } else { a }),
         min_positive: min_positive
             .into_iter()
             .fold(f64::INFINITY, |a, b| if b < a { b } else { a }),
-        positive: positive.iter().sum(),
+        positive: positive.iter().map(|&count| count as usize).sum(),
     };
-    if !all_valid.iter().all(|&valid| valid) {
+    if !valid {
         Err(WeightError::NotFiniteOrNegative)
     } else if summary.positive == 0 {
         Err(WeightError::ZeroSum)
@@ -155,6 +159,35 @@ mod tests {
                 "{weights:?}"
             );
         }
+    }
+
+    /// Invalid values are caught in every lane and in the remainder; -0.0 is a
+    /// valid zero weight.
+    #[test]
+    fn validate_catches_invalid_values_anywhere() {
+        for len in [2, 3, 4, 5, 9, 1000] {
+            for at in [0, len / 2, len - 1] {
+                for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1e-300, -2.0] {
+                    let mut weights = vec![1.0; len];
+                    weights[at] = bad;
+                    let error = validate(&weights).err();
+                    assert_eq!(
+                        error,
+                        Some(WeightError::NotFiniteOrNegative),
+                        "{len} {at} {bad}"
+                    );
+                }
+                let mut weights = vec![0.5; len];
+                weights[at] = -0.0;
+                let summary = validate(&weights).unwrap();
+                assert_eq!((summary.positive, summary.max), (len - 1, 0.5));
+            }
+        }
+        let summary = validate(&[0.0, 1e-310, 3.0, 2.0, 0.0]).unwrap();
+        assert_eq!(
+            (summary.min_positive, summary.max, summary.positive),
+            (1e-310, 3.0, 3)
+        );
     }
 
     #[test]
