@@ -25,6 +25,10 @@ __all__ = [
     "worker_loop",
     "unique_shm_name",
     "unlink_shm",
+    "SlotView",
+    "Lease",
+    "slot_empty",
+    "in_slot_worker",
 ]
 
 __version__: str
@@ -146,6 +150,9 @@ class PoolIter:
     ) -> PoolIter: ...
     @property
     def region(self) -> str: ...
+    @property
+    def _transport_counts(self) -> tuple[int, int]:
+        """(tensor buffers received in shared-memory slots, received inline and copied)."""
     def __iter__(self) -> PoolIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
@@ -157,6 +164,7 @@ def worker_loop(
     region: str,
     worker_id: int,
     num_workers: int,
+    prefetch_factor: int,
     dataset: Any,
     iterable: bool,
     samples: Iterable[Any] | None,
@@ -171,3 +179,29 @@ def worker_loop(
 ) -> None: ...
 def unique_shm_name(tag: str) -> str: ...
 def unlink_shm(name: str) -> None: ...
+
+# slots.rs
+
+@final
+class SlotView:
+    """Bytes of a slot, exported through the buffer protocol (writable)."""
+
+    def __len__(self) -> int: ...
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class Lease:
+    """The main process's hold on one worker slot: the bytes of one batch's tensors."""
+
+    def __len__(self) -> int: ...
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+# `dtype`: a torch.dtype. None when this thread has no slot to allocate from.
+def slot_empty(shape: list[int], dtype: Any) -> Any | None:
+    """An uninitialised tensor of `shape` and `dtype` in the current slot, or None."""
+
+def in_slot_worker() -> bool: ...
