@@ -22,9 +22,8 @@ __all__ = [
     "fast_collate",
     "PoolIter",
     "Message",
+    "PoolRegion",
     "worker_loop",
-    "unique_shm_name",
-    "unlink_shm",
     "SlotView",
     "Lease",
     "slot_empty",
@@ -136,9 +135,7 @@ class PoolIter:
     def __new__(
         cls,
         *,
-        region: str,
-        num_workers: int,
-        prefetch_factor: int,
+        region: PoolRegion,
         in_order: bool,
         keys: Iterable[Any] | None,
         auto_collation: bool,
@@ -148,8 +145,6 @@ class PoolIter:
         length_of: Sized,
         hooks: Any,
     ) -> PoolIter: ...
-    @property
-    def region(self) -> str: ...
     @property
     def _transport_counts(self) -> tuple[int, int]:
         """(tensor buffers received in shared-memory slots, received inline and copied)."""
@@ -161,7 +156,7 @@ class PoolIter:
 
 def worker_loop(
     *,
-    region: str,
+    region_fd: int,
     worker_id: int,
     num_workers: int,
     prefetch_factor: int,
@@ -177,8 +172,17 @@ def worker_loop(
     parent_pid: int,
     hooks: Any,
 ) -> None: ...
-def unique_shm_name(tag: str) -> str: ...
-def unlink_shm(name: str) -> None: ...
+
+@final
+class PoolRegion:
+    """The shared memory of a loader's worker pools (an anonymous memfd)."""
+
+    def __new__(cls, num_workers: int, prefetch_factor: int) -> PoolRegion: ...
+    @property
+    def fd(self) -> int:
+        """The descriptor workers map the region through."""
+    def fits(self, num_workers: int, prefetch_factor: int) -> bool:
+        """Whether a pool of this shape can use the region."""
 
 # slots.rs
 

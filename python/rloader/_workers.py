@@ -5,14 +5,20 @@ Python's part is what only Python can do: start the processes through ``multipro
 run ``worker_init_fn`` exactly as torch does, turn batches into bytes and back, and stop the
 processes. Everything between — assigning index batches to workers, the bound on work in
 flight, reordering, waiting, noticing dead workers, and each worker's fetch-and-collate loop —
-runs in Rust, and batches cross between processes through shared-memory rings.
+runs in Rust, and batches cross between processes through shared-memory rings and slots.
+
+The shared memory of a pool is one anonymous region (``_rloader.PoolRegion``, a memfd): it has
+no name, so nothing can be left in /dev/shm, and workers get its descriptor (inherited under
+fork, passed by multiprocessing under spawn and forkserver). When a pool has stopped, its region
+is kept for the same loader's next pool (``_REGIONS``), so a new epoch finds its batch slots
+already reserved and mapped.
 
 NOTE [Worker shutdown]: a pool is stopped by ``_Pool.shutdown``, which is idempotent and is
 called (1) by the Rust iterator when an epoch ends without persistent workers, (2) when the
 iterator is garbage-collected (``weakref.finalize``), and (3) at interpreter exit (finalize's
 atexit hook). It asks each worker to stop, waits up to ``_JOIN_TIMEOUT`` seconds, then
-terminates and kills stragglers, and unlinks the shared-memory region if the workers had not
-all opened it yet. Workers also exit on their own when the main process dies: the kernel
+terminates and kills stragglers, and only then hands the region back to the loader. Workers
+also exit on their own when the main process dies: the kernel
 signals them (PR_SET_PDEATHSIG) and their wait loop checks the parent every 100 ms.
 """
 
@@ -133,7 +139,7 @@ def _worker_main(spec: dict) -> None:
 
     collate_fn = spec["collate_fn"]
     _rloader.worker_loop(
-        region=spec["region"],
+        region_fd=spec["region_fd"].fd,
         worker_id=worker_id,
         num_workers=spec["num_workers"],
         prefetch_factor=spec["prefetch_factor"],
@@ -183,11 +189,31 @@ def _describe_exit(pid: int, code: int) -> str:
     return f"exited with code {code}"
 
 
+class _RegionFd:
+    """A pool region's descriptor in a worker's spec: the int itself under fork (inherited);
+    under spawn and forkserver, multiprocessing passes a duplicate with the process."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        return _received_fd, (multiprocessing.reduction.DupFd(self.fd),)
+
+
+def _received_fd(dup) -> _RegionFd:
+    return _RegionFd(dup.detach())
+
+
+# Each loader's idle region, for its next pool (see the module's docstring).
+_REGIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 class _Pool:
     """The worker processes of one iterator, and how to stop them."""
 
-    def __init__(self, region: str) -> None:
+    def __init__(self, region, loader) -> None:
         self.region = region
+        self.loader = weakref.ref(loader)
         self.procs: list = []
         self.stopped = False
 
@@ -215,10 +241,14 @@ class _Pool:
         if self.stopped:
             return
         self.stopped = True
-        _stop_processes(self.procs, self.region)
+        _stop_processes(self.procs)
+        # Every worker is gone (joined): the region can serve the loader's next pool.
+        loader = self.loader()
+        if loader is not None:
+            _REGIONS[loader] = self.region
 
 
-def _stop_processes(procs: list, region: str) -> None:
+def _stop_processes(procs: list) -> None:
     for proc in procs:
         proc.join(timeout=_JOIN_TIMEOUT)
         if proc.is_alive():
@@ -228,7 +258,6 @@ def _stop_processes(procs: list, region: str) -> None:
                 proc.kill()
                 proc.join()
         proc.close()
-    _rloader.unlink_shm(region)
 
 
 def start_pool(loader) -> "_rloader.PoolIter":
@@ -240,12 +269,12 @@ def start_pool(loader) -> "_rloader.PoolIter":
     base_seed = draw_seed(loader.generator)
     pin = _pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
-    region = _rloader.unique_shm_name("pool")
-    pool = _Pool(region)
+    region = _REGIONS.pop(loader, None)
+    if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
+        region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
+    pool = _Pool(region, loader)
     it = _rloader.PoolIter(
         region=region,
-        num_workers=loader.num_workers,
-        prefetch_factor=loader.prefetch_factor,
         in_order=loader.in_order,
         keys=keys,
         auto_collation=loader._auto_collation,
@@ -256,12 +285,12 @@ def start_pool(loader) -> "_rloader.PoolIter":
         hooks=pool,
     )
     it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
-    # From here on the region exists: make sure it goes, whatever happens.
+    # From here on workers may exist: make sure they go, whatever happens.
     finalizer = weakref.finalize(it, pool.shutdown)
     try:
         for worker_id in range(loader.num_workers):
             spec = dict(
-                region=region,
+                region_fd=_RegionFd(region.fd),
                 worker_id=worker_id,
                 num_workers=loader.num_workers,
                 prefetch_factor=loader.prefetch_factor,

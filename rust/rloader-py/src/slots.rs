@@ -14,9 +14,13 @@
 //! - FREE: the worker's. It picks a FREE slot that no tensor of its own still views (a
 //!   `SlotView` count per slot, for a worker that keeps a collated batch).
 //! - HELD: the main process's. The worker stores HELD before it sends the message naming the
-//!   slot (the ring's release/acquire carries both the bytes and the store), and the `Lease`
-//!   stores FREE with Release when the last tensor over it is gone. The worker loads the state
-//!   with Acquire, so its next writes come after the main process's last reads.
+//!   slot (the ring's release/acquire carries both the bytes and the store).
+//! - LEASED: the main process's, which received the message: its `Lease` stores LEASED, and
+//!   FREE with Release when the last tensor over it is gone. The worker loads the state with
+//!   Acquire, so its next writes come after the main process's last reads.
+//!
+//! When a region serves a new pool (the old workers are gone), HELD slots, whose messages were
+//! never received, become FREE; LEASED ones stay with the user's batches (`reset_unleased`).
 //!
 //! A worker that finds no FREE slot (the user is holding batches: `list(loader)`) sends the bytes
 //! inline through its ring, and the main process copies them out: correct, one copy slower.
@@ -39,7 +43,10 @@ const COMMIT_STEP: usize = 2 << 20;
 const ALIGN: usize = 64;
 
 pub const FREE: u32 = 0;
+/// Sent to the main process (which may not have received it yet).
 pub const HELD: u32 = 1;
+/// Held by a `Lease` of the main process.
+pub const LEASED: u32 = 2;
 
 /// Slots per worker: enough for the tasks in flight to one worker (`prefetch_factor`), the
 /// batch the user is holding and the one before it (alive while `next()` runs), and one spare.
@@ -55,6 +62,17 @@ unsafe fn state_word(region: &ShmRegion, at: usize) -> &AtomicU32 {
     debug_assert!(at + 4 <= region.len() && at % 4 == 0);
     // SAFETY: per the caller's promise.
     unsafe { &*(region.as_ptr().add(at) as *const AtomicU32) }
+}
+
+/// For a region about to serve a new pool, whose previous workers are gone: the slot at
+/// `state_at` is free unless a `Lease` holds it (one its old worker sent but the main process
+/// never received is free again).
+pub fn reset_unleased(region: &ShmRegion, state_at: usize) {
+    // SAFETY: the caller passes a state word's offset (from Layout).
+    let state = unsafe { state_word(region, state_at) };
+    if state.load(Ordering::Acquire) != LEASED {
+        state.store(FREE, Ordering::Release);
+    }
 }
 
 /// A worker's slots (worker side).
@@ -358,6 +376,8 @@ impl Lease {
         }
         // SAFETY: checked to lie inside the region just above.
         let addr = unsafe { region.as_ptr().add(slot_at) } as usize;
+        // SAFETY: `state_at` is inside the region (checked above) and a state word.
+        unsafe { state_word(&region, state_at) }.store(LEASED, Ordering::Relaxed);
         Ok(Lease {
             region,
             state_at,

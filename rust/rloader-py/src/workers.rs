@@ -1,9 +1,10 @@
 //! Multi-process loading: the main process's `PoolIter` and each worker's `worker_loop`.
 //!
-//! One shared-memory region per iterator holds a doorbell and, per worker, two rings
-//! (`rloader-queue`): tasks go main → worker, answers worker → main. The region is created here
-//! before the workers start; they open it by name, and once every worker has said `READY` the
-//! name is unlinked, so nothing is left in /dev/shm even if a process dies later.
+//! One shared-memory region per pool (`PoolRegion`, an anonymous memfd: it never has a name, so
+//! nothing is left in /dev/shm whichever process dies) holds a doorbell, per worker two rings
+//! (`rloader-queue`: tasks go main → worker, answers worker → main), and per worker its batch
+//! slots (NOTE [Slots] in slots.rs). Workers map it through its descriptor. Once a pool's
+//! workers are gone, the region serves the same loader's next pool, slots still warm.
 //!
 //! NOTE [Pool protocol]: every message starts with a 16-byte header (kind: u32, worker: u32,
 //! task: u64, little-endian). Main → worker: `TASK_INDICES` (u64 indices), `TASK_OBJECT` (a
@@ -78,9 +79,8 @@ pub fn queue_err(e: QueueError) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
-/// The doorbell sits at offset 0; at `ATTACHED_AT`, a u32 counts the workers that have opened
-/// the region, so the last one to open it can unlink its name (see `worker_loop`).
-const ATTACHED_AT: usize = 64;
+/// The doorbell sits at offset 0; the slots' state words after it.
+const STATES_AT: usize = 64;
 /// Slots start at a multiple of this (huge-page friendly).
 const SLOTS_ALIGN: usize = 2 << 20;
 
@@ -104,7 +104,7 @@ fn align(x: usize) -> usize {
 impl Layout {
     fn new(num_workers: usize, prefetch_factor: usize) -> Layout {
         let slots_per_worker = slots::slots_per_worker(prefetch_factor);
-        let states_at = align(ATTACHED_AT + 4);
+        let states_at = STATES_AT;
         let mut at = align(states_at + 4 * num_workers * slots_per_worker);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
@@ -135,6 +135,89 @@ impl Layout {
     fn arena(&self, region: Arc<ShmRegion>, w: usize) -> Arena {
         let (slots_at, states_at) = self.slot(w, 0);
         Arena::new(region, states_at, slots_at, self.slots_per_worker)
+    }
+}
+
+/// The shared memory of a loader's worker pools: an anonymous region (memfd), so nothing is ever
+/// left in /dev/shm and /dev/shm's size does not limit it. Workers get its descriptor (inherited
+/// under fork, passed by multiprocessing otherwise). When a pool is done and its workers are
+/// gone, the region serves the loader's next pool: its slots are warm (reserved and mapped),
+/// which is most of what a new epoch would otherwise spend.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct PoolRegion {
+    shm: Arc<ShmRegion>,
+    layout: Layout,
+    num_workers: usize,
+    prefetch_factor: usize,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+#[pymethods]
+impl PoolRegion {
+    #[new]
+    fn new(num_workers: usize, prefetch_factor: usize) -> PyResult<Self> {
+        if num_workers == 0 {
+            return Err(PyTypeError::new_err("a worker pool needs num_workers > 0"));
+        }
+        let layout = Layout::new(num_workers, prefetch_factor);
+        let shm =
+            ShmRegion::create_anonymous("rloader DataLoader workers", layout.len, layout.committed)
+                .map_err(queue_err)?;
+        Ok(PoolRegion {
+            shm: Arc::new(shm),
+            layout,
+            num_workers,
+            prefetch_factor,
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The descriptor workers map the region through.
+    #[getter]
+    fn fd(&self) -> i32 {
+        self.shm
+            .fd()
+            .expect("an anonymous region keeps its descriptor")
+    }
+
+    /// Whether a pool of this shape can use the region.
+    fn fits(&self, num_workers: usize, prefetch_factor: usize) -> bool {
+        self.num_workers == num_workers && self.prefetch_factor == prefetch_factor
+    }
+}
+
+impl PoolRegion {
+    fn is_generation(&self, generation: u64) -> bool {
+        self.generation.load(std::sync::atomic::Ordering::Acquire) == generation
+    }
+
+    /// Readies the region for a new pool (the workers of any previous one are gone): fresh
+    /// rings and doorbell, and every slot free except those whose batches the user still holds.
+    #[allow(clippy::type_complexity)]
+    fn prepare(&self) -> PyResult<(u64, Doorbell, Vec<Ring>, Vec<Ring>)> {
+        let generation = self
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+            + 1;
+        let shm = &self.shm;
+        let doorbell = Doorbell::init(shm.clone(), 0);
+        let mut to_workers = Vec::with_capacity(self.num_workers);
+        let mut from_workers = Vec::with_capacity(self.num_workers);
+        for &(task, answer) in &self.layout.rings {
+            to_workers.push(
+                Ring::init(shm.clone(), task, Ring::required_len(INDEX_RING)).map_err(queue_err)?,
+            );
+            from_workers.push(
+                Ring::init(shm.clone(), answer, Ring::required_len(RESULT_RING))
+                    .map_err(queue_err)?,
+            );
+        }
+        for w in 0..self.num_workers {
+            for s in 0..self.layout.slots_per_worker {
+                slots::reset_unleased(shm, self.layout.slot(w, s).1);
+            }
+        }
+        Ok((generation, doorbell, to_workers, from_workers))
     }
 }
 
@@ -184,9 +267,11 @@ enum Answer {
 /// The iterator `iter(DataLoader(..., num_workers>0))` returns.
 #[pyclass(module = "rloader._rloader", weakref, dict)]
 pub struct PoolIter {
-    region_name: String,
+    pool_region: Py<PoolRegion>,
+    /// Which use of `pool_region` this iterator is (it outlives its workers, and the region
+    /// may serve the next iterator of the same loader by then).
+    generation: u64,
     region: Arc<ShmRegion>,
-    layout: Layout,
     doorbell: Doorbell,
     to_workers: Vec<Ring>,
     from_workers: Vec<Ring>,
@@ -201,7 +286,6 @@ pub struct PoolIter {
     timeout: Option<Duration>,
     persistent: bool,
     ready: usize,
-    unlinked: bool,
     stopped: bool,
     resumed: usize,
     index_buf: Vec<u64>,
@@ -215,13 +299,12 @@ pub struct PoolIter {
 #[pymethods]
 impl PoolIter {
     #[new]
-    #[pyo3(signature = (*, region, num_workers, prefetch_factor, in_order, keys, auto_collation,
-                        timeout, persistent, pin, length_of, hooks))]
+    #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
+                        length_of, hooks))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        region: String,
-        num_workers: usize,
-        prefetch_factor: usize,
+        py: Python<'_>,
+        region: Py<PoolRegion>,
         in_order: bool,
         keys: Option<Bound<'_, PyAny>>,
         auto_collation: bool,
@@ -231,33 +314,19 @@ impl PoolIter {
         length_of: Py<PyAny>,
         hooks: Py<PyAny>,
     ) -> PyResult<Self> {
-        if num_workers == 0 {
-            return Err(PyTypeError::new_err("PoolIter needs num_workers > 0"));
-        }
-        let layout = Layout::new(num_workers, prefetch_factor);
-        let shm = Arc::new(
-            ShmRegion::create_sparse(&region, layout.len, layout.committed).map_err(queue_err)?,
-        );
-        let doorbell = Doorbell::init(shm.clone(), 0);
-        let mut to_workers = Vec::with_capacity(num_workers);
-        let mut from_workers = Vec::with_capacity(num_workers);
-        for &(task, answer) in &layout.rings {
-            to_workers.push(
-                Ring::init(shm.clone(), task, Ring::required_len(INDEX_RING)).map_err(queue_err)?,
-            );
-            from_workers.push(
-                Ring::init(shm.clone(), answer, Ring::required_len(RESULT_RING))
-                    .map_err(queue_err)?,
-            );
-        }
+        let pr = region.get();
+        let (generation, doorbell, to_workers, from_workers) = pr.prepare()?;
+        let (num_workers, prefetch_factor) = (pr.num_workers, pr.prefetch_factor);
+        let shm = pr.shm.clone();
+        let _ = py;
         let keys = match keys {
             Some(k) => Some(Keys::new(&k, auto_collation)?),
             None => None,
         };
         Ok(PoolIter {
-            region_name: region,
+            pool_region: region,
+            generation,
             region: shm,
-            layout,
             doorbell,
             to_workers,
             from_workers,
@@ -270,7 +339,6 @@ impl PoolIter {
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             persistent,
             ready: 0,
-            unlinked: false,
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
@@ -278,11 +346,6 @@ impl PoolIter {
             buffers_in_slots: 0,
             buffers_inline: 0,
         })
-    }
-
-    #[getter]
-    fn region(&self) -> &str {
-        &self.region_name
     }
 
     /// (tensor buffers received in shared-memory slots, received inline and copied).
@@ -452,13 +515,7 @@ impl PoolIter {
     fn take_answer(&mut self, py: Python<'_>, worker: usize, msg: Vec<u8>) -> PyResult<()> {
         let (k, _, task) = parse_header(&msg)?;
         match k {
-            kind::READY => {
-                self.ready += 1;
-                if self.ready == self.to_workers.len() && !self.unlinked {
-                    ShmRegion::unlink(&self.region_name).map_err(queue_err)?;
-                    self.unlinked = true;
-                }
-            }
+            kind::READY => self.ready += 1,
             kind::DATA => {
                 let table = decode_batch_table(&msg)?;
                 let in_slots = table.buffers.iter().filter(|b| b.0).count() as u64;
@@ -466,8 +523,8 @@ impl PoolIter {
                 self.buffers_inline += table.buffers.len() as u64 - in_slots;
                 let lease = match table.slot {
                     None => None,
-                    Some(s) if s < self.layout.slots_per_worker => {
-                        let (slot_at, state_at) = self.layout.slot(worker, s);
+                    Some(s) if s < self.pool_region.get().layout.slots_per_worker => {
+                        let (slot_at, state_at) = self.pool_region.get().layout.slot(worker, s);
                         let lease =
                             Lease::new(self.region.clone(), state_at, slot_at, table.in_slot)?;
                         Some(Py::new(py, lease)?)
@@ -516,6 +573,9 @@ impl PoolIter {
     }
 
     fn close_rings(&self) {
+        if !self.pool_region.get().is_generation(self.generation) {
+            return; // the region serves a newer iterator now; ours are long gone
+        }
         for ring in self.to_workers.iter().chain(&self.from_workers) {
             ring.close();
         }
@@ -593,13 +653,13 @@ fn decode_batch_table(msg: &[u8]) -> PyResult<BatchTable> {
 
 /// A worker process's loop: take tasks, fetch and collate, send answers, until told to stop.
 #[pyfunction]
-#[pyo3(signature = (*, region, worker_id, num_workers, prefetch_factor, dataset, iterable, samples,
-                    auto_collation, batch_size, drop_last, collate_fn, default_collate, init_error,
-                    parent_pid, hooks))]
+#[pyo3(signature = (*, region_fd, worker_id, num_workers, prefetch_factor, dataset, iterable,
+                    samples, auto_collation, batch_size, drop_last, collate_fn, default_collate,
+                    init_error, parent_pid, hooks))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
-    region: &str,
+    region_fd: i32,
     worker_id: usize,
     num_workers: usize,
     prefetch_factor: usize,
@@ -620,22 +680,12 @@ pub fn worker_loop(
     // Started by a forkserver, the parent is the server: the loop polls the main pid instead.
     let main = MainProcess::new(parent_pid);
     let layout = Layout::new(num_workers, prefetch_factor);
-    let shm = match ShmRegion::open_committable(region) {
-        Ok(shm) => Arc::new(shm),
-        // The loader was dropped before this worker got going: nothing to do.
-        Err(QueueError::Os { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(())
-        }
-        Err(e) => return Err(queue_err(e)),
-    };
-    // The last worker to open the region removes its name: from then on nothing is left in
-    // /dev/shm whichever process dies, and the main process's own unlink finds it gone.
-    // SAFETY: ATTACHED_AT is inside the region, 4-aligned, and only ever used atomically.
-    let attached =
-        unsafe { &*(shm.as_ptr().add(ATTACHED_AT) as *const std::sync::atomic::AtomicU32) };
-    if attached.fetch_add(1, std::sync::atomic::Ordering::AcqRel) as usize + 1 == num_workers {
-        ShmRegion::unlink(region).map_err(queue_err)?;
-    }
+    // SAFETY: the descriptor multiprocessing gave this process for the pool's region (or, under
+    // fork, the main process's, inherited); nothing else in this process uses or closes it.
+    let shm = Arc::new(
+        unsafe { ShmRegion::from_fd(region_fd, "rloader DataLoader workers") }
+            .map_err(queue_err)?,
+    );
     if main.gone() {
         return Ok(());
     }
@@ -847,27 +897,31 @@ impl MainProcess {
             return unsafe { libc::getppid() } != self.pid;
         }
         // SAFETY: signal 0 only checks that the process exists.
-        unsafe { libc::kill(self.pid, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
+        if unsafe { libc::kill(self.pid, 0) != 0 && *libc::__errno_location() == libc::ESRCH } {
+            return true;
+        }
+        // A main process that died but is not reaped yet (its parent is busy) is a zombie,
+        // which kill(0) still finds.
+        is_zombie(self.pid)
     }
 }
 
-/// A name for a new shared-memory region of this process.
-#[pyfunction]
-fn unique_shm_name(tag: &str) -> String {
-    rloader_queue::unique_name(tag)
-}
-
-/// Removes a shared-memory name (no error if it is already gone).
-#[pyfunction]
-fn unlink_shm(name: &str) -> PyResult<()> {
-    ShmRegion::unlink(name).map_err(queue_err)
+/// Whether `pid` is a zombie (Linux: state Z in /proc/<pid>/stat).
+fn is_zombie(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold anything.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => false,
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PoolIter>()?;
     m.add_class::<Message>()?;
+    m.add_class::<PoolRegion>()?;
     m.add_function(wrap_pyfunction!(worker_loop, m)?)?;
-    m.add_function(wrap_pyfunction!(unique_shm_name, m)?)?;
-    m.add_function(wrap_pyfunction!(unlink_shm, m)?)?;
     Ok(())
 }

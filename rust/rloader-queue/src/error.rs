@@ -24,6 +24,8 @@ pub enum QueueError {
         /// Bytes free in `/dev/shm` when it failed (0 if that could not be read).
         free: u64,
     },
+    /// An anonymous region (memfd) could not get memory: the machine or its cgroup is full.
+    NoMemory { what: String, requested: usize },
     /// A region, or the part of it a ring or doorbell should live in, is too small or misplaced.
     TooSmall {
         what: &'static str,
@@ -59,6 +61,13 @@ impl fmt::Display for QueueError {
                  (docker: --shm-size), or lower num_workers, prefetch_factor or batch_size",
                 human(*requested as u64),
                 human(*free),
+            ),
+            QueueError::NoMemory { what, requested } => write!(
+                f,
+                "could not reserve {requested} bytes ({}) of shared memory for {what}: the \
+                 machine (or its container's memory limit) has no room left; lower num_workers, \
+                 prefetch_factor or batch_size",
+                human(*requested as u64),
             ),
             QueueError::TooSmall { what, need, got } => write!(
                 f,

@@ -77,7 +77,8 @@ fn dev_shm_free() -> u64 {
     (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
 }
 
-/// posix_fallocate of `[offset, offset + len)`, ENOSPC as [`QueueError::NoSpace`].
+/// posix_fallocate of `[offset, offset + len)`; no room is [`QueueError::NoSpace`] for a named
+/// region (in /dev/shm), [`QueueError::NoMemory`] for an anonymous one.
 fn reserve(fd: &Fd, name: &str, offset: usize, len: usize) -> Result<(), QueueError> {
     if len == 0 {
         return Ok(());
@@ -94,6 +95,12 @@ fn reserve(fd: &Fd, name: &str, offset: usize, len: usize) -> Result<(), QueueEr
         match unsafe { libc::posix_fallocate(fd.0, off, n) } {
             0 => return Ok(()),
             libc::EINTR => continue,
+            libc::ENOSPC | libc::EFBIG | libc::ENOMEM if !name.starts_with('/') => {
+                return Err(QueueError::NoMemory {
+                    what: name.to_owned(),
+                    requested: len,
+                })
+            }
             libc::ENOSPC | libc::EFBIG => {
                 return Err(QueueError::NoSpace {
                     name: name.to_owned(),
@@ -108,6 +115,26 @@ fn reserve(fd: &Fd, name: &str, offset: usize, len: usize) -> Result<(), QueueEr
             }
         }
     }
+}
+
+/// The size of the file behind `fd`, which must not be empty.
+fn file_len(fd: &Fd, name: &str) -> Result<usize, QueueError> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: an fd we own and a buffer fstat fills.
+    if unsafe { libc::fstat(fd.0, st.as_mut_ptr()) } != 0 {
+        return Err(os("fstat", name)(io::Error::last_os_error()));
+    }
+    // SAFETY: fstat succeeded.
+    let size = unsafe { st.assume_init() }.st_size;
+    let len = usize::try_from(size).unwrap_or(0);
+    if len == 0 {
+        return Err(QueueError::TooSmall {
+            what: "the shared-memory region (still being created?)",
+            need: 1,
+            got: 0,
+        });
+    }
+    Ok(len)
 }
 
 fn map(fd: &Fd, len: usize, name: &str) -> Result<NonNull<u8>, QueueError> {
@@ -192,6 +219,75 @@ impl ShmRegion {
         })
     }
 
+    /// An anonymous region (`memfd_create`): no name in /dev/shm (nothing can be left behind,
+    /// and /dev/shm's size does not limit it), shared with other processes by its descriptor
+    /// ([`ShmRegion::fd`], inherited or passed), which this handle keeps open. Sparse like
+    /// [`ShmRegion::create_sparse`]: the first `commit` bytes are reserved now. `what` names it
+    /// in error messages.
+    pub fn create_anonymous(
+        what: &str,
+        len: usize,
+        commit: usize,
+    ) -> Result<ShmRegion, QueueError> {
+        if len == 0 {
+            return Err(QueueError::TooSmall {
+                what: "a shared-memory region",
+                need: 1,
+                got: 0,
+            });
+        }
+        let cname = CString::new(what.replace('\0', "_")).expect("NUL replaced");
+        // SAFETY: a NUL-terminated name; the flags are valid.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(os("memfd_create", what)(io::Error::last_os_error()));
+        }
+        let fd = Fd(raw);
+        let off_len = libc::off_t::try_from(len).map_err(|_| QueueError::TooSmall {
+            what: "the file offset type",
+            need: len,
+            got: libc::off_t::MAX as usize,
+        })?;
+        // SAFETY: an fd we own.
+        if unsafe { libc::ftruncate(fd.0, off_len) } != 0 {
+            return Err(os("ftruncate", what)(io::Error::last_os_error()));
+        }
+        reserve(&fd, what, 0, commit.min(len))?;
+        let ptr = map(&fd, len, what)?;
+        Ok(ShmRegion {
+            ptr,
+            len,
+            name: what.to_owned(),
+            creator_pid: None,
+            unlinked: AtomicBool::new(true),
+            fd: Some(fd),
+        })
+    }
+
+    /// Maps the region behind `fd` (from [`ShmRegion::create_anonymous`] in another process),
+    /// taking ownership of the descriptor, which it keeps for [`ShmRegion::commit`].
+    ///
+    /// # Safety
+    /// `fd` is an open descriptor of a shared-memory file that nothing else will close.
+    pub unsafe fn from_fd(fd: std::os::fd::RawFd, what: &str) -> Result<ShmRegion, QueueError> {
+        let fd = Fd(fd);
+        let len = file_len(&fd, what)?;
+        let ptr = map(&fd, len, what)?;
+        Ok(ShmRegion {
+            ptr,
+            len,
+            name: what.to_owned(),
+            creator_pid: None,
+            unlinked: AtomicBool::new(true),
+            fd: Some(fd),
+        })
+    }
+
+    /// The descriptor this handle keeps open, if it keeps one.
+    pub fn fd(&self) -> Option<std::os::fd::RawFd> {
+        self.fd.as_ref().map(|fd| fd.0)
+    }
+
     /// Maps a region another process created, by name; its length is the region's size.
     pub fn open(name: &str) -> Result<ShmRegion, QueueError> {
         ShmRegion::open_with(name, false)
@@ -221,21 +317,7 @@ impl ShmRegion {
             return Err(os("shm_open", name)(e));
         }
         let fd = Fd(raw);
-        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-        // SAFETY: an fd we own and a buffer fstat fills.
-        if unsafe { libc::fstat(fd.0, st.as_mut_ptr()) } != 0 {
-            return Err(os("fstat", name)(io::Error::last_os_error()));
-        }
-        // SAFETY: fstat succeeded.
-        let size = unsafe { st.assume_init() }.st_size;
-        let len = usize::try_from(size).unwrap_or(0);
-        if len == 0 {
-            return Err(QueueError::TooSmall {
-                what: "the shared-memory region (still being created?)",
-                need: 1,
-                got: 0,
-            });
-        }
+        let len = file_len(&fd, name)?;
         let ptr = map(&fd, len, name)?;
         Ok(ShmRegion {
             ptr,
@@ -468,6 +550,27 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("not opened to commit"));
+    }
+
+    #[test]
+    fn anonymous_regions_share_through_their_descriptor() {
+        let a = ShmRegion::create_anonymous("rloader test", 1 << 30, 4096).unwrap();
+        assert_eq!(a.len(), 1 << 30);
+        // SAFETY: dup gives a descriptor that `b` then owns alone.
+        let b = unsafe { ShmRegion::from_fd(libc::dup(a.fd().unwrap()), "rloader test") }.unwrap();
+        assert_eq!(b.len(), 1 << 30);
+        b.commit(256 << 20, 4096).unwrap();
+        // SAFETY: committed bytes of a mapping both handles share; single-threaded test.
+        unsafe {
+            *b.as_ptr().add(256 << 20) = 3;
+            assert_eq!(*a.as_ptr().add(256 << 20), 3);
+        }
+        assert!(matches!(
+            b.commit(1 << 30, 1),
+            Err(QueueError::TooSmall { .. })
+        ));
+        // (Running out of memory is not provoked here: unlike /dev/shm, a memfd has no size
+        // limit to hit first, and the kernel may kill the test process instead.)
     }
 
     #[test]

@@ -154,6 +154,7 @@ impl<T> Scheduler<T> {
 
     /// What to hand out next. Send every task there is room for (`has_room`/`assign`) before
     /// asking: `Wait` means a worker owes an answer.
+    #[allow(clippy::should_implement_trait)] // not an Iterator: Wait is not the end
     pub fn next(&mut self) -> Next<T> {
         if !self.in_order {
             if let Some(r) = self.arrived.pop_front() {
