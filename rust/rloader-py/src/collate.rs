@@ -338,7 +338,7 @@ fn arrays_tensor<'py>(
     }
     let mut shape: Vec<isize> = Vec::with_capacity(first.shape().len() + 1);
     shape.push(views.len() as isize);
-    shape.extend(first.shape().iter().map(|&d| d as isize));
+    shape.extend(first.shape().iter().copied());
     let out = match slots::slot_empty(py, &shape, dtype.bind(py))? {
         Some(out) => out,
         None => {

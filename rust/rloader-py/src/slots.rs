@@ -59,7 +59,7 @@ pub fn slots_per_worker(prefetch_factor: usize) -> usize {
 /// # Safety
 /// `at` is the offset of a 4-aligned u32 inside `region`, used only atomically.
 unsafe fn state_word(region: &ShmRegion, at: usize) -> &AtomicU32 {
-    debug_assert!(at + 4 <= region.len() && at % 4 == 0);
+    debug_assert!(at + 4 <= region.len() && at & 3 == 0);
     // SAFETY: per the caller's promise.
     unsafe { &*(region.as_ptr().add(at) as *const AtomicU32) }
 }
@@ -307,7 +307,7 @@ impl Drop for SlotView {
 ///
 /// # Safety
 /// The bytes stay mapped while `owner` lives.
-unsafe fn export(
+pub unsafe fn export(
     owner: &Bound<'_, PyAny>,
     view: *mut pyo3::ffi::Py_buffer,
     addr: usize,

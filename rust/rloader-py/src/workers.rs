@@ -239,20 +239,13 @@ impl Message {
         view: *mut pyo3::ffi::Py_buffer,
         flags: std::os::raw::c_int,
     ) -> PyResult<()> {
-        let (ptr, len) = {
+        let (addr, len) = {
             let me = slf.borrow();
-            (
-                me.data.as_ptr() as *mut std::os::raw::c_void,
-                me.data.len() as pyo3::ffi::Py_ssize_t,
-            )
+            (me.data.as_ptr() as usize, me.data.len())
         };
         // SAFETY: `data` is never changed after construction, and the view holds a reference
-        // to `slf` (PyBuffer_FillInfo sets view.obj), so the bytes outlive every export.
-        let rc = unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
-        if rc == -1 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        // to `slf`, so the bytes outlive every export.
+        unsafe { slots::export(slf.as_any(), view, addr, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
@@ -303,7 +296,6 @@ impl PoolIter {
                         length_of, hooks))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>,
         region: Py<PoolRegion>,
         in_order: bool,
         keys: Option<Bound<'_, PyAny>>,
@@ -318,7 +310,6 @@ impl PoolIter {
         let (generation, doorbell, to_workers, from_workers) = pr.prepare()?;
         let (num_workers, prefetch_factor) = (pr.num_workers, pr.prefetch_factor);
         let shm = pr.shm.clone();
-        let _ = py;
         let keys = match keys {
             Some(k) => Some(Keys::new(&k, auto_collation)?),
             None => None,
