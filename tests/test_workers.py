@@ -185,6 +185,35 @@ def test_persistent_workers_on_iterable_dataset():
     loader._iterator._shutdown_workers()
 
 
+class Ints(tud.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+# A task of 40,000 indices does not fit in a fresh task ring: iter() queues what fits before the
+# workers start and keeps the rest back (rust/rloader-py/src/workers.rs, PoolIter::_prefill).
+BIG_BATCH = dict(batch_size=40_000, num_workers=2)
+
+
+def test_batches_larger_than_a_task_ring_like_torch():
+    theirs, ours = both(Ints(100_000), shuffle=False, **BIG_BATCH)
+    assert same(ours, theirs)
+
+
+def test_persistent_workers_restarted_before_the_first_batch():
+    loader = rloader.DataLoader(Ints(100_000), persistent_workers=True, **BIG_BATCH)
+    it = iter(loader)
+    assert iter(loader) is it  # a new epoch before the first one was read at all
+    assert same(list(it), list(tud.DataLoader(Ints(100_000), **BIG_BATCH)))
+    it._shutdown_workers()
+
+
 class Failing(tud.Dataset):
     def __len__(self):
         return 8

@@ -285,6 +285,9 @@ def start_pool(loader) -> "_rloader.PoolIter":
         hooks=pool,
     )
     it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
+    # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
+    # (torch too queues them in iter(), but only once all its workers are started).
+    it._prefill()
     # From here on workers may exist: make sure they go, whatever happens.
     finalizer = weakref.finalize(it, pool.shutdown)
     try:

@@ -282,6 +282,8 @@ pub struct PoolIter {
     stopped: bool,
     resumed: usize,
     index_buf: Vec<u64>,
+    /// A task assigned by `_prefill` that did not fit in its worker's ring (sent first later).
+    unsent: Option<(usize, [u8; HEADER], Vec<u8>)>,
     /// Per worker: the answer being received (a streamed one arrives in parts).
     inbox: Vec<Vec<u8>>,
     /// Tensor buffers received in slots and inline (for tests and debugging).
@@ -333,6 +335,7 @@ impl PoolIter {
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
+            unsent: None,
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
             buffers_inline: 0,
@@ -386,7 +389,11 @@ impl PoolIter {
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
     /// iterable dataset, whose workers restart their iterators).
     fn _reset(&mut self, py: Python<'_>, keys: Option<Bound<'_, PyAny>>) -> PyResult<()> {
-        // Answers still owed from an abandoned epoch are drained and dropped first.
+        // Answers still owed from an abandoned epoch are drained and dropped first (a task
+        // `_prefill` kept back is sent, so that its answer comes too).
+        if let Some((worker, head, body)) = self.unsent.take() {
+            self.send(py, worker, &head, &body)?;
+        }
         let started = Instant::now();
         while self.scheduler.outstanding() > 0 {
             self.scheduler.mark_exhausted();
@@ -412,6 +419,15 @@ impl PoolIter {
         Ok(())
     }
 
+    /// Sends the first tasks before any worker is started, so that worker 0 starts on its
+    /// first batch the moment it exists. Only tasks that fit in the fresh task rings are
+    /// sent: a send that had to wait would wait for a worker that is not started yet. The
+    /// first one that does not fit is kept and sent by `__next__`.
+    fn _prefill(&mut self, py: Python<'_>) -> PyResult<()> {
+        let mut queued = vec![0usize; self.to_workers.len()];
+        self.send_tasks_within(py, Some(&mut queued))
+    }
+
     /// Stops the workers now (idempotent).
     fn _shutdown_workers(&mut self, py: Python<'_>) -> PyResult<()> {
         self.shutdown(py)
@@ -421,7 +437,22 @@ impl PoolIter {
 impl PoolIter {
     /// Sends tasks while the scheduler has room and the sampler has keys.
     fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
-        while self.scheduler.has_room() {
+        self.send_tasks_within(py, None)
+    }
+
+    /// `send_tasks`; with `queued` (bytes already queued per ring, none taken out yet), it
+    /// stops at the first task that would not fit in its ring without waiting.
+    fn send_tasks_within(
+        &mut self,
+        py: Python<'_>,
+        mut queued: Option<&mut Vec<usize>>,
+    ) -> PyResult<()> {
+        if queued.is_none() {
+            if let Some((worker, head, body)) = self.unsent.take() {
+                self.send(py, worker, &head, &body)?;
+            }
+        }
+        while self.unsent.is_none() && self.scheduler.has_room() {
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
                 Some(keys) => match keys.next(py, &mut self.index_buf)? {
@@ -445,7 +476,16 @@ impl PoolIter {
                 break;
             };
             let (worker, task) = self.scheduler.assign();
-            self.send(py, worker, &header(k, worker, task), &bytes)?;
+            let head = header(k, worker, task);
+            if let Some(queued) = queued.as_deref_mut() {
+                let frame = Ring::frame_len(HEADER + bytes.len());
+                if queued[worker] + frame > self.to_workers[worker].capacity() {
+                    self.unsent = Some((worker, head, bytes));
+                    break;
+                }
+                queued[worker] += frame;
+            }
+            self.send(py, worker, &head, &bytes)?;
         }
         Ok(())
     }

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    ConsumerState, DataBuf, ProducerState, RingCore, RingHeader, HEADER_LEN, MIN_CAPACITY,
+    ConsumerState, DataBuf, ProducerState, RingCore, RingHeader, FRAME_HEADER, HEADER_LEN,
+    MIN_CAPACITY,
 };
 use crate::{Doorbell, QueueError, ShmRegion};
 
@@ -180,7 +181,12 @@ impl Ring {
         self.core().is_closed()
     }
 
-    /// Data bytes; a message with `len + 8 <= capacity()` is never streamed.
+    /// Ring bytes a message of `len` bytes takes: the message and its length.
+    pub const fn frame_len(len: usize) -> usize {
+        FRAME_HEADER as usize + len
+    }
+
+    /// Data bytes; a message with `frame_len(len) <= capacity()` is never streamed.
     pub fn capacity(&self) -> usize {
         self.data.len()
     }

@@ -87,6 +87,27 @@ fn exact_fit_fills_the_ring_then_the_next_send_times_out() {
 }
 
 #[test]
+fn frames_summing_to_the_capacity_fit_without_a_reader() {
+    let r = ring(64);
+    let (a, b) = (
+        vec![3u8; 20],
+        vec![4u8; 64 - Ring::frame_len(20) - Ring::frame_len(0)],
+    );
+    assert_eq!(
+        Ring::frame_len(a.len()) + Ring::frame_len(b.len()),
+        r.capacity()
+    );
+    r.send(&[&a], Some(Duration::ZERO)).unwrap();
+    r.send(&[&b], Some(Duration::ZERO)).unwrap();
+    assert!(matches!(
+        r.send(&[], Some(Duration::ZERO)),
+        Err(QueueError::Timeout)
+    ));
+    assert_eq!(recv(&r), a);
+    assert_eq!(recv(&r), b);
+}
+
+#[test]
 fn recv_times_out_on_an_empty_ring() {
     let r = ring(64);
     let t = Instant::now();
