@@ -269,6 +269,40 @@ def test_dead_worker_is_reported_quickly(how, expected):
     assert "pid" in str(err.value)
 
 
+class ExitsCleanly(tud.Dataset):
+    """Its last sample ends the worker with code 0, once the worker was told to stop."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 7:
+            os._exit(0)
+        return i
+
+
+def test_worker_exiting_with_code_0_before_answering_is_reported():
+    # The sampler is exhausted before sample 7, so the worker was already sent STOP: exiting
+    # is expected of it then, but not with an answer still owed.
+    loader = rloader.DataLoader(ExitsCleanly(), batch_size=1, num_workers=2)
+    with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) exited with code 0 unexpectedly"):
+        list(loader)
+
+
+def test_workers_leave_once_their_last_task_is_answered():
+    loader = rloader.DataLoader(Ints(12), batch_size=2, num_workers=2)
+    it = iter(loader)
+    procs = it._rloader_pool.procs
+    # Six batches, four in flight: the third next() finds the sampler exhausted.
+    first = [next(it) for _ in range(3)]
+    deadline = time.monotonic() + 30
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Both left with three batches still unread, and those batches are all there.
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert same([*first, *it], list(tud.DataLoader(Ints(12), batch_size=2, num_workers=2)))
+
+
 class Slow(tud.Dataset):
     def __len__(self):
         return 4

@@ -225,17 +225,18 @@ class _Pool:
     def dump_keys(self, keys) -> bytes:
         return pickle.dumps(keys, protocol=5)
 
-    def check_workers(self) -> None:
-        """Raises RuntimeError naming any worker that died (the caller then shuts down)."""
-        for worker_id, proc in enumerate(self.procs):
-            code = proc.exitcode
-            if code is not None:
-                pid = proc.pid
-                raise RuntimeError(
-                    f"DataLoader worker {worker_id} (pid {pid}) {_describe_exit(pid, code)} "
-                    "unexpectedly. If this was killed for memory, use fewer workers or a "
-                    "smaller batch_size/prefetch_factor; a segfault points at the dataset's code."
-                )
+    def exited(self) -> list:
+        """``(worker_id, exit code)`` of each worker process that has ended."""
+        return [(i, proc.exitcode) for i, proc in enumerate(self.procs) if proc.exitcode is not None]
+
+    def death(self, worker_id: int, code: int) -> RuntimeError:
+        """The error for a worker that ended before its time (the caller raises it)."""
+        pid = self.procs[worker_id].pid
+        return RuntimeError(
+            f"DataLoader worker {worker_id} (pid {pid}) {_describe_exit(pid, code)} "
+            "unexpectedly. If this was killed for memory, use fewer workers or a "
+            "smaller batch_size/prefetch_factor; a segfault points at the dataset's code."
+        )
 
     def shutdown(self) -> None:
         if self.stopped:

@@ -14,6 +14,12 @@
 //! worker's iterable dataset is exhausted; the answer to that task), `RESUMED`. The order of
 //! tasks and answers, and who gets the next task, is `rloader_workers::Scheduler`'s business.
 //!
+//! Workers that are not persistent are sent `STOP` as soon as the sampler is exhausted, behind
+//! their last tasks: each leaves once it has answered them, and the cost of a process's exit
+//! (tearing down the address space it inherited) overlaps the end of the epoch instead of
+//! following it. A worker that was told to stop and has exited with code 0 is dead only if it
+//! still owes an answer once its ring is drained.
+//!
 //! Waiting never holds the GIL: the main process sleeps on the doorbell (which every worker
 //! rings after each answer) in slices of `WAIT_SLICE`, and between slices checks that its
 //! workers are alive and that `timeout` has not passed; a worker sleeps on its task ring in the
@@ -282,6 +288,8 @@ pub struct PoolIter {
     stopped: bool,
     resumed: usize,
     index_buf: Vec<u64>,
+    /// `STOP` has been sent to every worker (non-persistent, sampler exhausted).
+    told_to_stop: bool,
     /// A task assigned by `_prefill` that did not fit in its worker's ring (sent first later).
     unsent: Option<(usize, [u8; HEADER], Vec<u8>)>,
     /// Per worker: the answer being received (a streamed one arrives in parts).
@@ -335,6 +343,7 @@ impl PoolIter {
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
+            told_to_stop: false,
             unsent: None,
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
@@ -487,6 +496,13 @@ impl PoolIter {
             }
             self.send(py, worker, &head, &bytes)?;
         }
+        let last_sent = queued.is_none() && self.unsent.is_none();
+        if last_sent && self.scheduler.is_exhausted() && !self.persistent && !self.told_to_stop {
+            for w in 0..self.to_workers.len() {
+                self.send(py, w, &header(kind::STOP, w, 0), &[])?;
+            }
+            self.told_to_stop = true;
+        }
         Ok(())
     }
 
@@ -508,14 +524,7 @@ impl PoolIter {
             let seen = self.doorbell.current();
             let mut got = false;
             for w in 0..self.from_workers.len() {
-                while self.from_workers[w]
-                    .try_recv(&mut self.inbox[w])
-                    .map_err(queue_err)?
-                {
-                    let msg = std::mem::take(&mut self.inbox[w]);
-                    self.take_answer(py, w, msg)?;
-                    got = true;
-                }
+                got |= self.drain(py, w)?;
             }
             if got {
                 return Ok(());
@@ -535,12 +544,43 @@ impl PoolIter {
             let rang = py.detach(|| bell.wait(seen, slice));
             if !rang {
                 py.check_signals()?;
-                if let Err(dead) = self.hooks.bind(py).call_method0("check_workers") {
-                    self.shutdown(py)?;
-                    return Err(dead);
+                if self.check_workers(py)? {
+                    return Ok(());
                 }
             }
         }
+    }
+
+    /// Takes in every whole answer waiting from worker `w`; true if there was one.
+    fn drain(&mut self, py: Python<'_>, w: usize) -> PyResult<bool> {
+        let mut got = false;
+        while self.from_workers[w]
+            .try_recv(&mut self.inbox[w])
+            .map_err(queue_err)?
+        {
+            let msg = std::mem::take(&mut self.inbox[w]);
+            self.take_answer(py, w, msg)?;
+            got = true;
+        }
+        Ok(got)
+    }
+
+    /// Raises (after stopping the pool) if a worker process has ended before its time; true
+    /// if an ended worker's last answers were taken in.
+    fn check_workers(&mut self, py: Python<'_>) -> PyResult<bool> {
+        let exited: Vec<(usize, i32)> = self.hooks.bind(py).call_method0("exited")?.extract()?;
+        let mut got = false;
+        for (w, code) in exited {
+            // It can write nothing more: what it sent is all there will be.
+            got |= self.drain(py, w)?;
+            if self.told_to_stop && code == 0 && !self.scheduler.owes(w) {
+                continue; // it left as told, every answer in
+            }
+            let dead = self.hooks.bind(py).call_method1("death", (w, code))?;
+            self.shutdown(py)?;
+            return Err(PyErr::from_value(dead));
+        }
+        Ok(got)
     }
 
     fn take_answer(&mut self, py: Python<'_>, worker: usize, msg: Vec<u8>) -> PyResult<()> {

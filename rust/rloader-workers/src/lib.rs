@@ -143,6 +143,13 @@ impl<T> Scheduler<T> {
         }
     }
 
+    /// Whether `worker` has a task it has not answered yet.
+    pub fn owes(&self, worker: usize) -> bool {
+        self.tasks
+            .values()
+            .any(|t| t.worker == worker && t.result.is_none())
+    }
+
     pub fn is_active(&self, worker: usize) -> bool {
         self.active.get(worker).copied().unwrap_or(false)
     }
@@ -303,5 +310,23 @@ mod tests {
         s.reset();
         assert!(s.has_room());
         assert_eq!(s.assign(), (0, 0));
+    }
+
+    #[test]
+    fn owes_tracks_unanswered_tasks_per_worker() {
+        for in_order in [true, false] {
+            let mut s: Scheduler<u64> = Scheduler::new(2, 1, in_order);
+            let (w0, t0) = s.assign();
+            let (w1, t1) = s.assign();
+            assert_eq!((w0, w1), (0, 1));
+            assert!(s.owes(0) && s.owes(1));
+            s.on_result(t1, t1);
+            assert!(s.owes(0) && !s.owes(1), "in_order={in_order}");
+            s.on_result(t0, t0);
+            assert!(!s.owes(0));
+            // Answered but not yet handed out is not owed.
+            assert!(matches!(s.next(), Next::Ready(_)));
+            assert!(!s.owes(0) && !s.owes(1));
+        }
     }
 }
