@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import collections.abc
 import copy
+import queue
+import threading
+import weakref
 from typing import Any
 
 import torch
+from torch._utils import ExceptionWrapper
 
-__all__ = ["pin_batch"]
+__all__ = ["PinnedBatches", "pin_batch"]
 
 
 def pin_batch(data: Any) -> Any:
@@ -46,3 +50,119 @@ def pin_batch(data: Any) -> Any:
         except TypeError:
             return items
     return data
+
+
+# ---------------------------------------------------------------- the pin_memory thread
+
+# How often a waiting pin thread looks at its stop flag (torch checks every 5 s; shorter here
+# because stopping it is how an abandoned iterator shuts its workers down).
+_POLL = 0.1
+
+
+class PinnedBatches:
+    """Batches from worker processes, pinned on a thread of their own.
+
+    As with torch's ``pin_memory`` thread, the main thread does not spend its time copying
+    batches into page-locked memory: a daemon thread takes each batch from ``source`` (the
+    Rust ``PoolIter``), pins it and queues it, at most ``depth`` ahead. Only that thread
+    touches ``source`` while it runs; every other use of it (a new epoch, shutting down)
+    stops the thread first, which sees its stop flag within ``_POLL`` seconds.
+    """
+
+    def __init__(self, source, pin, length_of, depth: int) -> None:
+        self._source = source
+        self._pin = pin
+        self._length_of = length_of
+        self._depth = depth
+        self._rloader_pool = source._rloader_pool
+        self._start()
+
+    def _start(self) -> None:
+        self._queue: queue.Queue = queue.Queue(self._depth)
+        self._stop = threading.Event()
+        device = torch.accelerator.current_device_index() if torch.accelerator.is_available() else None
+        self._thread = threading.Thread(
+            target=_pin_loop,
+            args=(self._source, self._pin, self._queue, self._stop, device),
+            name="rloader_pin_memory",
+            daemon=True,
+        )
+        self._thread.start()
+        # An abandoned iterator stops its thread; then its PoolIter can stop the workers.
+        self._finalizer = weakref.finalize(self, _stop_thread, self._thread, self._stop)
+
+    def __iter__(self) -> "PinnedBatches":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._length_of)
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                kind, value = self._queue.get(timeout=_POLL)
+            except queue.Empty:
+                if not self._thread.is_alive():  # it ended and said so; nothing more comes
+                    raise StopIteration from None
+                continue
+            if kind == "batch":
+                return value
+            self._finalizer()
+            if kind == "error":
+                raise value
+            raise StopIteration
+
+    def _reset(self, keys) -> None:
+        """A new epoch on persistent workers."""
+        self._finalizer()
+        self._source._reset(keys)
+        self._start()
+
+    def _shutdown_workers(self) -> None:
+        self._finalizer()
+        self._source._shutdown_workers()
+
+
+def _stop_thread(thread: threading.Thread, stop: threading.Event) -> None:
+    stop.set()
+    if thread is not threading.current_thread():
+        thread.join()
+
+
+def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> None:
+    # As torch's _pin_memory_loop: one intra-op thread, and the main thread's accelerator.
+    torch.set_num_threads(1)
+    if device is not None:
+        torch.accelerator.set_device_index(device)
+    while not stop.is_set():
+        try:
+            ready, batch = source._poll(_POLL)
+            if not ready:
+                continue
+        except StopIteration:
+            item = ("end", None)
+        except BaseException as exc:  # a worker's error, a dead worker, a timeout
+            item = ("error", exc)
+        else:
+            try:
+                item = ("batch", pin(batch))
+            except Exception:
+                wrapper = ExceptionWrapper(where=f"in pin memory thread for device {device}")
+                item = ("error", _reraised(wrapper))
+            del batch
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=_POLL)
+                break
+            except queue.Full:
+                continue
+        if item[0] != "batch":
+            return
+
+
+def _reraised(wrapper: ExceptionWrapper) -> BaseException:
+    try:
+        wrapper.reraise()
+    except BaseException as exc:
+        return exc
+    return RuntimeError(wrapper.exc_msg)

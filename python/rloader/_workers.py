@@ -38,6 +38,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as torch_worker
 
 from . import _rloader
+from ._pin import PinnedBatches
 from ._seed import draw_seed
 
 __all__ = ["start_pool"]
@@ -261,7 +262,7 @@ def _stop_processes(procs: list) -> None:
         proc.close()
 
 
-def start_pool(loader) -> "_rloader.PoolIter":
+def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     """Starts ``loader.num_workers`` workers and returns the iterator over their batches."""
     from .dataloader import _DatasetKind, _pin_plan
 
@@ -281,7 +282,7 @@ def start_pool(loader) -> "_rloader.PoolIter":
         auto_collation=loader._auto_collation,
         timeout=float(loader.timeout),
         persistent=loader.persistent_workers,
-        pin=pin,
+        pin=None,  # pinned on a thread of its own (below)
         length_of=loader._index_sampler,
         hooks=pool,
     )
@@ -314,6 +315,9 @@ def start_pool(loader) -> "_rloader.PoolIter":
     except BaseException:
         finalizer()
         raise
+    if pin is not None:
+        depth = loader.prefetch_factor * loader.num_workers
+        return PinnedBatches(it, pin, loader._index_sampler, depth)
     return it
 
 

@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -288,6 +288,8 @@ pub struct PoolIter {
     stopped: bool,
     resumed: usize,
     index_buf: Vec<u64>,
+    /// When the batch `_poll` is waiting for was first asked for (what `timeout` counts from).
+    waiting_since: Option<Instant>,
     /// `STOP` has been sent to every worker (non-persistent, sampler exhausted).
     told_to_stop: bool,
     /// A task assigned by `_prefill` that did not fit in its worker's ring (sent first later).
@@ -343,6 +345,7 @@ impl PoolIter {
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
+            waiting_since: None,
             told_to_stop: false,
             unsent: None,
             inbox: vec![Vec::new(); num_workers],
@@ -366,32 +369,33 @@ impl PoolIter {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if self.stopped {
-            return Ok(None);
+        match self.next_batch(py, Instant::now(), None)? {
+            Polled::Batch(batch) => Ok(Some(match &self.pin {
+                Some(pin) => pin.bind(py).call1((batch,))?,
+                None => batch,
+            })),
+            Polled::Done | Polled::NotYet => Ok(None),
         }
-        let started = Instant::now();
-        loop {
-            self.send_tasks(py)?;
-            match self.scheduler.next() {
-                Next::Ready(Answer::Batch(batch)) => {
-                    let batch = batch.into_bound(py);
-                    return Ok(Some(match &self.pin {
-                        Some(pin) => pin.bind(py).call1((batch,))?,
-                        None => batch,
-                    }));
-                }
-                Next::Ready(Answer::Error(wrapper)) => {
-                    wrapper.bind(py).call_method0("reraise")?;
-                    return Err(PyRuntimeError::new_err("a worker's error did not re-raise"));
-                }
-                Next::Done => {
-                    if !self.persistent {
-                        self.shutdown(py)?;
-                    }
-                    return Ok(None);
-                }
-                Next::Wait => self.wait_for_answer(py, started)?,
+    }
+
+    /// `__next__` for a thread that must notice when to stop (the pin_memory thread): waits at
+    /// most `wait` seconds and returns `(True, batch)`, or `(False, None)` if none came in
+    /// time; StopIteration at the end. `timeout` counts from the first call of a wait.
+    fn _poll<'py>(
+        &mut self,
+        py: Python<'py>,
+        wait: f64,
+    ) -> PyResult<(bool, Option<Bound<'py, PyAny>>)> {
+        let now = Instant::now();
+        let started = *self.waiting_since.get_or_insert(now);
+        let until = now + Duration::from_secs_f64(wait.max(0.0));
+        match self.next_batch(py, started, Some(until))? {
+            Polled::Batch(batch) => {
+                self.waiting_since = None;
+                Ok((true, Some(batch)))
             }
+            Polled::Done => Err(PyStopIteration::new_err(())),
+            Polled::NotYet => Ok((false, None)),
         }
     }
 
@@ -407,11 +411,14 @@ impl PoolIter {
         while self.scheduler.outstanding() > 0 {
             self.scheduler.mark_exhausted();
             match self.scheduler.next() {
-                Next::Wait => self.wait_for_answer(py, started)?,
+                Next::Wait => {
+                    self.wait_for_answer(py, started, None)?;
+                }
                 _ => continue,
             }
         }
         self.scheduler.reset();
+        self.waiting_since = None;
         self.keys = match keys {
             Some(k) => Some(Keys::new(&k, self.auto_collation)?),
             None => {
@@ -420,7 +427,7 @@ impl PoolIter {
                     self.send(py, w, &header(kind::RESUME, w, 0), &[])?;
                 }
                 while self.resumed < self.to_workers.len() {
-                    self.wait_for_answer(py, started)?;
+                    self.wait_for_answer(py, started, None)?;
                 }
                 None
             }
@@ -443,7 +450,52 @@ impl PoolIter {
     }
 }
 
+/// What `PoolIter::next_batch` found.
+enum Polled<'py> {
+    Batch(Bound<'py, PyAny>),
+    Done,
+    /// Nothing arrived before the deadline.
+    NotYet,
+}
+
 impl PoolIter {
+    /// The next batch, unpinned; waits until `until` at most (`None`: as long as it takes, up
+    /// to `timeout` counted from `started`).
+    fn next_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+        started: Instant,
+        until: Option<Instant>,
+    ) -> PyResult<Polled<'py>> {
+        if self.stopped {
+            return Ok(Polled::Done);
+        }
+        loop {
+            self.send_tasks(py)?;
+            match self.scheduler.next() {
+                Next::Ready(Answer::Batch(batch)) => {
+                    return Ok(Polled::Batch(batch.into_bound(py)))
+                }
+                Next::Ready(Answer::Error(wrapper)) => {
+                    self.waiting_since = None;
+                    wrapper.bind(py).call_method0("reraise")?;
+                    return Err(PyRuntimeError::new_err("a worker's error did not re-raise"));
+                }
+                Next::Done => {
+                    if !self.persistent {
+                        self.shutdown(py)?;
+                    }
+                    return Ok(Polled::Done);
+                }
+                Next::Wait => {
+                    if !self.wait_for_answer(py, started, until)? {
+                        return Ok(Polled::NotYet);
+                    }
+                }
+            }
+        }
+    }
+
     /// Sends tasks while the scheduler has room and the sampler has keys.
     fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
         self.send_tasks_within(py, None)
@@ -519,7 +571,12 @@ impl PoolIter {
     }
 
     /// Blocks until at least one answer has been taken in, checking workers between slices.
-    fn wait_for_answer(&mut self, py: Python<'_>, started: Instant) -> PyResult<()> {
+    fn wait_for_answer(
+        &mut self,
+        py: Python<'_>,
+        started: Instant,
+        until: Option<Instant>,
+    ) -> PyResult<bool> {
         loop {
             let seen = self.doorbell.current();
             let mut got = false;
@@ -527,12 +584,13 @@ impl PoolIter {
                 got |= self.drain(py, w)?;
             }
             if got {
-                return Ok(());
+                return Ok(true);
             }
             let mut slice = WAIT_SLICE;
             if let Some(limit) = self.timeout {
                 let spent = started.elapsed();
                 if spent >= limit {
+                    self.waiting_since = None;
                     return Err(PyRuntimeError::new_err(format!(
                         "DataLoader timed out after {} seconds",
                         limit.as_secs_f64()
@@ -540,12 +598,19 @@ impl PoolIter {
                 }
                 slice = slice.min(limit - spent);
             }
+            if let Some(until) = until {
+                let now = Instant::now();
+                if now >= until {
+                    return Ok(false);
+                }
+                slice = slice.min(until - now);
+            }
             let bell = &self.doorbell;
             let rang = py.detach(|| bell.wait(seen, slice));
             if !rang {
                 py.check_signals()?;
                 if self.check_workers(py)? {
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }

@@ -1,0 +1,98 @@
+"""The pin_memory thread of multi-process loading (python/rloader/_pin.py, PinnedBatches).
+
+This machine may have no accelerator, so torch would not pin at all: these tests stand a
+recording function in for the pinning (``_pin_plan``) and check the thread around it — which
+thread pins, that results, errors, epochs and shutdown come through it as without it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+
+from _compare import same
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Ints(tud.Dataset):
+    def __init__(self, n=20, bad=None):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"sample {i} is missing")
+        return torch.tensor([i])
+
+
+@pytest.fixture
+def pinning(monkeypatch):
+    """Makes loaders with pin_memory=True "pin" by recording which thread saw each batch."""
+    seen: list = []
+
+    def pin(batch):
+        seen.append(threading.current_thread().name)
+        if isinstance(batch, torch.Tensor) and batch.numel() and int(batch.flatten()[0]) == 999:
+            raise ValueError("cannot pin this batch")
+        return batch.clone()
+
+    monkeypatch.setattr(rloader.dataloader, "_pin_plan", lambda loader: pin if loader.pin_memory else None)
+    return seen
+
+
+def test_batches_are_pinned_off_the_main_thread(pinning):
+    ours = list(rloader.DataLoader(Ints(), batch_size=3, num_workers=2, pin_memory=True))
+    assert same(ours, list(tud.DataLoader(Ints(), batch_size=3, num_workers=2)))
+    assert pinning == ["rloader_pin_memory"] * 7
+
+
+def test_worker_error_comes_through_the_thread(pinning):
+    with pytest.raises(KeyError, match="sample 7 is missing") as err:
+        list(rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True))
+    assert "in DataLoader worker process 1" in str(err.value)
+
+
+def test_pinning_error_names_the_pin_thread(pinning):
+    dataset = [torch.tensor([999])] * 4
+    with pytest.raises(ValueError, match="cannot pin this batch") as err:
+        list(rloader.DataLoader(dataset, batch_size=2, num_workers=2, pin_memory=True))
+    assert "in pin memory thread" in str(err.value)
+
+
+def test_abandoned_iterator_stops_thread_and_workers(pinning):
+    before = {t.ident for t in threading.enumerate()}
+    it = iter(rloader.DataLoader(Ints(200), batch_size=2, num_workers=2, pin_memory=True))
+    next(it)
+    procs = list(it._rloader_pool.procs)
+    assert len(it) == 100
+    del it
+    assert {t.ident for t in threading.enumerate()} == before
+    assert all(p._closed for p in procs)  # joined and closed by the pool's shutdown
+
+
+def test_persistent_workers_with_pinning(pinning):
+    loader = rloader.DataLoader(Ints(), batch_size=4, num_workers=2, pin_memory=True,
+                                persistent_workers=True)
+    expected = list(tud.DataLoader(Ints(), batch_size=4))
+    first = iter(loader)
+    next(first)  # a new epoch before this one is read through
+    for _ in range(2):
+        assert same(list(loader), expected)
+    loader._iterator._shutdown_workers()
+    assert not any(t.name == "rloader_pin_memory" for t in threading.enumerate())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to pin for real")
+def test_worker_batches_are_pinned_for_real():
+    loader = rloader.DataLoader([(torch.ones(2), {"a": torch.zeros(1)})] * 4, batch_size=2,
+                                num_workers=2, pin_memory=True)
+    for x, d in loader:
+        assert x.is_pinned() and d["a"].is_pinned()
