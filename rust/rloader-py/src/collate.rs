@@ -182,26 +182,34 @@ fn collate_sequences<'py>(
     h: &Handles,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let mut rows: Vec<Vec<Bound<'py, PyAny>>> = Vec::with_capacity(items.len());
+    // Row-major, all rows in one vector: one allocation per batch, not one per sample.
+    let mut cells: Vec<Bound<'py, PyAny>> = Vec::new();
+    let mut width = None;
     for x in items {
-        let row: Vec<Bound<'py, PyAny>> = if let Ok(t) = x.cast_exact::<PyTuple>() {
-            t.iter().collect()
+        let len = if let Ok(t) = x.cast_exact::<PyTuple>() {
+            cells.extend(t.iter());
+            t.len()
         } else if let Ok(l) = x.cast_exact::<PyList>() {
-            l.iter().collect()
+            cells.extend(l.iter());
+            l.len()
         } else {
             return Ok(None);
         };
-        if let Some(r0) = rows.first() {
-            if r0.len() != row.len() {
-                return Ok(None); // the general path raises torch's error for ragged batches
+        match width {
+            None => {
+                width = Some(len);
+                cells.reserve(len * (items.len() - 1));
             }
+            // The general path raises torch's error for ragged batches.
+            Some(w) if w != len => return Ok(None),
+            Some(_) => {}
         }
-        rows.push(row);
     }
-    let width = rows[0].len();
+    let width = width.unwrap_or(0);
     let out = PyList::empty(py);
     for col in 0..width {
-        let column: Vec<Bound<'py, PyAny>> = rows.iter().map(|r| r[col].clone()).collect();
+        let column: Vec<Bound<'py, PyAny>> =
+            cells.iter().skip(col).step_by(width).cloned().collect();
         let column_obj = PyTuple::new(py, &column)?;
         match collate_items(py, h, column_obj.as_any(), &column)? {
             Some(v) => out.append(v)?,
