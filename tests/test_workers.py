@@ -15,6 +15,7 @@ import torch
 import torch.utils.data as tud
 
 import rloader
+
 from _compare import same
 
 pytestmark = pytest.mark.timeout(120)

@@ -31,7 +31,7 @@ import pickle
 import random
 import signal
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch._utils import ExceptionWrapper

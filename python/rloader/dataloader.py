@@ -22,10 +22,16 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
 from . import _rloader, _workers
-from ._collate import _DEFAULT_MAP_SNAPSHOT, collate, default_collate, default_collate_fn_map, default_convert
+from ._collate import (
+    _DEFAULT_MAP_SNAPSHOT,
+    collate,
+    default_collate,
+    default_collate_fn_map,
+    default_convert,
+)
 from ._pin import pin_batch
 from ._seed import draw_seed
-from .dataset import Dataset, IterableDataset
+from .dataset import Dataset
 from .sampler import (
     BatchSampler,
     RandomSampler,
