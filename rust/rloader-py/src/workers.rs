@@ -9,7 +9,7 @@
 //! NOTE [Pool protocol]: every message starts with a 16-byte header (kind: u32, worker: u32,
 //! task: u64, little-endian). Main → worker: `TASK_INDICES` (u64 indices), `TASK_OBJECT` (a
 //! pickled key or batch of keys; an empty payload for iterable datasets), `RESUME` (a new epoch
-//! of persistent workers on an iterable dataset), `STOP`. Worker → main: `READY`, `DATA` (a
+//! of persistent workers on an iterable dataset), `STOP`. Worker → main: `DATA` (a
 //! pickled batch, see `encode_batch`), `ERROR` (a pickled torch ExceptionWrapper), `ENDED` (the
 //! worker's iterable dataset is exhausted; the answer to that task), `RESUMED`. The order of
 //! tasks and answers, and who gets the next task, is `rloader_workers::Scheduler`'s business.
@@ -54,7 +54,6 @@ mod kind {
     pub const TASK_OBJECT: u32 = 2;
     pub const RESUME: u32 = 3;
     pub const STOP: u32 = 4;
-    pub const READY: u32 = 10;
     pub const DATA: u32 = 11;
     pub const ERROR: u32 = 12;
     pub const ENDED: u32 = 13;
@@ -284,7 +283,6 @@ pub struct PoolIter {
     length_of: Py<PyAny>,
     timeout: Option<Duration>,
     persistent: bool,
-    ready: usize,
     stopped: bool,
     resumed: usize,
     index_buf: Vec<u64>,
@@ -341,7 +339,6 @@ impl PoolIter {
             length_of,
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             persistent,
-            ready: 0,
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
@@ -651,7 +648,6 @@ impl PoolIter {
     fn take_answer(&mut self, py: Python<'_>, worker: usize, msg: Vec<u8>) -> PyResult<()> {
         let (k, _, task) = parse_header(&msg)?;
         match k {
-            kind::READY => self.ready += 1,
             kind::DATA => {
                 let table = decode_batch_table(&msg)?;
                 let in_slots = table.buffers.iter().filter(|b| b.0).count() as u64;
@@ -855,9 +851,6 @@ pub fn worker_loop(
             Err(e) => Err(queue_err(e)),
         }
     };
-    if !send(&[&header(kind::READY, worker_id, 0)])? {
-        return Ok(());
-    }
     let mut init_error = init_error;
     let mut ended = false;
     let mut msg = Vec::new();
