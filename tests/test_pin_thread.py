@@ -60,6 +60,25 @@ def test_worker_error_comes_through_the_thread(pinning):
     assert "in DataLoader worker process 1" in str(err.value)
 
 
+def read_past_errors(loader):
+    """Every batch and the type of every error, going on after each error as a user may."""
+    out, it = [], iter(loader)
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            return out
+        except Exception as exc:
+            out.append(type(exc).__name__)
+
+
+def test_iteration_goes_on_after_a_worker_error_like_torch(pinning):
+    ours = read_past_errors(rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True))
+    theirs = read_past_errors(tud.DataLoader(Ints(bad=7), batch_size=2, num_workers=2))
+    assert "KeyError" in theirs
+    assert same(ours, theirs)
+
+
 def test_pinning_error_names_the_pin_thread(pinning):
     dataset = [torch.tensor([999])] * 4
     with pytest.raises(ValueError, match="cannot pin this batch") as err:
@@ -87,7 +106,7 @@ def test_persistent_workers_with_pinning(pinning):
     for _ in range(2):
         assert same(list(loader), expected)
     loader._iterator._shutdown_workers()
-    assert not any(t.name == "rloader_pin_memory" for t in threading.enumerate())
+    assert not loader._iterator._thread.is_alive()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to pin for real")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import multiprocessing.util
 import os
 import random
 import signal
@@ -288,6 +289,23 @@ def test_worker_exiting_with_code_0_before_answering_is_reported():
     loader = rloader.DataLoader(ExitsCleanly(), batch_size=1, num_workers=2)
     with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) exited with code 0 unexpectedly"):
         list(loader)
+
+
+def exit_with_3_when_done(worker_id):
+    # Runs as the worker process finishes, after its last answer: a crash in teardown.
+    multiprocessing.util.Finalize(None, os._exit, args=(3,), exitpriority=0)
+
+
+def test_worker_crashing_after_its_last_answer_costs_nothing():
+    loader = rloader.DataLoader(Ints(12), batch_size=2, num_workers=2, worker_init_fn=exit_with_3_when_done)
+    it = iter(loader)
+    procs = it._rloader_pool.procs
+    batches = [next(it) for _ in range(3)]  # the sampler is exhausted: the workers may leave
+    deadline = time.monotonic() + 30
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [p.exitcode for p in procs] == [3, 3]
+    assert same([*batches, *it], list(tud.DataLoader(Ints(12), batch_size=2)))
 
 
 def test_workers_leave_once_their_last_task_is_answered():

@@ -64,22 +64,28 @@ class PinnedBatches:
 
     As with torch's ``pin_memory`` thread, the main thread does not spend its time copying
     batches into page-locked memory: a daemon thread takes each batch from ``source`` (the
-    Rust ``PoolIter``), pins it and queues it, at most ``depth`` ahead. Only that thread
-    touches ``source`` while it runs; every other use of it (a new epoch, shutting down)
-    stops the thread first, which sees its stop flag within ``_POLL`` seconds.
+    Rust ``PoolIter``), pins it and hands it over through a queue of one. (The pool bounds
+    the batches in flight at ``prefetch_factor * num_workers``; the hand-off adds one or two.)
+
+    NOTE [Pin thread]: only the thread touches ``source`` while it runs — PyO3 refuses a
+    second borrow of it, and the sampler it draws from is not meant to be shared. Every other
+    use of ``source`` (a new epoch, shutting down) first stops the thread (``_halt``), which
+    sees its stop flag within ``_POLL`` seconds. Errors travel as items, and the thread goes
+    on after them, as torch's iterator goes on after a worker's error; it ends after the
+    epoch's "end" item, or when the pool has stopped (a dead worker, a timeout).
     """
 
-    def __init__(self, source, pin, length_of, depth: int) -> None:
+    def __init__(self, source, pin, length_of) -> None:
         self._source = source
         self._pin = pin
         self._length_of = length_of
-        self._depth = depth
         self._rloader_pool = source._rloader_pool
         self._start()
 
     def _start(self) -> None:
-        self._queue: queue.Queue = queue.Queue(self._depth)
+        self._queue: queue.Queue = queue.Queue(1)
         self._stop = threading.Event()
+        self._ended = False
         device = torch.accelerator.current_device_index() if torch.accelerator.is_available() else None
         self._thread = threading.Thread(
             target=_pin_loop,
@@ -98,28 +104,44 @@ class PinnedBatches:
         return len(self._length_of)
 
     def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
         while True:
             try:
                 kind, value = self._queue.get(timeout=_POLL)
             except queue.Empty:
-                if not self._thread.is_alive():  # it ended and said so; nothing more comes
-                    raise StopIteration from None
-                continue
+                if self._thread.is_alive():
+                    continue
+                try:  # it may have queued its last item just before it ended
+                    kind, value = self._queue.get_nowait()
+                except queue.Empty:
+                    self._ended = True
+                    raise RuntimeError(
+                        "the DataLoader's pin memory thread exited unexpectedly"
+                    ) from None
             if kind == "batch":
                 return value
-            self._finalizer()
             if kind == "error":
                 raise value
+            self._ended = True
             raise StopIteration
+
+    def _halt(self) -> None:
+        """Stops the thread (again, if need be): afterwards ``source`` is free to use."""
+        _stop_thread(self._thread, self._stop)
+        self._finalizer.detach()
 
     def _reset(self, keys) -> None:
         """A new epoch on persistent workers."""
-        self._finalizer()
+        self._halt()
+        self._queue = queue.Queue(1)  # nothing of the old epoch may be handed out
+        self._ended = True
         self._source._reset(keys)
         self._start()
 
     def _shutdown_workers(self) -> None:
-        self._finalizer()
+        self._halt()
+        self._ended = True
         self._source._shutdown_workers()
 
 
@@ -141,7 +163,7 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> N
                 continue
         except StopIteration:
             item = ("end", None)
-        except BaseException as exc:  # a worker's error, a dead worker, a timeout
+        except Exception as exc:  # a worker's error, a dead worker, a timeout
             item = ("error", exc)
         else:
             try:
@@ -156,7 +178,7 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> N
                 break
             except queue.Full:
                 continue
-        if item[0] != "batch":
+        if item[0] == "end":
             return
 
 

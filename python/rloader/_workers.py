@@ -316,8 +316,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
-        depth = loader.prefetch_factor * loader.num_workers
-        return PinnedBatches(it, pin, loader._index_sampler, depth)
+        return PinnedBatches(it, pin, loader._index_sampler)
     return it
 
 

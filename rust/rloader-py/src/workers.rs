@@ -9,16 +9,17 @@
 //! NOTE [Pool protocol]: every message starts with a 16-byte header (kind: u32, worker: u32,
 //! task: u64, little-endian). Main → worker: `TASK_INDICES` (u64 indices), `TASK_OBJECT` (a
 //! pickled key or batch of keys; an empty payload for iterable datasets), `RESUME` (a new epoch
-//! of persistent workers on an iterable dataset), `STOP`. Worker → main: `DATA` (a
-//! pickled batch, see `encode_batch`), `ERROR` (a pickled torch ExceptionWrapper), `ENDED` (the
-//! worker's iterable dataset is exhausted; the answer to that task), `RESUMED`. The order of
+//! of persistent workers on an iterable dataset). Worker → main: `DATA` (a pickled batch, see
+//! `encode_batch`), `ERROR` (a pickled torch ExceptionWrapper), `ENDED` (the worker's iterable
+//! dataset is exhausted; the answer to that task), `RESUMED`. A closed task ring tells a worker
+//! to leave once it has answered what is queued. The order of
 //! tasks and answers, and who gets the next task, is `rloader_workers::Scheduler`'s business.
 //!
-//! Workers that are not persistent are sent `STOP` as soon as the sampler is exhausted, behind
-//! their last tasks: each leaves once it has answered them, and the cost of a process's exit
-//! (tearing down the address space it inherited) overlaps the end of the epoch instead of
-//! following it. A worker that was told to stop and has exited with code 0 is dead only if it
-//! still owes an answer once its ring is drained.
+//! Workers that are not persistent have their task rings closed as soon as the sampler is
+//! exhausted, behind their last tasks: each leaves once it has answered them, and the cost of a
+//! process's exit (tearing down the address space it inherited) overlaps the end of the epoch
+//! instead of following it. A worker told to stop that has exited is dead only if it still owes
+//! an answer once its ring is drained.
 //!
 //! Waiting never holds the GIL: the main process sleeps on the doorbell (which every worker
 //! rings after each answer) in slices of `WAIT_SLICE`, and between slices checks that its
@@ -53,7 +54,6 @@ mod kind {
     pub const TASK_INDICES: u32 = 1;
     pub const TASK_OBJECT: u32 = 2;
     pub const RESUME: u32 = 3;
-    pub const STOP: u32 = 4;
     pub const DATA: u32 = 11;
     pub const ERROR: u32 = 12;
     pub const ENDED: u32 = 13;
@@ -288,7 +288,7 @@ pub struct PoolIter {
     index_buf: Vec<u64>,
     /// When the batch `_poll` is waiting for was first asked for (what `timeout` counts from).
     waiting_since: Option<Instant>,
-    /// `STOP` has been sent to every worker (non-persistent, sampler exhausted).
+    /// Every task ring is closed behind its last task (non-persistent, sampler exhausted).
     told_to_stop: bool,
     /// A task assigned by `_prefill` that did not fit in its worker's ring (sent first later).
     unsent: Option<(usize, [u8; HEADER], Vec<u8>)>,
@@ -547,8 +547,10 @@ impl PoolIter {
         }
         let last_sent = queued.is_none() && self.unsent.is_none();
         if last_sent && self.scheduler.is_exhausted() && !self.persistent && !self.told_to_stop {
-            for w in 0..self.to_workers.len() {
-                self.send(py, w, &header(kind::STOP, w, 0), &[])?;
+            // Closing a task ring never waits (a STOP message might, behind large tasks): the
+            // worker takes what is queued, then finds the ring closed and leaves.
+            for ring in &self.to_workers {
+                ring.close();
             }
             self.told_to_stop = true;
         }
@@ -635,8 +637,10 @@ impl PoolIter {
         for (w, code) in exited {
             // It can write nothing more: what it sent is all there will be.
             got |= self.drain(py, w)?;
-            if self.told_to_stop && code == 0 && !self.scheduler.owes(w) {
-                continue; // it left as told, every answer in
+            if self.told_to_stop && !self.scheduler.owes(w) {
+                // It left as told with every answer in; an exit code other than 0 (a crash in
+                // interpreter teardown, say) costs nothing, and torch would not notice it.
+                continue;
             }
             let dead = self.hooks.bind(py).call_method1("death", (w, code))?;
             self.shutdown(py)?;
@@ -869,7 +873,6 @@ pub fn worker_loop(
         }
         let (k, _, task) = parse_header(&msg)?;
         match k {
-            kind::STOP => return Ok(()),
             kind::RESUME => {
                 let fresh = hooks.call_method0("restart")?;
                 fetcher.restart(fresh.try_iter()?.unbind());
