@@ -185,6 +185,8 @@ class PoolRegion:
         """The descriptor workers map the region through."""
     def fits(self, num_workers: int, prefetch_factor: int) -> bool:
         """Whether a pool of this shape can use the region."""
+    def _close_rings(self) -> None:
+        """Closes the pool's rings, so that its workers leave."""
 
 # slots.rs
 

@@ -243,6 +243,9 @@ class _Pool:
         if self.stopped:
             return
         self.stopped = True
+        # The iterator has closed the rings already, unless this runs without it (a finalizer
+        # at interpreter exit): workers leave when they see them closed.
+        self.region._close_rings()
         _stop_processes(self.procs)
         # Every worker is gone (joined): the region can serve the loader's next pool.
         loader = self.loader()

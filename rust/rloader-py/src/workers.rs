@@ -177,6 +177,20 @@ impl PoolRegion {
         })
     }
 
+    /// Closes the task and answer rings of the pool using the region, so that its workers
+    /// leave. The iterator does this when it stops; this is for a pool stopped without its
+    /// iterator (by a finalizer at interpreter exit, say).
+    fn _close_rings(&self) -> PyResult<()> {
+        for &(task, answer) in &self.layout.rings {
+            for (at, capacity) in [(task, INDEX_RING), (answer, RESULT_RING)] {
+                Ring::attach(self.shm.clone(), at, Ring::required_len(capacity))
+                    .map_err(queue_err)?
+                    .close();
+            }
+        }
+        Ok(())
+    }
+
     /// The descriptor workers map the region through.
     #[getter]
     fn fd(&self) -> i32 {
