@@ -245,8 +245,10 @@ class _Pool:
         self.stopped = True
         # The iterator has closed the rings already, unless this runs without it (a finalizer
         # at interpreter exit): workers leave when they see them closed.
-        self.region._close_rings()
-        _stop_processes(self.procs)
+        try:
+            self.region._close_rings()
+        finally:
+            _stop_processes(self.procs)  # whatever happened, the processes go
         # Every worker is gone (joined): the region can serve the loader's next pool.
         loader = self.loader()
         if loader is not None:
