@@ -134,8 +134,7 @@ class PinnedBatches:
     def _reset(self, keys) -> None:
         """A new epoch on persistent workers."""
         self._halt()
-        self._queue = queue.Queue(1)  # nothing of the old epoch may be handed out
-        self._ended = True
+        self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
         self._source._reset(keys)
         self._start()
 

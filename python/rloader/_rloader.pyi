@@ -186,7 +186,7 @@ class PoolRegion:
     def fits(self, num_workers: int, prefetch_factor: int) -> bool:
         """Whether a pool of this shape can use the region."""
     def _close_rings(self) -> None:
-        """Closes the pool's rings, so that its workers leave."""
+        """Closes the pool's rings, so that its workers leave (how every pool is stopped)."""
 
 # slots.rs
 

@@ -243,8 +243,8 @@ class _Pool:
         if self.stopped:
             return
         self.stopped = True
-        # The iterator has closed the rings already, unless this runs without it (a finalizer
-        # at interpreter exit): workers leave when they see them closed.
+        # Closed rings tell the workers to leave (the iterator may have closed the task rings
+        # already, at the end of the sampler); then they are joined.
         try:
             self.region._close_rings()
         finally:

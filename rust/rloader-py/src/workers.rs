@@ -89,14 +89,14 @@ const STATES_AT: usize = 64;
 /// Slots start at a multiple of this (huge-page friendly).
 const SLOTS_ALIGN: usize = 2 << 20;
 
-/// Where each piece lives in a pool's region: the doorbell and counter, the slots' state words,
-/// each worker's rings (all reserved in /dev/shm up front: `committed` bytes), then each worker's
-/// slots (reserved as they are used).
+/// Where each piece lives in a pool's region: the doorbell, the slots' state words, each
+/// worker's rings (all reserved up front: `committed` bytes), then each worker's slots (reserved
+/// as they are used).
 struct Layout {
     len: usize,
     committed: usize,
-    /// (task ring, answer ring) offsets per worker.
-    rings: Vec<(usize, usize)>,
+    /// Per worker, (offset, length) of its task ring and of its answer ring.
+    rings: Vec<[(usize, usize); 2]>,
     slots_per_worker: usize,
     states_at: usize,
     slots_at: usize,
@@ -113,11 +113,12 @@ impl Layout {
         let mut at = align(states_at + 4 * num_workers * slots_per_worker);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
-            let task = at;
-            at = align(at + Ring::required_len(INDEX_RING));
-            let answer = at;
-            at = align(at + Ring::required_len(RESULT_RING));
-            rings.push((task, answer));
+            let spans = [INDEX_RING, RESULT_RING].map(|capacity| {
+                let span = (at, Ring::required_len(capacity));
+                at = align(at + span.1);
+                span
+            });
+            rings.push(spans);
         }
         let committed = at;
         let slots_at = at.div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN;
@@ -154,7 +155,6 @@ pub struct PoolRegion {
     layout: Layout,
     num_workers: usize,
     prefetch_factor: usize,
-    generation: std::sync::atomic::AtomicU64,
 }
 
 #[pymethods]
@@ -173,17 +173,16 @@ impl PoolRegion {
             layout,
             num_workers,
             prefetch_factor,
-            generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// Closes the task and answer rings of the pool using the region, so that its workers
-    /// leave. The iterator does this when it stops; this is for a pool stopped without its
-    /// iterator (by a finalizer at interpreter exit, say).
+    /// leave: how every pool is stopped (`_Pool.shutdown`, whether the iterator ended, was
+    /// dropped, or outlived by a finalizer at interpreter exit).
     fn _close_rings(&self) -> PyResult<()> {
-        for &(task, answer) in &self.layout.rings {
-            for (at, capacity) in [(task, INDEX_RING), (answer, RESULT_RING)] {
-                Ring::attach(self.shm.clone(), at, Ring::required_len(capacity))
+        for spans in &self.layout.rings {
+            for &(at, len) in spans {
+                Ring::attach(self.shm.clone(), at, len)
                     .map_err(queue_err)?
                     .close();
             }
@@ -206,37 +205,23 @@ impl PoolRegion {
 }
 
 impl PoolRegion {
-    fn is_generation(&self, generation: u64) -> bool {
-        self.generation.load(std::sync::atomic::Ordering::Acquire) == generation
-    }
-
     /// Readies the region for a new pool (the workers of any previous one are gone): fresh
     /// rings and doorbell, and every slot free except those whose batches the user still holds.
-    #[allow(clippy::type_complexity)]
-    fn prepare(&self) -> PyResult<(u64, Doorbell, Vec<Ring>, Vec<Ring>)> {
-        let generation = self
-            .generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
-            + 1;
+    fn prepare(&self) -> PyResult<(Doorbell, Vec<Ring>, Vec<Ring>)> {
         let shm = &self.shm;
         let doorbell = Doorbell::init(shm.clone(), 0);
         let mut to_workers = Vec::with_capacity(self.num_workers);
         let mut from_workers = Vec::with_capacity(self.num_workers);
-        for &(task, answer) in &self.layout.rings {
-            to_workers.push(
-                Ring::init(shm.clone(), task, Ring::required_len(INDEX_RING)).map_err(queue_err)?,
-            );
-            from_workers.push(
-                Ring::init(shm.clone(), answer, Ring::required_len(RESULT_RING))
-                    .map_err(queue_err)?,
-            );
+        for &[(task_at, task_len), (answer_at, answer_len)] in &self.layout.rings {
+            to_workers.push(Ring::init(shm.clone(), task_at, task_len).map_err(queue_err)?);
+            from_workers.push(Ring::init(shm.clone(), answer_at, answer_len).map_err(queue_err)?);
         }
         for w in 0..self.num_workers {
             for s in 0..self.layout.slots_per_worker {
                 slots::reset_unleased(shm, self.layout.slot(w, s).1);
             }
         }
-        Ok((generation, doorbell, to_workers, from_workers))
+        Ok((doorbell, to_workers, from_workers))
     }
 }
 
@@ -280,10 +265,6 @@ enum Answer {
 #[pyclass(module = "rloader._rloader", weakref, dict)]
 pub struct PoolIter {
     pool_region: Py<PoolRegion>,
-    /// Which use of `pool_region` this iterator is (it outlives its workers, and the region
-    /// may serve the next iterator of the same loader by then).
-    generation: u64,
-    region: Arc<ShmRegion>,
     doorbell: Doorbell,
     to_workers: Vec<Ring>,
     from_workers: Vec<Ring>,
@@ -331,17 +312,14 @@ impl PoolIter {
         hooks: Py<PyAny>,
     ) -> PyResult<Self> {
         let pr = region.get();
-        let (generation, doorbell, to_workers, from_workers) = pr.prepare()?;
+        let (doorbell, to_workers, from_workers) = pr.prepare()?;
         let (num_workers, prefetch_factor) = (pr.num_workers, pr.prefetch_factor);
-        let shm = pr.shm.clone();
         let keys = match keys {
             Some(k) => Some(Keys::new(&k, auto_collation)?),
             None => None,
         };
         Ok(PoolIter {
             pool_region: region,
-            generation,
-            region: shm,
             doorbell,
             to_workers,
             from_workers,
@@ -400,11 +378,12 @@ impl PoolIter {
         let now = Instant::now();
         let started = *self.waiting_since.get_or_insert(now);
         let until = now + Duration::from_secs_f64(wait.max(0.0));
-        match self.next_batch(py, started, Some(until))? {
-            Polled::Batch(batch) => {
-                self.waiting_since = None;
-                Ok((true, Some(batch)))
-            }
+        let polled = self.next_batch(py, started, Some(until));
+        if !matches!(polled, Ok(Polled::NotYet)) {
+            self.waiting_since = None; // the wait is over, one way or another
+        }
+        match polled? {
+            Polled::Batch(batch) => Ok((true, Some(batch))),
             Polled::Done => Err(PyStopIteration::new_err(())),
             Polled::NotYet => Ok((false, None)),
         }
@@ -488,7 +467,6 @@ impl PoolIter {
                     return Ok(Polled::Batch(batch.into_bound(py)))
                 }
                 Next::Ready(Answer::Error(wrapper)) => {
-                    self.waiting_since = None;
                     wrapper.bind(py).call_method0("reraise")?;
                     return Err(PyRuntimeError::new_err("a worker's error did not re-raise"));
                 }
@@ -603,7 +581,6 @@ impl PoolIter {
             if let Some(limit) = self.timeout {
                 let spent = started.elapsed();
                 if spent >= limit {
-                    self.waiting_since = None;
                     return Err(PyRuntimeError::new_err(format!(
                         "DataLoader timed out after {} seconds",
                         limit.as_secs_f64()
@@ -667,16 +644,16 @@ impl PoolIter {
         let (k, _, task) = parse_header(&msg)?;
         match k {
             kind::DATA => {
+                let pool = self.pool_region.get();
                 let table = decode_batch_table(&msg)?;
                 let in_slots = table.buffers.iter().filter(|b| b.0).count() as u64;
                 self.buffers_in_slots += in_slots;
                 self.buffers_inline += table.buffers.len() as u64 - in_slots;
                 let lease = match table.slot {
                     None => None,
-                    Some(s) if s < self.pool_region.get().layout.slots_per_worker => {
-                        let (slot_at, state_at) = self.pool_region.get().layout.slot(worker, s);
-                        let lease =
-                            Lease::new(self.region.clone(), state_at, slot_at, table.in_slot)?;
+                    Some(s) if s < pool.layout.slots_per_worker => {
+                        let (slot_at, state_at) = pool.layout.slot(worker, s);
+                        let lease = Lease::new(pool.shm.clone(), state_at, slot_at, table.in_slot)?;
                         Some(Py::new(py, lease)?)
                     }
                     Some(s) => {
@@ -717,25 +694,9 @@ impl PoolIter {
             return Ok(());
         }
         self.stopped = true;
-        self.close_rings();
+        // `_Pool.shutdown` closes the rings (so the workers leave), then joins the workers.
         self.hooks.bind(py).call_method0("shutdown")?;
         Ok(())
-    }
-
-    fn close_rings(&self) {
-        if !self.pool_region.get().is_generation(self.generation) {
-            return; // the region serves a newer iterator now; ours are long gone
-        }
-        for ring in self.to_workers.iter().chain(&self.from_workers) {
-            ring.close();
-        }
-    }
-}
-
-impl Drop for PoolIter {
-    fn drop(&mut self) {
-        // Closing the rings wakes the workers, which then exit; the Python finalizer joins them.
-        self.close_rings();
     }
 }
 
@@ -839,11 +800,10 @@ pub fn worker_loop(
     if main.gone() {
         return Ok(());
     }
-    let (task_at, answer_at) = layout.rings[worker_id];
-    let tasks =
-        Ring::attach(shm.clone(), task_at, Ring::required_len(INDEX_RING)).map_err(queue_err)?;
+    let [(task_at, task_len), (answer_at, answer_len)] = layout.rings[worker_id];
+    let tasks = Ring::attach(shm.clone(), task_at, task_len).map_err(queue_err)?;
     // Every answer (and every part of a streamed one) rings the main process's doorbell.
-    let answers = Ring::attach(shm.clone(), answer_at, Ring::required_len(RESULT_RING))
+    let answers = Ring::attach(shm.clone(), answer_at, answer_len)
         .map_err(queue_err)?
         .with_doorbell(Doorbell::attach(shm.clone(), 0));
     // Collation and send_batch find this worker's slots here (NOTE [Slots]).

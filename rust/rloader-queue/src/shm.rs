@@ -253,15 +253,7 @@ impl ShmRegion {
             return Err(os("ftruncate", what)(io::Error::last_os_error()));
         }
         reserve(&fd, what, 0, commit.min(len))?;
-        let ptr = map(&fd, len, what)?;
-        Ok(ShmRegion {
-            ptr,
-            len,
-            name: what.to_owned(),
-            creator_pid: None,
-            unlinked: AtomicBool::new(true),
-            fd: Some(fd),
-        })
+        ShmRegion::map_anonymous(fd, len, what)
     }
 
     /// Maps the region behind `fd` (from [`ShmRegion::create_anonymous`] in another process),
@@ -272,13 +264,18 @@ impl ShmRegion {
     pub unsafe fn from_fd(fd: std::os::fd::RawFd, what: &str) -> Result<ShmRegion, QueueError> {
         let fd = Fd(fd);
         let len = file_len(&fd, what)?;
+        ShmRegion::map_anonymous(fd, len, what)
+    }
+
+    /// A handle on the `len` bytes of the anonymous region behind `fd`, which it keeps.
+    fn map_anonymous(fd: Fd, len: usize, what: &str) -> Result<ShmRegion, QueueError> {
         let ptr = map(&fd, len, what)?;
         Ok(ShmRegion {
             ptr,
             len,
             name: what.to_owned(),
             creator_pid: None,
-            unlinked: AtomicBool::new(true),
+            unlinked: AtomicBool::new(true), // it never had a name
             fd: Some(fd),
         })
     }
