@@ -19,6 +19,12 @@
 //!   FREE with Release when the last tensor over it is gone. The worker loads the state with
 //!   Acquire, so its next writes come after the main process's last reads.
 //!
+//! Beside the state, each slot keeps in the region the high-water mark of the bytes its workers
+//! have written (in pages; a hint that only the slot's own worker stores, so Relaxed). A worker
+//! of a later pool, whose fresh mapping has no page tables for the slot, populates the part below
+//! the mark as it commits it: written pages map cheaply in bulk, while pages never written would
+//! be zeroed one fault at a time either way (`ShmRegion::populate`).
+//!
 //! When a region serves a new pool (the old workers are gone), HELD slots, whose messages were
 //! never received, become FREE; LEASED ones stay with the user's batches (`reset_unleased`).
 //!
@@ -47,6 +53,12 @@ pub const FREE: u32 = 0;
 pub const HELD: u32 = 1;
 /// Held by a `Lease` of the main process.
 pub const LEASED: u32 = 2;
+
+/// Bytes of slot metadata in the region, per slot: the state word, then the slot's high-water
+/// mark (NOTE [Slots]).
+pub const SLOT_WORDS: usize = 8;
+/// The high-water mark counts pages of this size.
+const HIGH_WATER_PAGE: usize = 4096;
 
 /// Slots per worker: enough for the tasks in flight to one worker (`prefetch_factor`), the
 /// batch the user is holding and the one before it (alive while `next()` runs), and one spare.
@@ -109,8 +121,13 @@ impl Arena {
     }
 
     fn state(&self, slot: usize) -> &AtomicU32 {
-        // SAFETY: Layout puts `slots` 4-aligned words at `states_at`, inside the region.
-        unsafe { state_word(&self.region, self.states_at + 4 * slot) }
+        // SAFETY: Layout puts `slots` SLOT_WORDS-byte entries at `states_at`, inside the region.
+        unsafe { state_word(&self.region, self.states_at + SLOT_WORDS * slot) }
+    }
+
+    fn high_water(&self, slot: usize) -> &AtomicU32 {
+        // SAFETY: as for `state`: the word after each state word is the slot's high-water mark.
+        unsafe { state_word(&self.region, self.states_at + SLOT_WORDS * slot + 4) }
     }
 
     fn slot_ptr(&self, slot: usize) -> *mut u8 {
@@ -155,6 +172,10 @@ impl Arena {
                 ));
                 return None;
             }
+            let written = self.high_water(slot).load(Ordering::Relaxed) as usize * HIGH_WATER_PAGE;
+            if written > have {
+                self.region.populate(at, written.min(want) - have);
+            }
             self.committed[slot] = want;
         }
         self.used = end;
@@ -179,6 +200,8 @@ impl Arena {
     /// it becomes the main process's (HELD) and its number is returned.
     pub fn finish(&mut self, sent_in_slot: bool) -> Option<usize> {
         let slot = self.current.take()?;
+        let pages = u32::try_from(self.used.div_ceil(HIGH_WATER_PAGE)).unwrap_or(u32::MAX);
+        self.high_water(slot).fetch_max(pages, Ordering::Relaxed);
         if !sent_in_slot {
             return None;
         }

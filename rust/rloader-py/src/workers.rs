@@ -110,7 +110,7 @@ impl Layout {
     fn new(num_workers: usize, prefetch_factor: usize) -> Layout {
         let slots_per_worker = slots::slots_per_worker(prefetch_factor);
         let states_at = STATES_AT;
-        let mut at = align(states_at + 4 * num_workers * slots_per_worker);
+        let mut at = align(states_at + slots::SLOT_WORDS * num_workers * slots_per_worker);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
             let spans = [INDEX_RING, RESULT_RING].map(|capacity| {
@@ -135,7 +135,10 @@ impl Layout {
     /// The offsets of worker `w`'s slot `s` and of its state word.
     fn slot(&self, w: usize, s: usize) -> (usize, usize) {
         let i = w * self.slots_per_worker + s;
-        (self.slots_at + i * SLOT_SPAN, self.states_at + 4 * i)
+        (
+            self.slots_at + i * SLOT_SPAN,
+            self.states_at + slots::SLOT_WORDS * i,
+        )
     }
 
     fn arena(&self, region: Arc<ShmRegion>, w: usize) -> Arena {

@@ -349,6 +349,30 @@ impl ShmRegion {
         reserve(fd, &self.name, offset, len)
     }
 
+    /// Maps this process's page tables over `[offset, offset + len)`, a committed range, ahead
+    /// of use. A process writing a fresh mapping of shared memory otherwise takes one page
+    /// fault per 4 KiB page written; populating for reading maps the pages 16 at a time (the
+    /// kernel's fault-around), and they are writable since a shared-memory mapping needs no
+    /// dirty tracking: a 9.6 MB batch then takes ~0.5 ms here instead of ~2.5 ms of faults.
+    /// Best effort: an older kernel without MADV_POPULATE_READ (Linux < 5.14) just faults.
+    pub fn populate(&self, offset: usize, len: usize) {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = offset / page * page;
+        let end = offset.saturating_add(len).min(self.len);
+        if end <= start {
+            return;
+        }
+        // SAFETY: a page-aligned range inside our mapping; the advice changes no contents.
+        unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(start).cast(),
+                end - start,
+                libc::MADV_POPULATE_READ,
+            );
+        }
+    }
+
     /// Removes `name` from `/dev/shm`; mappings stay valid. A name already gone is Ok. The
     /// creator calls this as soon as every peer has opened the region. On the creator's own
     /// handle prefer [`ShmRegion::unlink_name`], which also stops its Drop from unlinking.
@@ -568,6 +592,49 @@ mod tests {
         ));
         // (Running out of memory is not provoked here: unlike /dev/shm, a memfd has no size
         // limit to hit first, and the kernel may kill the test process instead.)
+    }
+
+    /// Whether this process's page tables map the page at `addr` (/proc/self/pagemap bit 63).
+    fn mapped(addr: *const u8) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let page = 4096u64;
+        let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        f.seek(SeekFrom::Start(addr as u64 / page * 8)).unwrap();
+        let mut entry = [0u8; 8];
+        f.read_exact(&mut entry).unwrap();
+        u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    #[test]
+    fn populate_maps_written_pages_in_a_fresh_mapping() {
+        let a = ShmRegion::create_anonymous("rloader test", 64 << 20, 0).unwrap();
+        let (at, len) = (8 << 20, 64 << 10);
+        a.commit(at, len).unwrap();
+        // SAFETY: committed bytes; single-threaded test.
+        unsafe { std::ptr::write_bytes(a.as_ptr().add(at), 7, len) };
+        // SAFETY: dup gives a descriptor that `b` then owns alone.
+        let b = unsafe { ShmRegion::from_fd(libc::dup(a.fd().unwrap()), "rloader test") }.unwrap();
+        let pages = |r: &ShmRegion| -> Vec<bool> {
+            let base = r.as_ptr().wrapping_add(at);
+            (0..len)
+                .step_by(4096)
+                .map(|o| mapped(base.wrapping_add(o)))
+                .collect()
+        };
+        assert!(
+            pages(&b).iter().all(|&m| !m),
+            "a fresh mapping starts without page tables"
+        );
+        b.populate(at + 1, len - 1); // an unaligned start covers its whole page
+        assert!(pages(&b).iter().all(|&m| m));
+        // SAFETY: committed bytes, read after the writes above.
+        assert!(
+            unsafe { std::slice::from_raw_parts(b.as_ptr().add(at), len) }
+                .iter()
+                .all(|&x| x == 7)
+        );
+        b.populate(b.len() - 4096, 1 << 20); // clamped to the region
+        b.populate(b.len(), 4096); // empty: nothing to do
     }
 
     #[test]
