@@ -11,6 +11,11 @@ and lists (``list(range(n))``-style), which no sampler can avoid. For the uint8 
 memcpy of the same bytes; for the first-batch row, the time to fork two bare children of this
 process (both libraries fork their workers, and a fork's cost grows with the process's memory).
 
+Each workload builds its data, and one DataLoader per library, before its runs and frees them
+after, so no row pays for another row's memory (forks copy page tables). A run is one epoch of
+that same loader, as in a training loop that builds its DataLoader once and iterates it every
+epoch.
+
     python benches/side_by_side.py            # everything, 3 repeats
     python benches/side_by_side.py --quick    # smaller sizes, for a smoke test
 """
@@ -39,10 +44,13 @@ class Workload:
     name: str
     unit: str  # what the throughput counts
     count: int  # how many units one run produces
-    run: Callable[[object], object]  # run(lib) with lib = torch namespace or rloader
+    run: Callable[[object, object], object]  # run(lib, data), lib = torch namespace or rloader
     target: str
-    floor: Optional[Callable[[], object]] = None
+    floor: Optional[Callable[[object], object]] = None  # floor(data)
     self_timed: bool = False  # run(lib) returns the seconds to count (it leaves out its cleanup)
+    # Builds the workload's data before its runs; it is freed after them, so a row's forks do not
+    # copy the page tables of other rows' datasets.
+    data: Callable[[], object] = lambda: None
 
 
 class TorchNS:
@@ -142,6 +150,26 @@ class IntStream(tud.IterableDataset):
         return iter(range(info.id, self.n, info.num_workers))
 
 
+class Epochs:
+    """A dataset and one DataLoader per library over it, built once and iterated once per run:
+    a training loop's pattern (one loader, an epoch per iteration)."""
+
+    def __init__(self, dataset, **kwargs) -> None:
+        self.dataset, self.kwargs = dataset, kwargs
+        self.loaders: dict = {}
+
+    def loader(self, lib):
+        if id(lib) not in self.loaders:
+            self.loaders[id(lib)] = lib.DataLoader(self.dataset, **self.kwargs)
+        return self.loaders[id(lib)]
+
+    def __call__(self, lib) -> int:
+        n = 0
+        for _batch in self.loader(lib):
+            n += 1
+        return n
+
+
 def batched_ints(n: int, size: int) -> list:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
@@ -151,30 +179,20 @@ def workloads(quick: bool) -> list[Workload]:
     n_batch = 10_000_000 // scale
     n_weights = 1_000_000 // scale
     n_dist = 10_000_000 // scale
-    weights = torch.rand(n_weights, generator=torch.Generator().manual_seed(1)).double()
-    ints = IntDataset(200_000 // scale)
-    images = ImageLabelDataset(50_000 // scale)
+    n_ints, n_images = 200_000 // scale, 50_000 // scale
+    n_pairs, n_arrays, n_busy, n_sleepy, n_stream = (
+        20_000 // scale, 1_024 // scale, 4_000 // scale, 2_000 // scale, 200_000 // scale)
 
-    def loader_epoch(lib, dataset) -> int:
-        loader = lib.DataLoader(dataset, batch_size=256, shuffle=True, num_workers=0)
-        n = 0
-        for _batch in loader:
-            n += 1
-        return n
+    def weights():
+        return torch.rand(n_weights, generator=torch.Generator().manual_seed(1)).double()
 
-    pairs = ImageLabelDataset(20_000 // scale)
-    arrays = ImageArrayDataset(1_024 // scale)
-    busy = BusyDataset(4_000 // scale)
-    sleepy = SleepyDataset(2_000 // scale)
-    stream = IntStream(200_000 // scale)
+    def epoch(lib, epochs: Epochs) -> int:
+        return epochs(lib)
 
-    def workers_epoch(lib, dataset, **kwargs) -> int:
-        n = 0
-        for _batch in lib.DataLoader(dataset, num_workers=2, **kwargs):
-            n += 1
-        return n
+    def workers(dataset, batch_size: int) -> Callable[[], Epochs]:
+        return lambda: Epochs(dataset(), batch_size=batch_size, num_workers=2)
 
-    def two_forks() -> float:
+    def two_forks(_data) -> float:
         start = time.perf_counter()
         children = [os.fork() for _ in range(2)]
         if 0 in children:
@@ -184,9 +202,9 @@ def workloads(quick: bool) -> list[Workload]:
             os.waitpid(pid, 0)
         return elapsed
 
-    def first_batch(lib) -> float:
+    def first_batch(lib, epochs: Epochs) -> float:
         # Timed from iter() to the first batch; stopping the workers after it is not counted.
-        loader = lib.DataLoader(pairs, batch_size=256, num_workers=2)
+        loader = epochs.loader(lib)
         start = time.perf_counter()
         it = iter(loader)
         next(it)
@@ -195,52 +213,55 @@ def workloads(quick: bool) -> list[Workload]:
         return elapsed
 
     worker_loads = [
-        Workload(f"2 workers: (float32[3,32,32], int) x {len(pairs):,}, batch 256", "samples",
-                 len(pairs), lambda lib: workers_epoch(lib, pairs, batch_size=256), ">= 2x"),
-        Workload(f"2 workers: uint8[3,224,224] numpy x {len(arrays):,}, batch 64", "bytes",
-                 len(arrays) * 3 * 224 * 224, lambda lib: workers_epoch(lib, arrays, batch_size=64),
-                 ">= 2x", lambda: [a.copy() for a in arrays.images]),
+        Workload(f"2 workers: (float32[3,32,32], int) x {n_pairs:,}, batch 256", "samples",
+                 n_pairs, epoch, ">= 2x", data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
+        Workload(f"2 workers: uint8[3,224,224] numpy x {n_arrays:,}, batch 64", "bytes",
+                 n_arrays * 3 * 224 * 224, epoch, ">= 2x", lambda e: [a.copy() for a in e.dataset.images],
+                 data=workers(lambda: ImageArrayDataset(n_arrays), 64)),
         Workload("2 workers: time from iter() to the first batch", "first batches", 1, first_batch,
-                 ">= 2x (time <= 0.5x)", two_forks, self_timed=True),
-        Workload(f"2 workers: pure-Python __getitem__ of ~50 us x {len(busy):,}", "samples", len(busy),
-                 lambda lib: workers_epoch(lib, busy, batch_size=32), ">= 0.95x"),
-        Workload(f"2 workers: IterableDataset of {len(range(stream.n)):,} small ints, batch 256",
-                 "samples", stream.n, lambda lib: workers_epoch(lib, stream, batch_size=256), ">= 1.5x"),
-        Workload(f"2 workers: sleeps 1 ms per sample x {len(sleepy):,}", "samples", len(sleepy),
-                 lambda lib: workers_epoch(lib, sleepy, batch_size=16), ">= 1x"),
+                 ">= 2x (time <= 0.5x)", two_forks, self_timed=True,
+                 data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
+        Workload(f"2 workers: pure-Python __getitem__ of ~50 us x {n_busy:,}", "samples", n_busy,
+                 epoch, ">= 0.95x", data=workers(lambda: BusyDataset(n_busy), 32)),
+        Workload(f"2 workers: IterableDataset of {n_stream:,} small ints, batch 256",
+                 "samples", n_stream, epoch, ">= 1.5x", data=workers(lambda: IntStream(n_stream), 256)),
+        Workload(f"2 workers: sleeps 1 ms per sample x {n_sleepy:,}", "samples", n_sleepy,
+                 epoch, ">= 1x", data=workers(lambda: SleepyDataset(n_sleepy), 16)),
     ]
 
     return [
         Workload(
             f"list(BatchSampler(RandomSampler({n_batch:,}), 1024, False))", "indices", n_batch,
-            lambda lib: list(lib.BatchSampler(lib.RandomSampler(range(n_batch)), 1024, False)),
-            ">= 4x", lambda: batched_ints(n_batch, 1024),
+            lambda lib, _d: list(lib.BatchSampler(lib.RandomSampler(range(n_batch)), 1024, False)),
+            ">= 4x", lambda _d: batched_ints(n_batch, 1024),
         ),
         Workload(
             f"list(WeightedRandomSampler({n_weights:,} weights, replacement=True))", "indices",
             n_weights,
-            lambda lib: list(lib.WeightedRandomSampler(weights, n_weights, replacement=True)),
-            ">= 4x", lambda: list(range(n_weights)),
+            lambda lib, w: list(lib.WeightedRandomSampler(w, n_weights, replacement=True)),
+            ">= 4x", lambda _d: list(range(n_weights)), data=weights,
         ),
         Workload(
             f"list(WeightedRandomSampler({n_weights:,} weights, replacement=False))", "indices",
             n_weights,
-            lambda lib: list(lib.WeightedRandomSampler(weights, n_weights, replacement=False)),
-            ">= 2.5x", lambda: list(range(n_weights)),
+            lambda lib, w: list(lib.WeightedRandomSampler(w, n_weights, replacement=False)),
+            ">= 2.5x", lambda _d: list(range(n_weights)), data=weights,
         ),
         Workload(
             f"list(DistributedSampler({n_dist:,}, num_replicas=8, rank=3))", "indices",
             n_dist // 8,
-            lambda lib: list(lib.DistributedSampler(range(n_dist), num_replicas=8, rank=3)),
-            ">= 5x", lambda: list(range(n_dist // 8)),
+            lambda lib, _d: list(lib.DistributedSampler(range(n_dist), num_replicas=8, rank=3)),
+            ">= 5x", lambda _d: list(range(n_dist // 8)),
         ),
         Workload(
-            f"DataLoader(int dataset of {len(ints):,}, batch_size=256, shuffle=True)", "samples",
-            len(ints), lambda lib: loader_epoch(lib, ints), ">= 3x",
+            f"DataLoader(int dataset of {n_ints:,}, batch_size=256, shuffle=True)", "samples",
+            n_ints, epoch, ">= 3x",
+            data=lambda: Epochs(IntDataset(n_ints), batch_size=256, shuffle=True, num_workers=0),
         ),
         Workload(
-            f"DataLoader((float32[3,32,32], int) x {len(images):,}, batch_size=256, shuffle=True)",
-            "samples", len(images), lambda lib: loader_epoch(lib, images), ">= 1.5x",
+            f"DataLoader((float32[3,32,32], int) x {n_images:,}, batch_size=256, shuffle=True)",
+            "samples", n_images, epoch, ">= 1.5x",
+            data=lambda: Epochs(ImageLabelDataset(n_images), batch_size=256, shuffle=True, num_workers=0),
         ),
         *worker_loads,
     ]
@@ -292,18 +313,20 @@ def main() -> None:
     progress = Progress(steps)
     rows = []
     for w in chosen:
+        data = w.data()
         # One untimed warm-up each: first-touch costs (imports, page faults) are not the subject.
         for lib in libs.values():
-            w.run(lib)
+            w.run(lib, data)
         progress.step(f"warm-up: {w.name}")
         times: dict[str, list[float]] = {"torch": [], "rloader": [], "floor": []}
         for _ in range(args.repeats):
             for name, lib in libs.items():
-                times[name].append(timed(lambda: w.run(lib), w.self_timed))  # noqa: B023 - called at once
+                times[name].append(timed(lambda: w.run(lib, data), w.self_timed))  # noqa: B023 - called at once
                 progress.step(f"{name}: {w.name}")
             if w.floor is not None:
-                times["floor"].append(timed(w.floor, w.self_timed))
+                times["floor"].append(timed(lambda: w.floor(data), w.self_timed))  # noqa: B023
                 progress.step(f"floor: {w.name}")
+        data = None  # frees this workload's data (and loaders) before the next one's
         med = {k: statistics.median(v) for k, v in times.items() if v}
         ratio = med["torch"] / med["rloader"]
         floor = f"{med['torch'] / med['floor']:.1f}x" if "floor" in med else "-"
