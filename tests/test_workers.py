@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -92,6 +93,23 @@ def test_worker_seeds_match_torch():
     assert same(ours, theirs)
     # numpy draws differ between workers
     assert len({row[5] for row in ours[:2]}) == 2
+
+
+def test_worker_seeding_keeps_format_stack_but_its_source_lines():
+    from rloader import _workers
+
+    def nested(limit=None):
+        return traceback.format_stack(limit=limit), _workers._stack_lines_without_source(limit=limit)
+
+    for limit in (None, 0, 2, -2, 1000):
+        full, short = nested(limit)
+        # format_stack's entries are 'File ..., line N, in f' then the source line; the same
+        # frames, less the source (the calls sit on the same line, so line numbers agree).
+        assert short == [entry.split("\n")[0] + "\n" for entry in full]
+    assert traceback.format_stack is not _workers._stack_lines_without_source
+    _workers._manual_seed(7)
+    assert torch.initial_seed() == 7
+    assert traceback.format_stack is not _workers._stack_lines_without_source
 
 
 def test_get_worker_info_is_none_in_the_main_process():

@@ -30,6 +30,8 @@ import os
 import pickle
 import random
 import signal
+import sys
+import traceback
 import weakref
 from typing import Any
 
@@ -107,6 +109,38 @@ def dump_error(worker_id: int, exc: BaseException, traceback=None) -> bytes:
 # ---------------------------------------------------------------- the worker process
 
 
+def _stack_lines_without_source(f=None, limit=None) -> list:
+    """``traceback.format_stack``'s lines, less the source text, which costs a file read each."""
+    if f is None:
+        f = sys._getframe().f_back  # the caller's frame, as format_stack starts from
+    frames = []
+    while f is not None:
+        frames.append((f.f_code, f.f_lineno))
+        f = f.f_back
+    frames.reverse()
+    if limit is not None:
+        frames = frames[len(frames) - limit :] if limit >= 0 else frames[:-limit]
+    return [f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n' for code, lineno in frames]
+
+
+def _manual_seed(seed: int) -> None:
+    """``torch.manual_seed(seed)``, without reading source files.
+
+    torch.manual_seed queues the accelerator seeding for a lazy initialization that may never
+    come, keeping ``traceback.format_stack()`` of each queued call for the error message if it
+    fails. In a new worker none of the stack's source files is in ``linecache`` yet, and reading
+    them took 4-7 ms of the worker's start here. Each stack is kept with files, lines and
+    functions, without the source text. The swap happens before the dataset's code runs in the
+    worker (``worker_init_fn`` comes after), on its only Python thread under fork.
+    """
+    format_stack = traceback.format_stack
+    traceback.format_stack = _stack_lines_without_source
+    try:
+        torch.manual_seed(seed)
+    finally:
+        traceback.format_stack = format_stack
+
+
 def _worker_main(spec: dict) -> None:
     """Entry point of a worker process."""
     worker_id = spec["worker_id"]
@@ -115,7 +149,7 @@ def _worker_main(spec: dict) -> None:
     torch.set_num_threads(1)
     seed = spec["base_seed"] + worker_id
     random.seed(seed)
-    torch.manual_seed(seed)
+    _manual_seed(seed)
     try:
         import numpy as np
 
