@@ -103,7 +103,14 @@ pub struct Arena {
     /// Set when /dev/shm ran out: no more slots grow, and batches travel inline.
     no_space: bool,
     warning: Option<String>,
+    /// Test hook: reservations past this many bytes (all slots together) fail as on a machine
+    /// out of memory, from `RLOADER_TEST_SLOT_RESERVE_LIMIT` (tests/test_slots.py).
+    reserve_limit: Option<usize>,
 }
+
+/// The environment variable of `Arena::reserve_limit`: the out-of-memory path can be tested
+/// without exhausting the machine's memory.
+const RESERVE_LIMIT_VAR: &str = "RLOADER_TEST_SLOT_RESERVE_LIMIT";
 
 impl Arena {
     pub fn new(region: Arc<ShmRegion>, states_at: usize, slots_at: usize, slots: usize) -> Self {
@@ -117,6 +124,9 @@ impl Arena {
             used: 0,
             no_space: false,
             warning: None,
+            reserve_limit: std::env::var(RESERVE_LIMIT_VAR)
+                .ok()
+                .and_then(|v| v.parse().ok()),
         }
     }
 
@@ -164,7 +174,15 @@ impl Arena {
                 .saturating_mul(COMMIT_STEP)
                 .min(SLOT_SPAN);
             let at = self.slots_at + slot * SLOT_SPAN + have;
-            if let Err(e) = self.region.commit(at, want - have) {
+            let reserved = self.committed.iter().sum::<usize>() + (want - have);
+            let commit = match self.reserve_limit {
+                Some(limit) if reserved > limit => Err(rloader_queue::QueueError::NoMemory {
+                    what: format!("a batch slot ({RESERVE_LIMIT_VAR}={limit})"),
+                    requested: want - have,
+                }),
+                _ => self.region.commit(at, want - have),
+            };
+            if let Err(e) = commit {
                 self.no_space = true;
                 self.warning = Some(format!(
                     "DataLoader worker: {e}. Batches now travel through the worker's queue \
