@@ -110,6 +110,11 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
     _workers._manual_seed(7)
     assert torch.initial_seed() == 7
     assert traceback.format_stack is not _workers._stack_lines_without_source
+    if not torch.cuda.is_initialized():  # the CUDA seeding was queued with a stack, less its source
+        queued = [call for call in torch.cuda._lazy_seed_tracker.get_calls() if call]
+        assert queued
+        for _, stack in queued:
+            assert stack and all(entry.startswith("  File ") and entry.count("\n") == 1 for entry in stack)
 
 
 def test_get_worker_info_is_none_in_the_main_process():

@@ -110,7 +110,10 @@ def dump_error(worker_id: int, exc: BaseException, traceback=None) -> bytes:
 
 
 def _stack_lines_without_source(f=None, limit=None) -> list:
-    """``traceback.format_stack``'s lines, less the source text, which costs a file read each."""
+    """``traceback.format_stack``'s lines, less the source text, which costs a file read each
+    (and without folding repeated recursive frames)."""
+    if limit is None:
+        limit = getattr(sys, "tracebacklimit", None)
     if f is None:
         f = sys._getframe().f_back  # the caller's frame, as format_stack starts from
     frames = []
@@ -130,8 +133,9 @@ def _manual_seed(seed: int) -> None:
     come, keeping ``traceback.format_stack()`` of each queued call for the error message if it
     fails. In a new worker none of the stack's source files is in ``linecache`` yet, and reading
     them took 4-7 ms of the worker's start here. Each stack is kept with files, lines and
-    functions, without the source text. The swap happens before the dataset's code runs in the
-    worker (``worker_init_fn`` comes after), on its only Python thread under fork.
+    functions, without the source text. The swap lasts for this one call, before
+    ``worker_init_fn`` and the worker's first fetch; under fork the worker has no other Python
+    thread, and under spawn only one the dataset's unpickling started could see it.
     """
     format_stack = traceback.format_stack
     traceback.format_stack = _stack_lines_without_source

@@ -20,7 +20,7 @@
 //!   Acquire, so its next writes come after the main process's last reads.
 //!
 //! Beside the state, each slot keeps in the region the high-water mark of the bytes its workers
-//! have written (in pages; a hint that only the slot's own worker stores, so Relaxed). A worker
+//! have used for batches (in pages; a hint that only the slot's own worker stores, so Relaxed). A worker
 //! of a later pool, whose fresh mapping has no page tables for the slot, populates the part below
 //! the mark as it commits it: written pages map cheaply in bulk, while pages never written would
 //! be zeroed one fault at a time either way (`ShmRegion::populate`).
@@ -56,7 +56,7 @@ pub const LEASED: u32 = 2;
 
 /// Bytes of slot metadata in the region, per slot: the state word, then the slot's high-water
 /// mark (NOTE [Slots]).
-pub const SLOT_WORDS: usize = 8;
+pub const SLOT_META_BYTES: usize = 8;
 /// The high-water mark counts pages of this size.
 const HIGH_WATER_PAGE: usize = 4096;
 
@@ -103,8 +103,9 @@ pub struct Arena {
     /// Set when /dev/shm ran out: no more slots grow, and batches travel inline.
     no_space: bool,
     warning: Option<String>,
-    /// Test hook: reservations past this many bytes (all slots together) fail as on a machine
-    /// out of memory, from `RLOADER_TEST_SLOT_RESERVE_LIMIT` (tests/test_slots.py).
+    /// Test hook: reservations past this many bytes (this worker's slots together) fail as on
+    /// a machine out of memory, from `RLOADER_TEST_SLOT_RESERVE_LIMIT`, which every worker
+    /// reads from the environment it inherits (tests/test_slots.py).
     reserve_limit: Option<usize>,
 }
 
@@ -131,13 +132,13 @@ impl Arena {
     }
 
     fn state(&self, slot: usize) -> &AtomicU32 {
-        // SAFETY: Layout puts `slots` SLOT_WORDS-byte entries at `states_at`, inside the region.
-        unsafe { state_word(&self.region, self.states_at + SLOT_WORDS * slot) }
+        // SAFETY: Layout puts `slots` SLOT_META_BYTES-byte entries at `states_at`, inside the region.
+        unsafe { state_word(&self.region, self.states_at + SLOT_META_BYTES * slot) }
     }
 
     fn high_water(&self, slot: usize) -> &AtomicU32 {
         // SAFETY: as for `state`: the word after each state word is the slot's high-water mark.
-        unsafe { state_word(&self.region, self.states_at + SLOT_WORDS * slot + 4) }
+        unsafe { state_word(&self.region, self.states_at + SLOT_META_BYTES * slot + 4) }
     }
 
     fn slot_ptr(&self, slot: usize) -> *mut u8 {
@@ -190,7 +191,8 @@ impl Arena {
                 ));
                 return None;
             }
-            let written = self.high_water(slot).load(Ordering::Relaxed) as usize * HIGH_WATER_PAGE;
+            let written = (self.high_water(slot).load(Ordering::Relaxed) as usize)
+                .saturating_mul(HIGH_WATER_PAGE);
             if written > have {
                 self.region.populate(at, written.min(want) - have);
             }
@@ -218,8 +220,12 @@ impl Arena {
     /// it becomes the main process's (HELD) and its number is returned.
     pub fn finish(&mut self, sent_in_slot: bool) -> Option<usize> {
         let slot = self.current.take()?;
+        // One writer (this worker), so a load and a store, not a locked read-modify-write.
         let pages = u32::try_from(self.used.div_ceil(HIGH_WATER_PAGE)).unwrap_or(u32::MAX);
-        self.high_water(slot).fetch_max(pages, Ordering::Relaxed);
+        let high_water = self.high_water(slot);
+        if pages > high_water.load(Ordering::Relaxed) {
+            high_water.store(pages, Ordering::Relaxed);
+        }
         if !sent_in_slot {
             return None;
         }

@@ -84,12 +84,13 @@ pub fn queue_err(e: QueueError) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
-/// The doorbell sits at offset 0; the slots' state words after it.
+/// The doorbell sits at offset 0; the slots' metadata (state word and high-water mark, NOTE
+/// [Slots]) after it.
 const STATES_AT: usize = 64;
 /// Slots start at a multiple of this (huge-page friendly).
 const SLOTS_ALIGN: usize = 2 << 20;
 
-/// Where each piece lives in a pool's region: the doorbell, the slots' state words, each
+/// Where each piece lives in a pool's region: the doorbell, the slots' metadata, each
 /// worker's rings (all reserved up front: `committed` bytes), then each worker's slots (reserved
 /// as they are used).
 struct Layout {
@@ -110,7 +111,7 @@ impl Layout {
     fn new(num_workers: usize, prefetch_factor: usize) -> Layout {
         let slots_per_worker = slots::slots_per_worker(prefetch_factor);
         let states_at = STATES_AT;
-        let mut at = align(states_at + slots::SLOT_WORDS * num_workers * slots_per_worker);
+        let mut at = align(states_at + slots::SLOT_META_BYTES * num_workers * slots_per_worker);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
             let spans = [INDEX_RING, RESULT_RING].map(|capacity| {
@@ -137,7 +138,7 @@ impl Layout {
         let i = w * self.slots_per_worker + s;
         (
             self.slots_at + i * SLOT_SPAN,
-            self.states_at + slots::SLOT_WORDS * i,
+            self.states_at + slots::SLOT_META_BYTES * i,
         )
     }
 
