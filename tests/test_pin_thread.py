@@ -7,7 +7,6 @@ thread pins, that results, errors, epochs and shutdown come through it as withou
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import pytest
@@ -88,14 +87,13 @@ def test_pinning_error_names_the_pin_thread(pinning):
 
 
 def test_abandoned_iterator_stops_thread_and_workers(pinning):
-    gc.collect()  # earlier tests' iterators, held by saved tracebacks, go first
     before = {t.ident for t in threading.enumerate()}
     it = iter(rloader.DataLoader(Ints(200), batch_size=2, num_workers=2, pin_memory=True))
     next(it)
     procs = list(it._rloader_pool.procs)
     assert len(it) == 100
     del it
-    assert {t.ident for t in threading.enumerate()} <= before  # no thread of the iterator left
+    assert {t.ident for t in threading.enumerate()} == before
     assert all(p._closed for p in procs)  # joined and closed by the pool's shutdown
 
 
@@ -117,60 +115,3 @@ def test_worker_batches_are_pinned_for_real():
                                 num_workers=2, pin_memory=True)
     for x, d in loader:
         assert x.is_pinned() and d["a"].is_pinned()
-
-
-class ThreadRecordingSampler(tud.Sampler):
-    """Yields 0..n-1 and records the thread that advanced it each time."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.threads: list = []
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        for i in range(self.n):
-            self.threads.append(threading.current_thread().name)
-            yield i
-
-
-@pytest.mark.parametrize("persistent", [False, True])
-def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persistent):
-    sampler = ThreadRecordingSampler(40)
-    loader = rloader.DataLoader(Ints(40), batch_size=2, sampler=sampler, num_workers=2,
-                                pin_memory=True, persistent_workers=persistent)
-    for _ in range(2):  # a second epoch restarts the sampler (and, persistent, the same workers)
-        sampler.threads.clear()
-        assert same(list(loader), list(tud.DataLoader(Ints(40), batch_size=2, num_workers=2)))
-        assert sampler.threads == ["MainThread"] * 40
-    assert pinning and set(pinning) == {"rloader_pin_memory"}
-
-
-def test_a_slow_consumer_is_not_a_timeout(pinning):
-    # One task in flight: while the user works on a batch, the pin thread has nothing to wait
-    # for until the main thread draws the next keys. That is not the workers being late.
-    loader = rloader.DataLoader(Ints(6), batch_size=2, num_workers=1, prefetch_factor=1,
-                                pin_memory=True, timeout=0.3)
-    out = []
-    for batch in loader:
-        out.append(batch)
-        threading.Event().wait(0.6)
-    assert same(out, list(tud.DataLoader(Ints(6), batch_size=2, num_workers=1)))
-
-
-class FailingSampler(tud.Sampler):
-    def __len__(self) -> int:
-        return 10
-
-    def __iter__(self):
-        yield from range(5)
-        raise IndexError("sampler ran out of luck")
-
-
-def test_a_sampler_error_is_raised_on_the_main_thread(pinning):
-    it = iter(rloader.DataLoader(Ints(10), batch_size=1, sampler=FailingSampler(), num_workers=2,
-                                 pin_memory=True))
-    with pytest.raises(IndexError, match="sampler ran out of luck"):
-        for _ in range(10):
-            next(it)

@@ -68,23 +68,17 @@ class PinnedBatches:
     the batches in flight at ``prefetch_factor * num_workers``; the hand-off adds one or two.)
 
     NOTE [Pin thread]: only the thread touches ``source`` while it runs — PyO3 refuses a
-    second borrow of it. The sampler is not the thread's: the main thread draws the keys of
-    the tasks the thread sends (``feed``, NOTE [Key feed] in workers.rs), one batch of keys
-    for each item it takes, as torch does. Every other
+    second borrow of it, and the sampler it draws from is not meant to be shared. Every other
     use of ``source`` (a new epoch, shutting down) first stops the thread (``_halt``), which
     sees its stop flag within ``_POLL`` seconds. Errors travel as items, and the thread goes
     on after them, as torch's iterator goes on after a worker's error; it ends after the
     epoch's "end" item, or when the pool has stopped (a dead worker, a timeout).
     """
 
-    def __init__(self, source, pin, length_of, keys=None, new_keys=None) -> None:
+    def __init__(self, source, pin, length_of) -> None:
         self._source = source
         self._pin = pin
         self._length_of = length_of
-        # The KeyFeed the main thread draws into, and what makes one for a new epoch's
-        # iterator of the sampler; None for an iterable dataset.
-        self._keys = keys
-        self._new_keys = new_keys
         self._rloader_pool = source._rloader_pool
         self._start()
 
@@ -125,8 +119,6 @@ class PinnedBatches:
                     raise RuntimeError(
                         "the DataLoader's pin memory thread exited unexpectedly"
                     ) from None
-            if kind in ("batch", "error") and self._keys is not None:
-                self._keys.draw(1)  # the next task's keys, drawn here as torch draws them
             if kind == "batch":
                 return value
             if kind == "error":
@@ -143,8 +135,6 @@ class PinnedBatches:
         """A new epoch on persistent workers."""
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
-        if keys is not None and self._new_keys is not None:
-            keys = self._keys = self._new_keys(keys)
         self._source._reset(keys)
         self._start()
 

@@ -21,7 +21,6 @@ __all__ = [
     "distributed_stream",
     "fast_collate",
     "PoolIter",
-    "KeyFeed",
     "Message",
     "PoolRegion",
     "worker_loop",
@@ -138,7 +137,7 @@ class PoolIter:
         *,
         region: PoolRegion,
         in_order: bool,
-        keys: Iterable[Any] | KeyFeed | None,
+        keys: Iterable[Any] | None,
         auto_collation: bool,
         timeout: float,
         persistent: bool,
@@ -152,18 +151,10 @@ class PoolIter:
     def __iter__(self) -> PoolIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
-    def _reset(self, keys: Iterable[Any] | KeyFeed | None) -> None: ...
+    def _reset(self, keys: Iterable[Any] | None) -> None: ...
     def _shutdown_workers(self) -> None: ...
     def _prefill(self) -> None: ...
     def _poll(self, wait: float) -> tuple[bool, Any]: ...
-
-@final
-class KeyFeed:
-    """Keys drawn from the sampler on one thread for a PoolIter polled on another."""
-
-    def __new__(cls, region: PoolRegion, keys: Iterable[Any], auto_collation: bool) -> KeyFeed: ...
-    def draw(self, n: int) -> None:
-        """Draws up to ``n`` batches of keys on the calling thread (the sampler's end once)."""
 
 def worker_loop(
     *,

@@ -310,20 +310,13 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     from .dataloader import _DatasetKind, _pin_plan
 
     iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
     pin = _pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
     region = _REGIONS.pop(loader, None)
     if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
         region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
-    new_keys = None
-    if iterable:
-        keys = None
-    elif pin is not None:  # the pin thread sends the tasks: the main thread draws their keys
-        new_keys = _key_feed(region, loader)
-        keys = new_keys(iter(loader._index_sampler))
-    else:
-        keys = iter(loader._index_sampler)
     pool = _Pool(region, loader)
     it = _rloader.PoolIter(
         region=region,
@@ -366,21 +359,8 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
-        return PinnedBatches(it, pin, loader._index_sampler, keys, new_keys)
+        return PinnedBatches(it, pin, loader._index_sampler)
     return it
-
-
-def _key_feed(region, loader):
-    """Makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into (NOTE
-    [Key feed] in workers.rs), holding the first ``prefetch_factor * num_workers`` batches of
-    keys, as torch draws them in ``iter()``."""
-
-    def feed(keys):
-        fed = _rloader.KeyFeed(region, keys, loader._auto_collation)
-        fed.draw(loader.prefetch_factor * loader.num_workers)
-        return fed
-
-    return feed
 
 
 def reset_pool(it, loader) -> None:

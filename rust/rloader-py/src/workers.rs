@@ -259,121 +259,6 @@ impl Message {
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
 }
 
-/// Where a pool's tasks get their keys.
-enum Source {
-    /// Drawn from the sampler by whichever thread sends tasks.
-    Keys(Keys),
-    /// Drawn by another thread beforehand (NOTE [Key feed]).
-    Fed(Py<KeyFeed>),
-}
-
-impl Source {
-    fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<Source> {
-        Ok(match keys.cast::<KeyFeed>() {
-            Ok(feed) => Source::Fed(feed.clone().unbind()),
-            Err(_) => Source::Keys(Keys::new(keys, auto_collation)?),
-        })
-    }
-}
-
-/// One batch of keys a [`KeyFeed`] has drawn, or the sampler's end.
-enum Fed {
-    Indices(Vec<u64>),
-    Object(Py<PyAny>),
-    End,
-}
-
-/// NOTE [Key feed]: when batches are pinned, a thread of its own (`rloader_pin_memory`) polls
-/// the PoolIter for them, and so sends the tasks; but torch advances the sampler on the main
-/// thread, in `__next__`, which matters to samplers that draw from torch's global RNG while
-/// the training loop does too. So the main thread draws each batch of keys into a KeyFeed
-/// (the first `prefetch_factor * num_workers` in `iter()`, then one per batch it hands out, as
-/// torch does), and the PoolIter, on the pin thread, takes them from there. The queue is
-/// behind a mutex held only to push or pop, never across a Python call. Each draw rings the
-/// main process's doorbell, on which a pin thread waiting for answers sleeps, so that it sends
-/// the new task at once; while it waits with no task outstanding it is waiting for the user,
-/// not for the workers, and `timeout` does not count.
-#[pyclass(module = "rloader._rloader", frozen)]
-pub struct KeyFeed {
-    keys: Keys,
-    drawn: std::sync::Mutex<std::collections::VecDeque<Fed>>,
-    ended: std::sync::atomic::AtomicBool,
-    doorbell: Doorbell,
-}
-
-#[pymethods]
-impl KeyFeed {
-    #[new]
-    fn new(
-        region: &Bound<'_, PoolRegion>,
-        keys: &Bound<'_, PyAny>,
-        auto_collation: bool,
-    ) -> PyResult<Self> {
-        Ok(KeyFeed {
-            keys: Keys::new(keys, auto_collation)?,
-            drawn: Default::default(),
-            ended: Default::default(),
-            doorbell: Doorbell::attach(region.get().shm.clone(), 0),
-        })
-    }
-
-    /// Draws up to `n` batches of keys from the sampler, on the calling thread; the sampler's
-    /// end is queued once, after which this draws nothing.
-    fn draw(&self, py: Python<'_>, n: usize) -> PyResult<()> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut buf = Vec::new();
-        for _ in 0..n {
-            if self.ended.load(Relaxed) {
-                break;
-            }
-            let item = match self.keys.next(py, &mut buf)? {
-                None => {
-                    self.ended.store(true, Relaxed);
-                    Fed::End
-                }
-                Some(KeyBatch::Indices(ix)) => Fed::Indices(ix),
-                Some(KeyBatch::Object(obj)) => Fed::Object(obj.unbind()),
-            };
-            self.lock().push_back(item);
-        }
-        self.doorbell.ring();
-        Ok(())
-    }
-}
-
-impl PoolIter {
-    /// Waiting with no task outstanding for keys the main thread has yet to draw (NOTE [Key
-    /// feed]): waiting for the user, not for the workers.
-    fn waiting_for_keys(&self) -> bool {
-        matches!(&self.keys, Some(Source::Fed(_))) && self.scheduler.outstanding() == 0
-    }
-
-    /// Whether the main thread has drawn keys that could be sent now.
-    fn can_send_fed_keys(&self) -> bool {
-        match &self.keys {
-            Some(Source::Fed(feed)) => {
-                self.unsent.is_none() && self.scheduler.has_room() && feed.get().has_drawn()
-            }
-            _ => false,
-        }
-    }
-}
-
-impl KeyFeed {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Fed>> {
-        self.drawn.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The next drawn batch of keys; None if the main thread has not drawn it yet.
-    fn take(&self) -> Option<Fed> {
-        self.lock().pop_front()
-    }
-
-    fn has_drawn(&self) -> bool {
-        !self.lock().is_empty()
-    }
-}
-
 /// What a worker answered to one task.
 enum Answer {
     Batch(Py<PyAny>),
@@ -389,7 +274,7 @@ pub struct PoolIter {
     from_workers: Vec<Ring>,
     scheduler: Scheduler<Answer>,
     /// None for an iterable-style dataset (every task is "the next batch").
-    keys: Option<Source>,
+    keys: Option<Keys>,
     auto_collation: bool,
     /// The Python side (`rloader._workers._Pool`): unpickling, liveness, stopping processes.
     hooks: Py<PyAny>,
@@ -434,7 +319,7 @@ impl PoolIter {
         let (doorbell, to_workers, from_workers) = pr.prepare()?;
         let (num_workers, prefetch_factor) = (pr.num_workers, pr.prefetch_factor);
         let keys = match keys {
-            Some(k) => Some(Source::new(&k, auto_collation)?),
+            Some(k) => Some(Keys::new(&k, auto_collation)?),
             None => None,
         };
         Ok(PoolIter {
@@ -529,7 +414,7 @@ impl PoolIter {
         self.scheduler.reset();
         self.waiting_since = None;
         self.keys = match keys {
-            Some(k) => Some(Source::new(&k, self.auto_collation)?),
+            Some(k) => Some(Keys::new(&k, self.auto_collation)?),
             None => {
                 self.resumed = 0;
                 for w in 0..self.to_workers.len() {
@@ -573,22 +458,14 @@ impl PoolIter {
     fn next_batch<'py>(
         &mut self,
         py: Python<'py>,
-        mut started: Instant,
+        started: Instant,
         until: Option<Instant>,
     ) -> PyResult<Polled<'py>> {
         if self.stopped {
             return Ok(Polled::Done);
         }
         loop {
-            let idle = self.waiting_for_keys();
             self.send_tasks(py)?;
-            if idle && !self.waiting_for_keys() {
-                // The wait for the workers starts now, not when the wait for keys did.
-                started = Instant::now();
-                if self.waiting_since.is_some() {
-                    self.waiting_since = Some(started);
-                }
-            }
             match self.scheduler.next() {
                 Next::Ready(Answer::Batch(batch)) => {
                     return Ok(Polled::Batch(batch.into_bound(py)))
@@ -632,32 +509,21 @@ impl PoolIter {
         while self.unsent.is_none() && self.scheduler.has_room() {
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
-                Some(source) => {
-                    let drawn = match source {
-                        Source::Keys(keys) => keys.next(py, &mut self.index_buf)?,
-                        Source::Fed(feed) => match feed.get().take() {
-                            None => break, // the main thread has not drawn the next keys yet
-                            Some(Fed::End) => None,
-                            Some(Fed::Indices(ix)) => Some(KeyBatch::Indices(ix)),
-                            Some(Fed::Object(obj)) => Some(KeyBatch::Object(obj.into_bound(py))),
-                        },
-                    };
-                    match drawn {
-                        None => None,
-                        Some(KeyBatch::Indices(ix)) => {
-                            let bytes = ix.iter().flat_map(|i| i.to_le_bytes()).collect();
-                            self.index_buf = ix;
-                            Some((kind::TASK_INDICES, bytes))
-                        }
-                        Some(KeyBatch::Object(obj)) => {
-                            let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
-                            Some((
-                                kind::TASK_OBJECT,
-                                data.cast::<PyBytes>()?.as_bytes().to_vec(),
-                            ))
-                        }
+                Some(keys) => match keys.next(py, &mut self.index_buf)? {
+                    None => None,
+                    Some(KeyBatch::Indices(ix)) => {
+                        let bytes = ix.iter().flat_map(|i| i.to_le_bytes()).collect();
+                        self.index_buf = ix;
+                        Some((kind::TASK_INDICES, bytes))
                     }
-                }
+                    Some(KeyBatch::Object(obj)) => {
+                        let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
+                        Some((
+                            kind::TASK_OBJECT,
+                            data.cast::<PyBytes>()?.as_bytes().to_vec(),
+                        ))
+                    }
+                },
             };
             let Some((k, bytes)) = payload else {
                 self.scheduler.mark_exhausted();
@@ -712,11 +578,11 @@ impl PoolIter {
             for w in 0..self.from_workers.len() {
                 got |= self.drain(py, w)?;
             }
-            if got || self.can_send_fed_keys() {
+            if got {
                 return Ok(true);
             }
             let mut slice = WAIT_SLICE;
-            if let Some(limit) = self.timeout.filter(|_| !self.waiting_for_keys()) {
+            if let Some(limit) = self.timeout {
                 let spent = started.elapsed();
                 if spent >= limit {
                     return Err(PyRuntimeError::new_err(format!(
@@ -1164,7 +1030,6 @@ fn is_zombie(pid: i32) -> bool {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PoolIter>()?;
-    m.add_class::<KeyFeed>()?;
     m.add_class::<Message>()?;
     m.add_class::<PoolRegion>()?;
     m.add_function(wrap_pyfunction!(worker_loop, m)?)?;
