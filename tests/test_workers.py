@@ -117,6 +117,17 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
             assert stack and all(entry.startswith("  File ") and entry.count("\n") == 1 for entry in stack)
 
 
+def test_prefetch_factor_zero_fails_at_iter_like_torch():
+    draws = []
+    for lib in (tud, rloader):
+        loader = lib.DataLoader(list(range(4)), batch_size=2, num_workers=1, prefetch_factor=0)
+        torch.manual_seed(5)
+        with pytest.raises(AssertionError, match="^prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter$"):
+            iter(loader)
+        draws.append(float(torch.rand(())))  # the seed was drawn before the check, with both
+    assert draws[0] == draws[1]
+
+
 def test_get_worker_info_is_none_in_the_main_process():
     assert rloader.get_worker_info() is None
     assert tud.get_worker_info() is None

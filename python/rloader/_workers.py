@@ -312,6 +312,8 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
+    if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
+        raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
     pin = _pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
     region = _REGIONS.pop(loader, None)
