@@ -115,3 +115,39 @@ def test_worker_batches_are_pinned_for_real():
                                 num_workers=2, pin_memory=True)
     for x, d in loader:
         assert x.is_pinned() and d["a"].is_pinned()
+
+
+class SlowAfterFirst(tud.Dataset):
+    """Item 0 at once, every other item after `delay` seconds."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i:
+            threading.Event().wait(self.delay)
+        return torch.tensor([i])
+
+
+def test_timeout_counts_the_users_wait_not_the_pin_threads(pinning):
+    # The worker takes 1.2 s a batch, longer than the timeout, but the user spends 1.5 s on
+    # each batch and so never waits for one: as with torch, which times the main thread's
+    # wait, that is no timeout.
+    loader = rloader.DataLoader(SlowAfterFirst(3, 1.2), batch_size=1, num_workers=1,
+                                pin_memory=True, timeout=1.0)
+    out = []
+    for batch in loader:
+        out.append(batch)
+        threading.Event().wait(1.5)
+    assert same(out, [torch.tensor([[0]]), torch.tensor([[1]]), torch.tensor([[2]])])
+
+
+def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
+    it = iter(rloader.DataLoader(SlowAfterFirst(3, 3.0), batch_size=1, num_workers=1,
+                                 pin_memory=True, timeout=0.5))
+    assert same(next(it), torch.tensor([[0]]))
+    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0\.5 seconds$"):
+        next(it)

@@ -6,6 +6,7 @@ import collections.abc
 import copy
 import queue
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -75,10 +76,12 @@ class PinnedBatches:
     epoch's "end" item, or when the pool has stopped (a dead worker, a timeout).
     """
 
-    def __init__(self, source, pin, length_of) -> None:
+    def __init__(self, source, pin, length_of, timeout: float = 0) -> None:
         self._source = source
         self._pin = pin
         self._length_of = length_of
+        # As torch's: how long ``__next__`` may wait for the thread (0: as long as it takes).
+        self._timeout = timeout
         self._rloader_pool = source._rloader_pool
         self._start()
 
@@ -106,10 +109,14 @@ class PinnedBatches:
     def __next__(self) -> Any:
         if self._ended:
             raise StopIteration
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
+            wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
             try:
-                kind, value = self._queue.get(timeout=_POLL)
+                kind, value = self._queue.get(timeout=wait)
             except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
                 if self._thread.is_alive():
                     continue
                 try:  # it may have queued its last item just before it ended

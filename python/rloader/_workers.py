@@ -325,7 +325,9 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         in_order=loader.in_order,
         keys=keys,
         auto_collation=loader._auto_collation,
-        timeout=float(loader.timeout),
+        # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
+        # not the pin thread's wait for the workers, which may run while the user is busy.
+        timeout=0.0 if pin is not None else float(loader.timeout),
         persistent=loader.persistent_workers,
         pin=None,  # pinned on a thread of its own (below)
         length_of=loader._index_sampler,
@@ -361,7 +363,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
-        return PinnedBatches(it, pin, loader._index_sampler)
+        return PinnedBatches(it, pin, loader._index_sampler, loader.timeout)
     return it
 
 
