@@ -7,6 +7,7 @@ thread pins, that results, errors, epochs and shutdown come through it as withou
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -17,7 +18,11 @@ import rloader
 
 from _compare import same
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.timeout(120),
+    # torch, with no accelerator here, warns that it will not pin
+    pytest.mark.filterwarnings("ignore:.pin_memory. argument is set as true:UserWarning"),
+]
 
 
 class Ints(tud.Dataset):
@@ -151,3 +156,130 @@ def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
     assert same(next(it), torch.tensor([[0]]))
     with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0\.5 seconds$"):
         next(it)
+
+
+# ---------------------------------------------------------------- the sampler, on the main thread
+# NOTE [Key feed] in workers.rs: with pinning, the main thread still draws every batch of keys,
+# keeping torch's account of the tasks in flight.
+
+
+class ThreadRecordingSampler(tud.Sampler):
+    """Yields 0..n-1 and records the thread that advanced it each time."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.threads: list = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.threads.append(threading.current_thread().name)
+            yield i
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persistent):
+    sampler = ThreadRecordingSampler(40)
+    loader = rloader.DataLoader(Ints(40), batch_size=2, sampler=sampler, num_workers=2,
+                                pin_memory=True, persistent_workers=persistent)
+    for _ in range(2):  # a second epoch restarts the sampler (and, persistent, the same workers)
+        sampler.threads.clear()
+        assert same(list(loader), list(tud.DataLoader(Ints(40), batch_size=2, num_workers=2)))
+        assert sampler.threads == ["MainThread"] * 40
+    assert pinning and set(pinning) == {"rloader_pin_memory"}
+
+
+class CountingSampler(tud.Sampler):
+    """Yields 0..n-1, counting how many it has yielded."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.drawn = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.drawn += 1
+            yield i
+
+
+@pytest.mark.parametrize("lib", ["torch", "rloader"])
+def test_keys_are_drawn_as_torch_draws_them(pinning, lib):
+    # prefetch_factor * num_workers batches of keys in iter(), then one per batch handed out.
+    sampler = CountingSampler(40)
+    mod = tud if lib == "torch" else rloader
+    it = iter(mod.DataLoader(Ints(40), batch_size=2, sampler=sampler, num_workers=2,
+                             prefetch_factor=3, pin_memory=True))
+    drawn = [sampler.drawn]
+    for _ in range(3):
+        next(it)
+        drawn.append(sampler.drawn)
+    assert drawn == [12, 14, 16, 18]
+
+
+class FailingSampler(tud.Sampler):
+    def __init__(self, good: int) -> None:
+        self.good = good
+
+    def __len__(self) -> int:
+        return 10
+
+    def __iter__(self):
+        yield from range(self.good)
+        raise IndexError("sampler ran out of luck")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("good, workers, prefetch", [(5, 2, 2), (1, 1, 1), (3, 1, 1), (2, 2, 1)])
+def test_a_sampler_error_goes_to_the_user_as_with_torch(pinning, good, workers, prefetch):
+    # torch raises it from the next() whose batch triggered the draw (that batch is lost), then
+    # yields what is in flight and ends the epoch once nothing is: never a hang.
+    def read(lib):
+        return read_past_errors(lib.DataLoader(Ints(10), batch_size=1, sampler=FailingSampler(good),
+                                               num_workers=workers, prefetch_factor=prefetch,
+                                               pin_memory=True))
+
+    theirs = read(tud)
+    assert "IndexError" in theirs
+    assert same(read(rloader), theirs)
+
+
+def test_a_sampler_error_in_iter_is_raised_from_iter(pinning):
+    for lib in (tud, rloader):
+        with pytest.raises(IndexError, match="sampler ran out of luck"):
+            iter(lib.DataLoader(Ints(10), batch_size=1, sampler=FailingSampler(2), num_workers=2,
+                                pin_memory=True))
+
+
+def test_a_slow_consumer_with_nothing_in_flight_is_not_a_timeout(pinning):
+    # One task in flight: while the user works on a batch, the pin thread has nothing to wait
+    # for until the main thread draws the next keys. That is not the workers being late.
+    loader = rloader.DataLoader(Ints(6), batch_size=2, num_workers=1, prefetch_factor=1,
+                                pin_memory=True, timeout=0.3)
+    out = []
+    for batch in loader:
+        out.append(batch)
+        threading.Event().wait(0.6)
+    assert same(out, list(tud.DataLoader(Ints(6), batch_size=2, num_workers=1)))
+
+
+def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
+    # Nothing of the iterator refers back to the loader that holds it: dropping the loader
+    # stops its thread and workers at once.
+    gc.collect()
+    gc.disable()
+    try:
+        loader = rloader.DataLoader(Ints(40), batch_size=2, num_workers=2, pin_memory=True,
+                                    persistent_workers=True)
+        it = iter(loader)
+        next(it)
+        thread, procs = it._thread, list(it._rloader_pool.procs)
+        del it, loader
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+        assert all(p._closed for p in procs)
+    finally:
+        gc.enable()

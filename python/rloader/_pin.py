@@ -69,19 +69,29 @@ class PinnedBatches:
     the batches in flight at ``prefetch_factor * num_workers``; the hand-off adds one or two.)
 
     NOTE [Pin thread]: only the thread touches ``source`` while it runs — PyO3 refuses a
-    second borrow of it, and the sampler it draws from is not meant to be shared. Every other
-    use of ``source`` (a new epoch, shutting down) first stops the thread (``_halt``), which
-    sees its stop flag within ``_POLL`` seconds. Errors travel as items, and the thread goes
-    on after them, as torch's iterator goes on after a worker's error; it ends after the
-    epoch's "end" item, or when the pool has stopped (a dead worker, a timeout).
+    second borrow of it. The sampler is not the thread's: with a map-style dataset the main
+    thread draws the keys of the tasks the thread sends into ``feed`` (NOTE [Key feed] in
+    workers.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
+    (a new epoch, shutting down) first stops the thread (``_halt``), which sees its stop flag
+    within ``_POLL`` seconds. Errors travel as items, and the thread goes on after them, as
+    torch's iterator goes on after a worker's error; it ends after the epoch's "end" item, or
+    when the pool has stopped (a dead worker).
     """
 
-    def __init__(self, source, pin, length_of, timeout: float = 0) -> None:
+    def __init__(self, source, pin, length_of, timeout: float = 0, feed=None, drawn: int = 0,
+                 new_feed=None) -> None:
         self._source = source
         self._pin = pin
         self._length_of = length_of
         # As torch's: how long ``__next__`` may wait for the thread (0: as long as it takes).
         self._timeout = timeout
+        # The KeyFeed the main thread draws into and what makes one for a new epoch's iterator
+        # of the sampler, with its first ``drawn`` batches of keys (None for an iterable
+        # dataset); and the tasks whose keys were drawn and whose answers have not been taken
+        # yet (torch's ``_tasks_outstanding``).
+        self._feed = feed
+        self._new_feed = new_feed
+        self._in_flight = drawn
         self._rloader_pool = source._rloader_pool
         self._start()
 
@@ -109,23 +119,31 @@ class PinnedBatches:
     def __next__(self) -> Any:
         if self._ended:
             raise StopIteration
+        if self._feed is not None and self._in_flight == 0:
+            # Nothing in flight: torch ends the epoch here (the sampler is exhausted, or raised).
+            self._feed.end()
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
             try:
-                kind, value = self._queue.get(timeout=wait)
+                kind, value, answers_task = self._queue.get(timeout=wait)
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
                 if self._thread.is_alive():
                     continue
                 try:  # it may have queued its last item just before it ended
-                    kind, value = self._queue.get_nowait()
+                    kind, value, answers_task = self._queue.get_nowait()
                 except queue.Empty:
                     self._ended = True
                     raise RuntimeError(
                         "the DataLoader's pin memory thread exited unexpectedly"
                     ) from None
+            if answers_task and self._feed is not None:
+                # torch's _try_put_index: the next task's keys, drawn here, before the batch
+                # (or the worker's error) is handed out; a sampler's error goes to the user.
+                self._in_flight -= 1
+                self._in_flight += self._feed.draw(1)
             if kind == "batch":
                 return value
             if kind == "error":
@@ -142,6 +160,10 @@ class PinnedBatches:
         """A new epoch on persistent workers."""
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
+        if keys is not None and self._new_feed is not None:
+            self._in_flight = 0
+            self._feed, self._in_flight = self._new_feed(keys)
+            keys = self._feed
         self._source._reset(keys)
         self._start()
 
@@ -163,21 +185,26 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> N
     if device is not None:
         torch.accelerator.set_device_index(device)
     while not stop.is_set():
+        # Items are (kind, value, whether it answers a task): a batch or a worker's error does,
+        # the end or the pool's own failure (a dead worker) does not.
         try:
-            ready, batch = source._poll(_POLL)
-            if not ready:
+            kind, value = source._poll(_POLL)
+            if kind == "none":
                 continue
         except StopIteration:
-            item = ("end", None)
-        except Exception as exc:  # a worker's error, a dead worker, a timeout
-            item = ("error", exc)
+            item = ("end", None, False)
+        except Exception as exc:  # a dead worker, the pool's own failure
+            item = ("error", exc, False)
         else:
-            try:
-                item = ("batch", pin(batch))
-            except Exception:
-                wrapper = ExceptionWrapper(where=f"in pin memory thread for device {device}")
-                item = ("error", _reraised(wrapper))
-            del batch
+            if kind == "error":
+                item = ("error", value, True)
+            else:
+                try:
+                    item = ("batch", pin(value), True)
+                except Exception:
+                    wrapper = ExceptionWrapper(where=f"in pin memory thread for device {device}")
+                    item = ("error", _reraised(wrapper), True)
+            del value
         while not stop.is_set():
             try:
                 out.put(item, timeout=_POLL)

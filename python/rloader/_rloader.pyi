@@ -21,6 +21,7 @@ __all__ = [
     "distributed_stream",
     "fast_collate",
     "PoolIter",
+    "KeyFeed",
     "Message",
     "PoolRegion",
     "worker_loop",
@@ -137,7 +138,7 @@ class PoolIter:
         *,
         region: PoolRegion,
         in_order: bool,
-        keys: Iterable[Any] | None,
+        keys: Iterable[Any] | KeyFeed | None,
         auto_collation: bool,
         timeout: float,
         persistent: bool,
@@ -151,10 +152,20 @@ class PoolIter:
     def __iter__(self) -> PoolIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
-    def _reset(self, keys: Iterable[Any] | None) -> None: ...
+    def _reset(self, keys: Iterable[Any] | KeyFeed | None) -> None: ...
     def _shutdown_workers(self) -> None: ...
     def _prefill(self) -> None: ...
-    def _poll(self, wait: float) -> tuple[bool, Any]: ...
+    def _poll(self, wait: float) -> tuple[str, Any]: ...
+
+@final
+class KeyFeed:
+    """Keys drawn from the sampler on one thread for a PoolIter polled on another."""
+
+    def __new__(cls, region: PoolRegion, keys: Iterable[Any], auto_collation: bool) -> KeyFeed: ...
+    def draw(self, n: int) -> int:
+        """Draws up to ``n`` batches of keys on the calling thread; returns how many it drew."""
+    def end(self) -> None:
+        """Ends the feed: no task is sent after the keys already drawn."""
 
 def worker_loop(
     *,

@@ -319,11 +319,18 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     region = _REGIONS.pop(loader, None)
     if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
         region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
+    new_feed = feed = None
+    drawn = 0
+    if keys is not None and pin is not None:
+        # The pin thread sends the tasks; the main thread draws their keys (NOTE [Key feed]).
+        new_feed = _key_feed(region, loader._auto_collation,
+                             loader.prefetch_factor * loader.num_workers)
+        feed, drawn = new_feed(keys)
     pool = _Pool(region, loader)
     it = _rloader.PoolIter(
         region=region,
         in_order=loader.in_order,
-        keys=keys,
+        keys=feed if feed is not None else keys,
         auto_collation=loader._auto_collation,
         # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
         # not the pin thread's wait for the workers, which may run while the user is busy.
@@ -363,8 +370,21 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
-        return PinnedBatches(it, pin, loader._index_sampler, loader.timeout)
+        return PinnedBatches(it, pin, loader._index_sampler, loader.timeout, feed, drawn, new_feed)
     return it
+
+
+def _key_feed(region, auto_collation: bool, first: int):
+    """What makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into
+    (NOTE [Key feed] in workers.rs), with its first ``first`` batches of keys drawn as torch
+    draws them in ``iter()``: returns ``(feed, batches drawn)``. (It holds no loader: a
+    persistent loader holds its iterator, which holds this.)"""
+
+    def new_feed(keys):
+        feed = _rloader.KeyFeed(region, keys, auto_collation)
+        return feed, feed.draw(first)
+
+    return new_feed
 
 
 def reset_pool(it, loader) -> None:

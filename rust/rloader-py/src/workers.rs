@@ -26,6 +26,7 @@
 //! workers are alive and that `timeout` has not passed; a worker sleeps on its task ring in the
 //! same slices and leaves when its parent is gone.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -259,6 +260,130 @@ impl Message {
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
 }
 
+/// Where a pool's tasks get their keys.
+enum Source {
+    /// Drawn from the sampler by whichever thread sends tasks.
+    Keys(Keys),
+    /// Drawn by another thread beforehand (NOTE [Key feed]).
+    Fed(Py<KeyFeed>),
+}
+
+impl Source {
+    fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<Source> {
+        Ok(match keys.cast::<KeyFeed>() {
+            Ok(feed) => Source::Fed(feed.clone().unbind()),
+            Err(_) => Source::Keys(Keys::new(keys, auto_collation)?),
+        })
+    }
+}
+
+/// One batch of keys a [`KeyFeed`] has drawn, or the sampler's end.
+enum Fed {
+    Indices(Vec<u64>),
+    Object(Py<PyAny>),
+    End,
+}
+
+/// NOTE [Key feed]: when batches are pinned, a thread of its own (`rloader_pin_memory`) polls
+/// the PoolIter for them, and so sends the tasks; but torch advances the sampler on the main
+/// thread, which matters to samplers that draw from torch's global RNG while the training loop
+/// does too. So the main thread draws each batch of keys into a KeyFeed, and the PoolIter, on
+/// the pin thread, takes them from there. The main thread keeps torch's account
+/// (`PinnedBatches` in _pin.py): it draws `prefetch_factor * num_workers` batches of keys in
+/// `iter()`, then one for each item it takes that answers a task (a batch or a worker's
+/// error), and when it finds nothing in flight it ends the feed, as torch ends the epoch there
+/// (after a sampler error, say). So the pin thread never waits for keys that will not come:
+/// while the main thread has keys in flight, either they are queued here or their tasks are
+/// outstanding; once it has none, the feed has ended.
+///
+/// The queue is behind a mutex held only to push or pop, never across a Python call. Each draw
+/// rings the main process's doorbell, on which a pin thread waiting for answers sleeps, so
+/// that it sends the new task at once. The PoolIter that takes keys from a feed has no
+/// `timeout`: the main thread times its own wait for the pin thread, as torch does.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct KeyFeed {
+    keys: Keys,
+    drawn: std::sync::Mutex<std::collections::VecDeque<Fed>>,
+    ended: std::sync::atomic::AtomicBool,
+    doorbell: Doorbell,
+}
+
+#[pymethods]
+impl KeyFeed {
+    #[new]
+    fn new(
+        region: &Bound<'_, PoolRegion>,
+        keys: &Bound<'_, PyAny>,
+        auto_collation: bool,
+    ) -> PyResult<Self> {
+        Ok(KeyFeed {
+            keys: Keys::new(keys, auto_collation)?,
+            drawn: Default::default(),
+            ended: Default::default(),
+            doorbell: Doorbell::attach(region.get().shm.clone(), 0),
+        })
+    }
+
+    /// Draws up to `n` batches of keys from the sampler, on the calling thread, and returns how
+    /// many it drew; at the sampler's end, the feed ends (and draws nothing more).
+    fn draw(&self, py: Python<'_>, n: usize) -> PyResult<usize> {
+        let mut buf = Vec::new();
+        let mut drawn = 0;
+        let result = (|| {
+            while drawn < n && !self.ended.load(Relaxed) {
+                match self.keys.next(py, &mut buf)? {
+                    None => self.end(),
+                    Some(KeyBatch::Indices(ix)) => self.push(Fed::Indices(ix)),
+                    Some(KeyBatch::Object(obj)) => self.push(Fed::Object(obj.unbind())),
+                }
+                drawn += usize::from(!self.ended.load(Relaxed));
+            }
+            Ok(drawn)
+        })();
+        self.doorbell.ring(); // the keys drawn before an error are sent all the same
+        result
+    }
+
+    /// Ends the feed, if it has not ended: the PoolIter sends no task after the keys queued.
+    fn end(&self) {
+        if !self.ended.swap(true, Relaxed) {
+            self.push(Fed::End);
+            self.doorbell.ring();
+        }
+    }
+}
+
+impl PoolIter {
+    /// Whether the main thread has drawn keys that could be sent now.
+    fn can_send_fed_keys(&self) -> bool {
+        match &self.keys {
+            Some(Source::Fed(feed)) => {
+                self.unsent.is_none() && self.scheduler.has_room() && feed.get().has_drawn()
+            }
+            _ => false,
+        }
+    }
+}
+
+impl KeyFeed {
+    fn push(&self, item: Fed) {
+        self.lock().push_back(item);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Fed>> {
+        self.drawn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next drawn batch of keys; None if the main thread has not drawn it yet.
+    fn take(&self) -> Option<Fed> {
+        self.lock().pop_front()
+    }
+
+    fn has_drawn(&self) -> bool {
+        !self.lock().is_empty()
+    }
+}
+
 /// What a worker answered to one task.
 enum Answer {
     Batch(Py<PyAny>),
@@ -274,7 +399,7 @@ pub struct PoolIter {
     from_workers: Vec<Ring>,
     scheduler: Scheduler<Answer>,
     /// None for an iterable-style dataset (every task is "the next batch").
-    keys: Option<Keys>,
+    keys: Option<Source>,
     auto_collation: bool,
     /// The Python side (`rloader._workers._Pool`): unpickling, liveness, stopping processes.
     hooks: Py<PyAny>,
@@ -319,7 +444,7 @@ impl PoolIter {
         let (doorbell, to_workers, from_workers) = pr.prepare()?;
         let (num_workers, prefetch_factor) = (pr.num_workers, pr.prefetch_factor);
         let keys = match keys {
-            Some(k) => Some(Keys::new(&k, auto_collation)?),
+            Some(k) => Some(Source::new(&k, auto_collation)?),
             None => None,
         };
         Ok(PoolIter {
@@ -367,18 +492,17 @@ impl PoolIter {
                 Some(pin) => pin.bind(py).call1((batch,))?,
                 None => batch,
             })),
+            Polled::Failed(err) => Err(err),
             Polled::Done | Polled::NotYet => Ok(None),
         }
     }
 
     /// `__next__` for a thread that must notice when to stop (the pin_memory thread): waits at
-    /// most `wait` seconds and returns `(True, batch)`, or `(False, None)` if none came in
-    /// time; StopIteration at the end. `timeout` counts from the first call of a wait.
-    fn _poll<'py>(
-        &mut self,
-        py: Python<'py>,
-        wait: f64,
-    ) -> PyResult<(bool, Option<Bound<'py, PyAny>>)> {
+    /// most `wait` seconds and returns `("batch", batch)`, `("error", exception)` for a
+    /// worker's error (which, like a batch, answers a task), or `("none", None)` if nothing
+    /// came in time; StopIteration at the end, and any other error (a dead worker, a timeout)
+    /// is raised. `timeout` counts from the first call of a wait.
+    fn _poll<'py>(&mut self, py: Python<'py>, wait: f64) -> PyResult<(&'static str, Py<PyAny>)> {
         let now = Instant::now();
         let started = *self.waiting_since.get_or_insert(now);
         let until = now + Duration::from_secs_f64(wait.max(0.0));
@@ -387,9 +511,10 @@ impl PoolIter {
             self.waiting_since = None; // the wait is over, one way or another
         }
         match polled? {
-            Polled::Batch(batch) => Ok((true, Some(batch))),
+            Polled::Batch(batch) => Ok(("batch", batch.unbind())),
+            Polled::Failed(err) => Ok(("error", err.into_value(py).into_any())),
             Polled::Done => Err(PyStopIteration::new_err(())),
-            Polled::NotYet => Ok((false, None)),
+            Polled::NotYet => Ok(("none", py.None())),
         }
     }
 
@@ -414,7 +539,7 @@ impl PoolIter {
         self.scheduler.reset();
         self.waiting_since = None;
         self.keys = match keys {
-            Some(k) => Some(Keys::new(&k, self.auto_collation)?),
+            Some(k) => Some(Source::new(&k, self.auto_collation)?),
             None => {
                 self.resumed = 0;
                 for w in 0..self.to_workers.len() {
@@ -447,6 +572,8 @@ impl PoolIter {
 /// What `PoolIter::next_batch` found.
 enum Polled<'py> {
     Batch(Bound<'py, PyAny>),
+    /// A worker's error, in answer to its task.
+    Failed(PyErr),
     Done,
     /// Nothing arrived before the deadline.
     NotYet,
@@ -471,8 +598,11 @@ impl PoolIter {
                     return Ok(Polled::Batch(batch.into_bound(py)))
                 }
                 Next::Ready(Answer::Error(wrapper)) => {
-                    wrapper.bind(py).call_method0("reraise")?;
-                    return Err(PyRuntimeError::new_err("a worker's error did not re-raise"));
+                    let err = match wrapper.bind(py).call_method0("reraise") {
+                        Err(err) => err,
+                        Ok(_) => PyRuntimeError::new_err("a worker's error did not re-raise"),
+                    };
+                    return Ok(Polled::Failed(err));
                 }
                 Next::Done => {
                     if !self.persistent {
@@ -509,21 +639,32 @@ impl PoolIter {
         while self.unsent.is_none() && self.scheduler.has_room() {
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
-                Some(keys) => match keys.next(py, &mut self.index_buf)? {
-                    None => None,
-                    Some(KeyBatch::Indices(ix)) => {
-                        let bytes = ix.iter().flat_map(|i| i.to_le_bytes()).collect();
-                        self.index_buf = ix;
-                        Some((kind::TASK_INDICES, bytes))
+                Some(source) => {
+                    let drawn = match source {
+                        Source::Keys(keys) => keys.next(py, &mut self.index_buf)?,
+                        Source::Fed(feed) => match feed.get().take() {
+                            None => break, // the main thread has not drawn the next keys yet
+                            Some(Fed::End) => None,
+                            Some(Fed::Indices(ix)) => Some(KeyBatch::Indices(ix)),
+                            Some(Fed::Object(obj)) => Some(KeyBatch::Object(obj.into_bound(py))),
+                        },
+                    };
+                    match drawn {
+                        None => None,
+                        Some(KeyBatch::Indices(ix)) => {
+                            let bytes = ix.iter().flat_map(|i| i.to_le_bytes()).collect();
+                            self.index_buf = ix;
+                            Some((kind::TASK_INDICES, bytes))
+                        }
+                        Some(KeyBatch::Object(obj)) => {
+                            let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
+                            Some((
+                                kind::TASK_OBJECT,
+                                data.cast::<PyBytes>()?.as_bytes().to_vec(),
+                            ))
+                        }
                     }
-                    Some(KeyBatch::Object(obj)) => {
-                        let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
-                        Some((
-                            kind::TASK_OBJECT,
-                            data.cast::<PyBytes>()?.as_bytes().to_vec(),
-                        ))
-                    }
-                },
+                }
             };
             let Some((k, bytes)) = payload else {
                 self.scheduler.mark_exhausted();
@@ -578,7 +719,7 @@ impl PoolIter {
             for w in 0..self.from_workers.len() {
                 got |= self.drain(py, w)?;
             }
-            if got {
+            if got || self.can_send_fed_keys() {
                 return Ok(true);
             }
             let mut slice = WAIT_SLICE;
@@ -1030,6 +1171,7 @@ fn is_zombie(pid: i32) -> bool {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PoolIter>()?;
+    m.add_class::<KeyFeed>()?;
     m.add_class::<Message>()?;
     m.add_class::<PoolRegion>()?;
     m.add_function(wrap_pyfunction!(worker_loop, m)?)?;
