@@ -13,6 +13,7 @@ import threading
 import pytest
 import torch
 import torch.utils.data as tud
+from _samplers import CountingSampler, FailingSampler, ThreadRecordingSampler, read_past_errors
 
 import rloader
 
@@ -63,18 +64,6 @@ def test_worker_error_comes_through_the_thread(pinning):
     with pytest.raises(KeyError, match="sample 7 is missing") as err:
         list(rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True))
     assert "in DataLoader worker process 1" in str(err.value)
-
-
-def read_past_errors(loader):
-    """Every batch and the type of every error, going on after each error as a user may."""
-    out, it = [], iter(loader)
-    while True:
-        try:
-            out.append(next(it))
-        except StopIteration:
-            return out
-        except Exception as exc:
-            out.append(type(exc).__name__)
 
 
 def test_iteration_goes_on_after_a_worker_error_like_torch(pinning):
@@ -163,22 +152,6 @@ def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
 # keeping torch's account of the tasks in flight.
 
 
-class ThreadRecordingSampler(tud.Sampler):
-    """Yields 0..n-1 and records the thread that advanced it each time."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.threads: list = []
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        for i in range(self.n):
-            self.threads.append(threading.current_thread().name)
-            yield i
-
-
 @pytest.mark.parametrize("persistent", [False, True])
 def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persistent):
     sampler = ThreadRecordingSampler(40)
@@ -189,21 +162,6 @@ def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persi
         assert same(list(loader), list(tud.DataLoader(Ints(40), batch_size=2, num_workers=2)))
         assert sampler.threads == ["MainThread"] * 40
     assert pinning and set(pinning) == {"rloader_pin_memory"}
-
-
-class CountingSampler(tud.Sampler):
-    """Yields 0..n-1, counting how many it has yielded."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.drawn = n, 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        for i in range(self.n):
-            self.drawn += 1
-            yield i
 
 
 @pytest.mark.parametrize("lib", ["torch", "rloader"])
@@ -218,18 +176,6 @@ def test_keys_are_drawn_as_torch_draws_them(pinning, lib):
         next(it)
         drawn.append(sampler.drawn)
     assert drawn == [12, 14, 16, 18]
-
-
-class FailingSampler(tud.Sampler):
-    def __init__(self, good: int) -> None:
-        self.good = good
-
-    def __len__(self) -> int:
-        return 10
-
-    def __iter__(self):
-        yield from range(self.good)
-        raise IndexError("sampler ran out of luck")
 
 
 @pytest.mark.timeout(30)

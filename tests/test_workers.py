@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _samplers import CountingSampler, FailingSampler, read_past_errors
 
 import rloader
 
@@ -539,3 +540,42 @@ def test_iterable_dataset_with_in_order_false_ends():
     # Regression: tasks of an exhausted worker must be forgotten in out-of-order mode too.
     out = list(rloader.DataLoader(PlainRange(0, 10), batch_size=3, num_workers=2, in_order=False))
     assert sorted(x for b in out for x in b.tolist()) == sorted(list(range(10)) * 2)
+
+
+# ---------------------------------------------------------------- when the sampler is advanced
+# NOTE [Draws] in workers.rs: prefetch_factor * num_workers batches of keys in iter(), then one
+# per result handed out, as torch's _try_put_index.
+
+
+@pytest.mark.parametrize("in_order, persistent", [(True, False), (False, False), (True, True)])
+def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
+    def draws(lib):
+        sampler = CountingSampler(60)
+        loader = lib.DataLoader(Squares(60), batch_size=2, sampler=sampler, num_workers=2,
+                                prefetch_factor=3, in_order=in_order, persistent_workers=persistent)
+        counts = []
+        for _ in range(2):  # the second epoch restarts the sampler (persistent: same workers)
+            sampler.drawn = 0
+            it = iter(loader)
+            counts.append(sampler.drawn)
+            for _ in range(5):
+                next(it)
+                time.sleep(0.05)  # the workers answer everything in flight meanwhile
+                counts.append(sampler.drawn)
+        return counts
+
+    assert draws(rloader) == draws(tud) == [12, 14, 16, 18, 20, 22] * 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("good, workers, prefetch", [(5, 2, 2), (1, 1, 1), (3, 1, 1), (2, 2, 1)])
+def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch):
+    # torch raises it from the next() whose batch triggered the draw (that batch is lost), then
+    # yields what is in flight and ends the epoch once nothing is: never a hang.
+    def read(lib):
+        return read_past_errors(lib.DataLoader(Squares(10), batch_size=1, sampler=FailingSampler(good),
+                                               num_workers=workers, prefetch_factor=prefetch))
+
+    theirs = read(tud)
+    assert "IndexError" in theirs
+    assert same(read(rloader), theirs)

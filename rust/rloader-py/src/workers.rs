@@ -26,6 +26,7 @@
 //! workers are alive and that `timeout` has not passed; a worker sleeps on its task ring in the
 //! same slices and leaves when its parent is gone.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -358,7 +359,7 @@ impl PoolIter {
     fn can_send_fed_keys(&self) -> bool {
         match &self.keys {
             Some(Source::Fed(feed)) => {
-                self.unsent.is_none() && self.scheduler.has_room() && feed.get().has_drawn()
+                self.unsent.is_empty() && self.scheduler.has_room() && feed.get().has_drawn()
             }
             _ => false,
         }
@@ -414,8 +415,18 @@ pub struct PoolIter {
     waiting_since: Option<Instant>,
     /// Every task ring is closed behind its last task (non-persistent, sampler exhausted).
     told_to_stop: bool,
-    /// A task assigned by `_prefill` that did not fit in its worker's ring (sent first later).
-    unsent: Option<(usize, [u8; HEADER], Vec<u8>)>,
+    /// Tasks drawn by `_prefill` that did not fit in their workers' rings (sent first later).
+    unsent: VecDeque<(usize, [u8; HEADER], Vec<u8>)>,
+    /// NOTE [Draws]: how many batches of keys to draw before the next hand-out, as torch calls
+    /// `_try_put_index`: `prefetch_factor * num_workers` at the start of an epoch, then one
+    /// for each result handed out (a batch or a worker's error) and one for each worker whose
+    /// iterable dataset ended. A draw that fails (a sampler's error) is spent all the same.
+    /// So tasks drawn and not handed out never exceed `prefetch_factor * num_workers`, results
+    /// waiting to be handed out included, and the sampler advances exactly as with torch.
+    /// (Keys from a KeyFeed are counted on the main thread instead: NOTE [Key feed].)
+    to_draw: usize,
+    /// `prefetch_factor * num_workers`.
+    prefetch_total: usize,
     /// Per worker: the answer being received (a streamed one arrives in parts).
     inbox: Vec<Vec<u8>>,
     /// Tensor buffers received in slots and inline (for tests and debugging).
@@ -465,7 +476,9 @@ impl PoolIter {
             index_buf: Vec::new(),
             waiting_since: None,
             told_to_stop: false,
-            unsent: None,
+            unsent: VecDeque::new(),
+            to_draw: num_workers * prefetch_factor.max(1),
+            prefetch_total: num_workers * prefetch_factor.max(1),
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
             buffers_inline: 0,
@@ -523,7 +536,7 @@ impl PoolIter {
     fn _reset(&mut self, py: Python<'_>, keys: Option<Bound<'_, PyAny>>) -> PyResult<()> {
         // Answers still owed from an abandoned epoch are drained and dropped first (a task
         // `_prefill` kept back is sent, so that its answer comes too).
-        if let Some((worker, head, body)) = self.unsent.take() {
+        while let Some((worker, head, body)) = self.unsent.pop_front() {
             self.send(py, worker, &head, &body)?;
         }
         let started = Instant::now();
@@ -537,6 +550,7 @@ impl PoolIter {
             }
         }
         self.scheduler.reset();
+        self.to_draw = self.prefetch_total;
         self.waiting_since = None;
         self.keys = match keys {
             Some(k) => Some(Source::new(&k, self.auto_collation)?),
@@ -551,13 +565,17 @@ impl PoolIter {
                 None
             }
         };
-        Ok(())
+        // The epoch's first draws, in iter() as torch makes them (NOTE [Draws]); the task
+        // rings are empty, every task of the old epoch having been answered.
+        let mut queued = vec![0usize; self.to_workers.len()];
+        self.send_tasks_within(py, Some(&mut queued))
     }
 
-    /// Sends the first tasks before any worker is started, so that worker 0 starts on its
-    /// first batch the moment it exists. Only tasks that fit in the fresh task rings are
-    /// sent: a send that had to wait would wait for a worker that is not started yet. The
-    /// first one that does not fit is kept and sent by `__next__`.
+    /// Draws the first tasks (NOTE [Draws]) and sends them before any worker is started, so
+    /// that worker 0 starts on its first batch the moment it exists. Only tasks that fit in
+    /// the fresh task rings are sent: a send that had to wait would wait for a worker that is
+    /// not started yet. From the first one that does not fit on, they are kept and sent by
+    /// `__next__`.
     fn _prefill(&mut self, py: Python<'_>) -> PyResult<()> {
         let mut queued = vec![0usize; self.to_workers.len()];
         self.send_tasks_within(py, Some(&mut queued))
@@ -593,7 +611,16 @@ impl PoolIter {
         }
         loop {
             self.send_tasks(py)?;
-            match self.scheduler.next() {
+            let next = self.scheduler.next();
+            if let Next::Ready(_) = next {
+                // torch's _process_data: the next task is drawn before the result is handed
+                // out, and a sampler's error is raised instead of it.
+                if !matches!(self.keys, Some(Source::Fed(_))) {
+                    self.to_draw += 1;
+                }
+                self.send_tasks(py)?;
+            }
+            match next {
                 Next::Ready(Answer::Batch(batch)) => {
                     return Ok(Polled::Batch(batch.into_bound(py)))
                 }
@@ -610,6 +637,11 @@ impl PoolIter {
                     }
                     return Ok(Polled::Done);
                 }
+                Next::Wait if self.nothing_in_flight() => {
+                    // Every task drawn is handed out and no draw is owed (the last one failed):
+                    // torch ends the epoch here.
+                    self.scheduler.mark_exhausted();
+                }
                 Next::Wait => {
                     if !self.wait_for_answer(py, started, until)? {
                         return Ok(Polled::NotYet);
@@ -619,7 +651,16 @@ impl PoolIter {
         }
     }
 
-    /// Sends tasks while the scheduler has room and the sampler has keys.
+    /// No task is unanswered or waiting to be sent, and none is to be drawn. (With a KeyFeed,
+    /// the main thread keeps that account.)
+    fn nothing_in_flight(&self) -> bool {
+        !matches!(self.keys, Some(Source::Fed(_)))
+            && self.scheduler.outstanding() == 0
+            && self.unsent.is_empty()
+            && self.to_draw == 0
+    }
+
+    /// Draws and sends the tasks owed (NOTE [Draws]), or those a KeyFeed holds.
     fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
         self.send_tasks_within(py, None)
     }
@@ -632,11 +673,15 @@ impl PoolIter {
         mut queued: Option<&mut Vec<usize>>,
     ) -> PyResult<()> {
         if queued.is_none() {
-            if let Some((worker, head, body)) = self.unsent.take() {
+            while let Some((worker, head, body)) = self.unsent.pop_front() {
                 self.send(py, worker, &head, &body)?;
             }
         }
-        while self.unsent.is_none() && self.scheduler.has_room() {
+        let fed = matches!(self.keys, Some(Source::Fed(_)));
+        while self.scheduler.has_room() && (fed || self.to_draw > 0) {
+            if !fed {
+                self.to_draw -= 1; // spent even if the draw fails, as torch's _try_put_index
+            }
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
                 Some(source) => {
@@ -674,15 +719,17 @@ impl PoolIter {
             let head = header(k, worker, task);
             if let Some(queued) = queued.as_deref_mut() {
                 let frame = Ring::frame_len(HEADER + bytes.len());
-                if queued[worker] + frame > self.to_workers[worker].capacity() {
-                    self.unsent = Some((worker, head, bytes));
-                    break;
+                if !self.unsent.is_empty()
+                    || queued[worker] + frame > self.to_workers[worker].capacity()
+                {
+                    self.unsent.push_back((worker, head, bytes));
+                    continue;
                 }
                 queued[worker] += frame;
             }
             self.send(py, worker, &head, &bytes)?;
         }
-        let last_sent = queued.is_none() && self.unsent.is_none();
+        let last_sent = queued.is_none() && self.unsent.is_empty();
         if last_sent && self.scheduler.is_exhausted() && !self.persistent && !self.told_to_stop {
             // Closing a task ring never waits (a STOP message might, behind large tasks): the
             // worker takes what is queued, then finds the ring closed and leaves.
@@ -823,7 +870,10 @@ impl PoolIter {
                 self.scheduler
                     .on_result(task, Answer::Error(wrapper.unbind()));
             }
-            kind::ENDED => self.scheduler.on_worker_ended(worker, task),
+            kind::ENDED => {
+                self.scheduler.on_worker_ended(worker, task);
+                self.to_draw += 1; // torch puts another index when a worker's dataset ends
+            }
             kind::RESUMED => self.resumed += 1,
             other => {
                 return Err(PyRuntimeError::new_err(format!(

@@ -1,0 +1,64 @@
+"""Samplers and a reader that tell how a loader advances its sampler and passes on errors."""
+
+from __future__ import annotations
+
+import threading
+
+import torch.utils.data as tud
+
+
+def read_past_errors(loader):
+    """Every batch and the type of every error, going on after each error as a user may."""
+    out, it = [], iter(loader)
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            return out
+        except Exception as exc:
+            out.append(type(exc).__name__)
+
+
+class ThreadRecordingSampler(tud.Sampler):
+    """Yields 0..n-1 and records the thread that advanced it each time."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.threads: list = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.threads.append(threading.current_thread().name)
+            yield i
+
+
+class CountingSampler(tud.Sampler):
+    """Yields 0..n-1, counting how many it has yielded."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.drawn = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.drawn += 1
+            yield i
+
+
+class FailingSampler(tud.Sampler):
+    """Yields 0..good-1, then raises IndexError."""
+
+    def __init__(self, good: int) -> None:
+        self.good = good
+
+    def __len__(self) -> int:
+        return 10
+
+    def __iter__(self):
+        yield from range(self.good)
+        raise IndexError("sampler ran out of luck")
