@@ -229,3 +229,35 @@ def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
         assert all(p._closed for p in procs)
     finally:
         gc.enable()
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_that_fails_to_unpickle_is_that_batchs_error_with_pinning_too(pinning):
+    from test_workers import BadAtTwo
+
+    loader = rloader.DataLoader(BadAtTwo(), batch_size=1, num_workers=2,
+                                collate_fn=first_as_tensor, pin_memory=True)
+    expected = [torch.tensor([i]) if i != 2 else "ValueError" for i in range(8)]
+    assert same(read_past_errors(loader), expected)
+
+
+def first_as_tensor(batch):
+    first = batch[0]
+    return torch.tensor([first]) if isinstance(first, int) else first
+
+
+def test_a_pinned_persistent_loader_in_a_reference_cycle_is_collected(pinning):
+    from test_workers import RefersToItsLoader
+
+    sampler = RefersToItsLoader()
+    loader = rloader.DataLoader(Ints(20), batch_size=2, sampler=sampler, num_workers=2,
+                                pin_memory=True, persistent_workers=True)
+    sampler.loader = loader
+    it = iter(loader)
+    next(it)
+    thread, procs = it._thread, list(it._rloader_pool.procs)
+    del it, loader, sampler
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert all(p._closed for p in procs)

@@ -579,3 +579,118 @@ def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch)
     theirs = read(tud)
     assert "IndexError" in theirs
     assert same(read(rloader), theirs)
+
+
+# ---------------------------------------------------------------- tasks that wait (NOTE [Unsent])
+
+
+class Strings(tud.Dataset):
+    def __len__(self) -> int:
+        return 200_000
+
+    def __getitem__(self, i: int) -> str:
+        return "x" * 200 + str(i)
+
+
+def as_list(batch):
+    return batch
+
+
+@pytest.mark.timeout(25)  # a send that waited for the worker timed out after 30 s
+def test_large_tasks_and_large_answers_do_not_wait_on_each_other():
+    # 30,000 keys fill most of a task ring and each answer (a 6 MB pickle) streams through the
+    # answer ring: the main thread must take answers in while the next task waits for room.
+    def first_three(lib):
+        loader = lib.DataLoader(Strings(), batch_size=30_000, num_workers=1, prefetch_factor=4,
+                                collate_fn=as_list)
+        out = []
+        for batch in loader:
+            out.append(batch)
+            if len(out) == 3:
+                return out
+
+    assert first_three(rloader) == first_three(tud)
+
+
+class Unpicklable:
+    """Pickles in a worker; fails to unpickle in the main process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __reduce__(self):
+        return (_rebuild_only_in_a_worker, (self.pid,))
+
+
+_MAIN_PID = os.getpid()
+
+
+def _rebuild_only_in_a_worker(pid: int):
+    if os.getpid() == _MAIN_PID:
+        raise ValueError("cannot rebuild here")
+    return Unpicklable(pid)
+
+
+class BadAtTwo(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return Unpicklable(os.getpid()) if i == 2 else i
+
+
+def first_of(batch):
+    return batch[0]
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_that_fails_to_unpickle_is_that_batchs_error():
+    # torch loses the task and waits forever; rloader raises the error in the batch's turn and
+    # goes on.
+    loader = rloader.DataLoader(BadAtTwo(), batch_size=1, num_workers=2, collate_fn=first_of)
+    assert read_past_errors(loader) == [0, 1, "ValueError", 3, 4, 5, 6, 7]
+
+
+class RefersToItsLoader(tud.Sampler):
+    loader = None
+
+    def __len__(self) -> int:
+        return 20
+
+    def __iter__(self):
+        return iter(range(20))
+
+
+def test_a_persistent_loader_in_a_reference_cycle_is_collected():
+    # The sampler refers back to the loader, which holds its iterator: a cycle through the
+    # iterator's Rust side, which the garbage collector must see through.
+    sampler = RefersToItsLoader()
+    loader = rloader.DataLoader(Squares(20), batch_size=2, sampler=sampler, num_workers=2,
+                                persistent_workers=True)
+    sampler.loader = loader
+    it = iter(loader)
+    next(it)
+    procs = list(it._rloader_pool.procs)
+    del it, loader, sampler
+    gc.collect()
+    assert all(p._closed for p in procs)
+
+
+class OneSlowSample(tud.Dataset):
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int):
+        time.sleep(5 if i == 0 else 0.01)
+        return i
+
+
+def test_out_of_order_a_slow_worker_holds_only_its_share():
+    # torch: with in_order=False a task skips a worker already holding prefetch_factor tasks,
+    # so while worker 0 sleeps on sample 0 (holding tasks 0 and 2) worker 1 does all the rest.
+    def order(lib):
+        loader = lib.DataLoader(OneSlowSample(), batch_size=1, num_workers=2, in_order=False)
+        return [int(b) for b in loader]
+
+    for out in (order(tud), order(rloader)):
+        assert sorted(out[-2:]) == [0, 2] and sorted(out) == list(range(100))

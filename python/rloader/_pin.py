@@ -73,9 +73,12 @@ class PinnedBatches:
     thread draws the keys of the tasks the thread sends into ``feed`` (NOTE [Key feed] in
     workers.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
     (a new epoch, shutting down) first stops the thread (``_halt``), which sees its stop flag
-    within ``_POLL`` seconds. Errors travel as items, and the thread goes on after them, as
-    torch's iterator goes on after a worker's error; it ends after the epoch's "end" item, or
-    when the pool has stopped (a dead worker).
+    within ``_POLL`` seconds. Errors travel as items, and the thread goes on after a worker's
+    error, as torch's iterator goes on after one; it ends after the epoch's "end" item, or
+    after a "fatal" one (a dead worker, the pool's own failure), having stopped the workers.
+    The thread holds nothing of the user's (``source`` is built without the sampler, which the
+    feed holds, and without ``length_of``), so a loader whose sampler refers back to it is still
+    garbage once dropped.
     """
 
     def __init__(self, source, pin, length_of, timeout: float = 0, feed=None, drawn: int = 0,
@@ -146,7 +149,9 @@ class PinnedBatches:
                 self._in_flight += self._feed.draw(1)
             if kind == "batch":
                 return value
-            if kind == "error":
+            if kind == "fatal":  # nothing more comes: the pool is stopped
+                self._ended = True
+            if kind in ("error", "fatal"):
                 raise value
             self._ended = True
             raise StopIteration
@@ -193,8 +198,8 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> N
                 continue
         except StopIteration:
             item = ("end", None, False)
-        except Exception as exc:  # a dead worker, the pool's own failure
-            item = ("error", exc, False)
+        except Exception as exc:  # a dead worker, the pool's own failure: the epoch is over
+            item = ("fatal", exc, False)
         else:
             if kind == "error":
                 item = ("error", value, True)
@@ -211,7 +216,9 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> N
                 break
             except queue.Full:
                 continue
-        if item[0] == "end":
+        if item[0] == "fatal":
+            source._shutdown_workers()
+        if item[0] in ("end", "fatal"):
             return
 
 

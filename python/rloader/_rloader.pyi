@@ -143,7 +143,7 @@ class PoolIter:
         timeout: float,
         persistent: bool,
         pin: Callable[[Any], Any] | None,
-        length_of: Sized,
+        length_of: Sized | None,
         hooks: Any,
     ) -> PoolIter: ...
     @property
@@ -161,7 +161,13 @@ class PoolIter:
 class KeyFeed:
     """Keys drawn from the sampler on one thread for a PoolIter polled on another."""
 
-    def __new__(cls, region: PoolRegion, keys: Iterable[Any], auto_collation: bool) -> KeyFeed: ...
+    def __new__(
+        cls,
+        region: PoolRegion,
+        keys: Iterable[Any],
+        auto_collation: bool,
+        dump_keys: Callable[[Any], bytes],
+    ) -> KeyFeed: ...
     def draw(self, n: int) -> int:
         """Draws up to ``n`` batches of keys on the calling thread; returns how many it drew."""
     def end(self) -> None:

@@ -261,7 +261,8 @@ class _Pool:
     def load_error(self, data: bytes):
         return pickle.loads(data)
 
-    def dump_keys(self, keys) -> bytes:
+    @staticmethod
+    def dump_keys(keys) -> bytes:
         return pickle.dumps(keys, protocol=5)
 
     def exited(self) -> list:
@@ -337,7 +338,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         timeout=0.0 if pin is not None else float(loader.timeout),
         persistent=loader.persistent_workers,
         pin=None,  # pinned on a thread of its own (below)
-        length_of=loader._index_sampler,
+        length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
         hooks=pool,
     )
     it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
@@ -381,7 +382,7 @@ def _key_feed(region, auto_collation: bool, first: int):
     persistent loader holds its iterator, which holds this.)"""
 
     def new_feed(keys):
-        feed = _rloader.KeyFeed(region, keys, auto_collation)
+        feed = _rloader.KeyFeed(region, keys, auto_collation, _Pool.dump_keys)
         return feed, feed.draw(first)
 
     return new_feed

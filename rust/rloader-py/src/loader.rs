@@ -10,6 +10,7 @@
 use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::streams::{Batch, BatchStream};
@@ -29,6 +30,14 @@ impl Keys {
             Ok(stream) if auto_collation => Keys::RustBatches(stream.clone().unbind()),
             _ => Keys::Python(keys.try_iter()?.unbind()),
         })
+    }
+
+    /// Lets the garbage collector see the sampler's iterator.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Keys::RustBatches(stream) => visit.call(stream),
+            Keys::Python(it) => visit.call(it),
+        }
     }
 
     /// The next batch of keys, or None when the sampler is exhausted.

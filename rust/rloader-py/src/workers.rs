@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::{PyTraverseError, PyVisit};
 
 use rloader_queue::{Doorbell, QueueError, Ring, ShmRegion};
 use rloader_workers::{Next, Scheduler};
@@ -48,7 +49,8 @@ use crate::slots::{self, Arena, Lease, SLOT_SPAN};
 const INDEX_RING: usize = 256 << 10;
 const RESULT_RING: usize = 2 << 20;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
-/// How long the main process waits for room to send a task before declaring the worker stuck.
+/// How long the main process waits for an idle worker to take a task larger than its ring
+/// (streamed: NOTE [Unsent]) before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const HEADER: usize = 16;
 
@@ -266,22 +268,23 @@ enum Source {
     /// Drawn from the sampler by whichever thread sends tasks.
     Keys(Keys),
     /// Drawn by another thread beforehand (NOTE [Key feed]).
-    Fed(Py<KeyFeed>),
+    Fed(Arc<FedKeys>),
 }
 
 impl Source {
     fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<Source> {
         Ok(match keys.cast::<KeyFeed>() {
-            Ok(feed) => Source::Fed(feed.clone().unbind()),
+            Ok(feed) => Source::Fed(feed.borrow().queue.clone()),
             Err(_) => Source::Keys(Keys::new(keys, auto_collation)?),
         })
     }
 }
 
-/// One batch of keys a [`KeyFeed`] has drawn, or the sampler's end.
+/// One batch of keys a [`KeyFeed`] has drawn, ready to send, or the sampler's end.
 enum Fed {
     Indices(Vec<u64>),
-    Object(Py<PyAny>),
+    /// Keys that are not integers, pickled on the drawing thread.
+    Object(Vec<u8>),
     End,
 }
 
@@ -295,18 +298,32 @@ enum Fed {
 /// error), and when it finds nothing in flight it ends the feed, as torch ends the epoch there
 /// (after a sampler error, say). So the pin thread never waits for keys that will not come:
 /// while the main thread has keys in flight, either they are queued here or their tasks are
-/// outstanding; once it has none, the feed has ended.
+/// outstanding; once it has none, the feed has ended. Keys are pickled as they are drawn, so
+/// that a key that cannot be pickled fails the draw, on the main thread, and never becomes a
+/// task nobody answers.
 ///
-/// The queue is behind a mutex held only to push or pop, never across a Python call. Each draw
+/// The queue ([`FedKeys`]) is behind a mutex held only to push or pop, never across a Python
+/// call, and holds no Python object: the pin thread, whose frame keeps its PoolIter alive,
+/// reaches nothing of the user's through it (the KeyFeed, which holds the sampler, belongs to
+/// the main thread's `PinnedBatches`, and the garbage collector sees through it). Each draw
 /// rings the main process's doorbell, on which a pin thread waiting for answers sleeps, so
 /// that it sends the new task at once. The PoolIter that takes keys from a feed has no
 /// `timeout`: the main thread times its own wait for the pin thread, as torch does.
-#[pyclass(module = "rloader._rloader", frozen)]
+#[pyclass(module = "rloader._rloader")]
 pub struct KeyFeed {
-    keys: Keys,
-    drawn: std::sync::Mutex<std::collections::VecDeque<Fed>>,
-    ended: std::sync::atomic::AtomicBool,
+    /// None once cleared by the garbage collector.
+    keys: Option<Keys>,
+    /// Pickles keys that are not integers.
+    dump_keys: Option<Py<PyAny>>,
+    queue: Arc<FedKeys>,
     doorbell: Doorbell,
+}
+
+/// The keys a [`KeyFeed`] has drawn and a PoolIter has not taken yet.
+#[derive(Default)]
+pub struct FedKeys {
+    drawn: std::sync::Mutex<VecDeque<Fed>>,
+    ended: std::sync::atomic::AtomicBool,
 }
 
 #[pymethods]
@@ -316,28 +333,41 @@ impl KeyFeed {
         region: &Bound<'_, PoolRegion>,
         keys: &Bound<'_, PyAny>,
         auto_collation: bool,
+        dump_keys: Py<PyAny>,
     ) -> PyResult<Self> {
         Ok(KeyFeed {
-            keys: Keys::new(keys, auto_collation)?,
-            drawn: Default::default(),
-            ended: Default::default(),
+            keys: Some(Keys::new(keys, auto_collation)?),
+            dump_keys: Some(dump_keys),
+            queue: Default::default(),
             doorbell: Doorbell::attach(region.get().shm.clone(), 0),
         })
     }
 
     /// Draws up to `n` batches of keys from the sampler, on the calling thread, and returns how
     /// many it drew; at the sampler's end, the feed ends (and draws nothing more).
-    fn draw(&self, py: Python<'_>, n: usize) -> PyResult<usize> {
+    fn draw(&mut self, py: Python<'_>, n: usize) -> PyResult<usize> {
         let mut buf = Vec::new();
         let mut drawn = 0;
         let result = (|| {
-            while drawn < n && !self.ended.load(Relaxed) {
-                match self.keys.next(py, &mut buf)? {
+            while drawn < n && !self.queue.ended.load(Relaxed) {
+                let Some(keys) = &self.keys else {
+                    self.end();
+                    break;
+                };
+                match keys.next(py, &mut buf)? {
                     None => self.end(),
-                    Some(KeyBatch::Indices(ix)) => self.push(Fed::Indices(ix)),
-                    Some(KeyBatch::Object(obj)) => self.push(Fed::Object(obj.unbind())),
+                    Some(KeyBatch::Indices(ix)) => self.queue.push(Fed::Indices(ix)),
+                    Some(KeyBatch::Object(obj)) => {
+                        let Some(dump_keys) = &self.dump_keys else {
+                            self.end();
+                            break;
+                        };
+                        let data = dump_keys.bind(py).call1((obj,))?;
+                        let bytes = data.cast::<PyBytes>()?.as_bytes().to_vec();
+                        self.queue.push(Fed::Object(bytes));
+                    }
                 }
-                drawn += usize::from(!self.ended.load(Relaxed));
+                drawn += usize::from(!self.queue.ended.load(Relaxed));
             }
             Ok(drawn)
         })();
@@ -347,10 +377,22 @@ impl KeyFeed {
 
     /// Ends the feed, if it has not ended: the PoolIter sends no task after the keys queued.
     fn end(&self) {
-        if !self.ended.swap(true, Relaxed) {
-            self.push(Fed::End);
+        if !self.queue.ended.swap(true, Relaxed) {
+            self.queue.push(Fed::End);
             self.doorbell.ring();
         }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(keys) = &self.keys {
+            keys.traverse(&visit)?;
+        }
+        visit.call(&self.dump_keys)
+    }
+
+    fn __clear__(&mut self) {
+        self.keys = None;
+        self.dump_keys = None;
     }
 }
 
@@ -358,20 +400,20 @@ impl PoolIter {
     /// Whether the main thread has drawn keys that could be sent now.
     fn can_send_fed_keys(&self) -> bool {
         match &self.keys {
-            Some(Source::Fed(feed)) => {
-                self.unsent.is_empty() && self.scheduler.has_room() && feed.get().has_drawn()
+            Some(Source::Fed(queue)) => {
+                self.nothing_unsent() && self.scheduler.can_assign() && queue.has_drawn()
             }
             _ => false,
         }
     }
 }
 
-impl KeyFeed {
+impl FedKeys {
     fn push(&self, item: Fed) {
         self.lock().push_back(item);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Fed>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Fed>> {
         self.drawn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -388,7 +430,11 @@ impl KeyFeed {
 /// What a worker answered to one task.
 enum Answer {
     Batch(Py<PyAny>),
+    /// A worker's exception (an ExceptionWrapper, re-raised when handed out).
     Error(Py<PyAny>),
+    /// The answer could not be taken in (unpickling the batch failed, say): the task's result
+    /// is that error, raised in its turn, so no task is left unanswered.
+    Failed(PyErr),
 }
 
 /// The iterator `iter(DataLoader(..., num_workers>0))` returns.
@@ -405,7 +451,8 @@ pub struct PoolIter {
     /// The Python side (`rloader._workers._Pool`): unpickling, liveness, stopping processes.
     hooks: Py<PyAny>,
     pin: Option<Py<PyAny>>,
-    length_of: Py<PyAny>,
+    /// What `len()` measures (None for the pin thread's PoolIter: `PinnedBatches` answers it).
+    length_of: Option<Py<PyAny>>,
     timeout: Option<Duration>,
     persistent: bool,
     stopped: bool,
@@ -415,18 +462,8 @@ pub struct PoolIter {
     waiting_since: Option<Instant>,
     /// Every task ring is closed behind its last task (non-persistent, sampler exhausted).
     told_to_stop: bool,
-    /// Tasks drawn by `_prefill` that did not fit in their workers' rings (sent first later).
-    unsent: VecDeque<(usize, [u8; HEADER], Vec<u8>)>,
-    /// NOTE [Draws]: how many batches of keys to draw before the next hand-out, as torch calls
-    /// `_try_put_index`: `prefetch_factor * num_workers` at the start of an epoch, then one
-    /// for each result handed out (a batch or a worker's error) and one for each worker whose
-    /// iterable dataset ended. A draw that fails (a sampler's error) is spent all the same.
-    /// So tasks drawn and not handed out never exceed `prefetch_factor * num_workers`, results
-    /// waiting to be handed out included, and the sampler advances exactly as with torch.
-    /// (Keys from a KeyFeed are counted on the main thread instead: NOTE [Key feed].)
-    to_draw: usize,
-    /// `prefetch_factor * num_workers`.
-    prefetch_total: usize,
+    /// Per worker, the tasks assigned to it and not yet in its ring (NOTE [Unsent]).
+    unsent: Vec<VecDeque<([u8; HEADER], Vec<u8>)>>,
     /// Per worker: the answer being received (a streamed one arrives in parts).
     inbox: Vec<Vec<u8>>,
     /// Tensor buffers received in slots and inline (for tests and debugging).
@@ -448,7 +485,7 @@ impl PoolIter {
         timeout: f64,
         persistent: bool,
         pin: Option<Py<PyAny>>,
-        length_of: Py<PyAny>,
+        length_of: Option<Py<PyAny>>,
         hooks: Py<PyAny>,
     ) -> PyResult<Self> {
         let pr = region.get();
@@ -476,9 +513,7 @@ impl PoolIter {
             index_buf: Vec::new(),
             waiting_since: None,
             told_to_stop: false,
-            unsent: VecDeque::new(),
-            to_draw: num_workers * prefetch_factor.max(1),
-            prefetch_total: num_workers * prefetch_factor.max(1),
+            unsent: vec![VecDeque::new(); num_workers],
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
             buffers_inline: 0,
@@ -496,7 +531,10 @@ impl PoolIter {
     }
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        self.length_of.bind(py).len()
+        match &self.length_of {
+            Some(length_of) => length_of.bind(py).len(),
+            None => Err(PyTypeError::new_err("this iterator has no length")),
+        }
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -534,11 +572,8 @@ impl PoolIter {
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
     /// iterable dataset, whose workers restart their iterators).
     fn _reset(&mut self, py: Python<'_>, keys: Option<Bound<'_, PyAny>>) -> PyResult<()> {
-        // Answers still owed from an abandoned epoch are drained and dropped first (a task
-        // `_prefill` kept back is sent, so that its answer comes too).
-        while let Some((worker, head, body)) = self.unsent.pop_front() {
-            self.send(py, worker, &head, &body)?;
-        }
+        // Answers still owed from an abandoned epoch are drained and dropped first (tasks not
+        // sent yet are sent while waiting, so that their answers come too).
         let started = Instant::now();
         while self.scheduler.outstanding() > 0 {
             self.scheduler.mark_exhausted();
@@ -550,7 +585,6 @@ impl PoolIter {
             }
         }
         self.scheduler.reset();
-        self.to_draw = self.prefetch_total;
         self.waiting_since = None;
         self.keys = match keys {
             Some(k) => Some(Source::new(&k, self.auto_collation)?),
@@ -565,25 +599,49 @@ impl PoolIter {
                 None
             }
         };
-        // The epoch's first draws, in iter() as torch makes them (NOTE [Draws]); the task
-        // rings are empty, every task of the old epoch having been answered.
-        let mut queued = vec![0usize; self.to_workers.len()];
-        self.send_tasks_within(py, Some(&mut queued))
+        // The epoch's first draws, in iter() as torch makes them.
+        self.send_tasks(py)
     }
 
-    /// Draws the first tasks (NOTE [Draws]) and sends them before any worker is started, so
-    /// that worker 0 starts on its first batch the moment it exists. Only tasks that fit in
-    /// the fresh task rings are sent: a send that had to wait would wait for a worker that is
-    /// not started yet. From the first one that does not fit on, they are kept and sent by
-    /// `__next__`.
+    /// Draws the first tasks and sends them before any worker is started, so
+    /// that worker 0 starts on its first batch the moment it exists. Only what fits in the
+    /// fresh task rings is sent; the rest waits in `unsent` (NOTE [Unsent]).
     fn _prefill(&mut self, py: Python<'_>) -> PyResult<()> {
-        let mut queued = vec![0usize; self.to_workers.len()];
-        self.send_tasks_within(py, Some(&mut queued))
+        self.draw_tasks(py)?;
+        self.flush_unsent(py, false)
     }
 
     /// Stops the workers now (idempotent).
     fn _shutdown_workers(&mut self, py: Python<'_>) -> PyResult<()> {
         self.shutdown(py)
+    }
+
+    // The garbage collector must see what the iterator holds of the user's: a persistent
+    // loader holds its iterator, and a sampler (or dataset) that refers back to the loader
+    // would otherwise make a cycle nothing frees, keeping the workers alive.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(Source::Keys(keys)) = &self.keys {
+            keys.traverse(&visit)?;
+        }
+        visit.call(&self.pool_region)?;
+        visit.call(&self.hooks)?;
+        visit.call(&self.pin)?;
+        visit.call(&self.length_of)?;
+        for answer in self.scheduler.results() {
+            match answer {
+                Answer::Batch(obj) | Answer::Error(obj) => visit.call(obj)?,
+                Answer::Failed(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        if let Some(Source::Keys(_)) = self.keys {
+            self.keys = None;
+        }
+        self.pin = None;
+        self.length_of = None;
     }
 }
 
@@ -613,11 +671,8 @@ impl PoolIter {
             self.send_tasks(py)?;
             let next = self.scheduler.next();
             if let Next::Ready(_) = next {
-                // torch's _process_data: the next task is drawn before the result is handed
-                // out, and a sampler's error is raised instead of it.
-                if !matches!(self.keys, Some(Source::Fed(_))) {
-                    self.to_draw += 1;
-                }
+                // torch's _process_data: the draw this hand-out owes is made before the result
+                // is handed out, and a sampler's error is raised instead of it.
                 self.send_tasks(py)?;
             }
             match next {
@@ -631,16 +686,12 @@ impl PoolIter {
                     };
                     return Ok(Polled::Failed(err));
                 }
+                Next::Ready(Answer::Failed(err)) => return Ok(Polled::Failed(err)),
                 Next::Done => {
                     if !self.persistent {
                         self.shutdown(py)?;
                     }
                     return Ok(Polled::Done);
-                }
-                Next::Wait if self.nothing_in_flight() => {
-                    // Every task drawn is handed out and no draw is owed (the last one failed):
-                    // torch ends the epoch here.
-                    self.scheduler.mark_exhausted();
                 }
                 Next::Wait => {
                     if !self.wait_for_answer(py, started, until)? {
@@ -651,86 +702,100 @@ impl PoolIter {
         }
     }
 
-    /// No task is unanswered or waiting to be sent, and none is to be drawn. (With a KeyFeed,
-    /// the main thread keeps that account.)
-    fn nothing_in_flight(&self) -> bool {
-        !matches!(self.keys, Some(Source::Fed(_)))
-            && self.scheduler.outstanding() == 0
-            && self.unsent.is_empty()
-            && self.to_draw == 0
-    }
-
-    /// Draws and sends the tasks owed (NOTE [Draws]), or those a KeyFeed holds.
+    /// Draws the tasks owed (the Scheduler keeps torch's account), or takes those a KeyFeed
+    /// holds, and sends what can be sent without waiting on a busy worker.
     fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.send_tasks_within(py, None)
+        self.draw_tasks(py)?;
+        self.flush_unsent(py, true)
     }
 
-    /// `send_tasks`; with `queued` (bytes already queued per ring, none taken out yet), it
-    /// stops at the first task that would not fit in its ring without waiting.
-    fn send_tasks_within(
-        &mut self,
-        py: Python<'_>,
-        mut queued: Option<&mut Vec<usize>>,
-    ) -> PyResult<()> {
-        if queued.is_none() {
-            while let Some((worker, head, body)) = self.unsent.pop_front() {
-                self.send(py, worker, &head, &body)?;
-            }
-        }
+    /// Draws the tasks owed (or takes the fed ones) and assigns each to its worker's `unsent`
+    /// queue.
+    fn draw_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
         let fed = matches!(self.keys, Some(Source::Fed(_)));
-        while self.scheduler.has_room() && (fed || self.to_draw > 0) {
+        // Fed keys were drawn on the main thread, which keeps the account (NOTE [Key feed]).
+        while if fed {
+            self.scheduler.can_assign()
+        } else {
+            self.scheduler.draws_owed() > 0
+        } {
             if !fed {
-                self.to_draw -= 1; // spent even if the draw fails, as torch's _try_put_index
+                self.scheduler.spend_draw(); // even if the draw fails, as torch's _try_put_index
             }
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
-                Some(source) => {
-                    let drawn = match source {
-                        Source::Keys(keys) => keys.next(py, &mut self.index_buf)?,
-                        Source::Fed(feed) => match feed.get().take() {
-                            None => break, // the main thread has not drawn the next keys yet
-                            Some(Fed::End) => None,
-                            Some(Fed::Indices(ix)) => Some(KeyBatch::Indices(ix)),
-                            Some(Fed::Object(obj)) => Some(KeyBatch::Object(obj.into_bound(py))),
-                        },
-                    };
-                    match drawn {
-                        None => None,
-                        Some(KeyBatch::Indices(ix)) => {
-                            let bytes = ix.iter().flat_map(|i| i.to_le_bytes()).collect();
-                            self.index_buf = ix;
-                            Some((kind::TASK_INDICES, bytes))
-                        }
-                        Some(KeyBatch::Object(obj)) => {
-                            let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
-                            Some((
-                                kind::TASK_OBJECT,
-                                data.cast::<PyBytes>()?.as_bytes().to_vec(),
-                            ))
-                        }
+                Some(Source::Fed(queue)) => match queue.take() {
+                    None => break, // the main thread has not drawn the next keys yet
+                    Some(Fed::End) => None,
+                    Some(Fed::Indices(ix)) => Some((kind::TASK_INDICES, index_bytes(&ix))),
+                    Some(Fed::Object(bytes)) => Some((kind::TASK_OBJECT, bytes)),
+                },
+                Some(Source::Keys(keys)) => match keys.next(py, &mut self.index_buf)? {
+                    None => None,
+                    Some(KeyBatch::Indices(ix)) => {
+                        let bytes = index_bytes(&ix);
+                        self.index_buf = ix;
+                        Some((kind::TASK_INDICES, bytes))
                     }
-                }
+                    Some(KeyBatch::Object(obj)) => {
+                        let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
+                        Some((
+                            kind::TASK_OBJECT,
+                            data.cast::<PyBytes>()?.as_bytes().to_vec(),
+                        ))
+                    }
+                },
             };
             let Some((k, bytes)) = payload else {
                 self.scheduler.mark_exhausted();
                 break;
             };
-            let (worker, task) = self.scheduler.assign();
-            let head = header(k, worker, task);
-            if let Some(queued) = queued.as_deref_mut() {
-                let frame = Ring::frame_len(HEADER + bytes.len());
-                if !self.unsent.is_empty()
-                    || queued[worker] + frame > self.to_workers[worker].capacity()
-                {
-                    self.unsent.push_back((worker, head, bytes));
-                    continue;
-                }
-                queued[worker] += frame;
+            // No worker may take it (iterable datasets out of order): dropped, as torch drops it.
+            if let Some((worker, task)) = self.scheduler.assign() {
+                self.unsent[worker].push_back((header(k, worker, task), bytes));
             }
-            self.send(py, worker, &head, &bytes)?;
         }
-        let last_sent = queued.is_none() && self.unsent.is_empty();
-        if last_sent && self.scheduler.is_exhausted() && !self.persistent && !self.told_to_stop {
+        Ok(())
+    }
+
+    fn nothing_unsent(&self) -> bool {
+        self.unsent.iter().all(VecDeque::is_empty)
+    }
+
+    /// NOTE [Unsent]: tasks wait in their worker's `unsent` queue until its task ring has room
+    /// for them, and the main thread never waits for that room: it goes back to taking in
+    /// answers (a worker may itself be waiting for the main thread to take in a large answer)
+    /// and tries again after each one and each wait slice. A healthy worker that spends long on
+    /// one batch is therefore never "stuck", and no assigned task is lost to a failed send. A
+    /// task larger than the whole ring has to stream through it, a send that waits for the
+    /// worker to read along: it goes only to a worker owing no other answer (and so reading
+    /// its ring), and only when `may_stream` (not before the workers exist); if that worker
+    /// still takes nothing for SEND_TIMEOUT, it is stuck. Once the sampler is exhausted and
+    /// every task is in its ring, non-persistent workers are told to stop.
+    fn flush_unsent(&mut self, py: Python<'_>, may_stream: bool) -> PyResult<()> {
+        for w in 0..self.unsent.len() {
+            while let Some((head, body)) = self.unsent[w].front() {
+                let ring = &self.to_workers[w];
+                if Ring::frame_len(HEADER + body.len()) <= ring.capacity() {
+                    // All or nothing: a timeout means nothing was written.
+                    match py.detach(|| ring.send(&[head, body], Some(Duration::ZERO))) {
+                        Ok(()) => {}
+                        Err(QueueError::Timeout) => break,
+                        Err(e) => return Err(queue_err(e)),
+                    }
+                } else if may_stream && self.scheduler.unanswered(w) == self.unsent[w].len() {
+                    self.send(py, w, head, body)?;
+                } else {
+                    break;
+                }
+                self.unsent[w].pop_front();
+            }
+        }
+        if self.nothing_unsent()
+            && self.scheduler.is_exhausted()
+            && !self.persistent
+            && !self.told_to_stop
+        {
             // Closing a task ring never waits (a STOP message might, behind large tasks): the
             // worker takes what is queued, then finds the ring closed and leaves.
             for ring in &self.to_workers {
@@ -766,6 +831,7 @@ impl PoolIter {
             for w in 0..self.from_workers.len() {
                 got |= self.drain(py, w)?;
             }
+            self.flush_unsent(py, true)?;
             if got || self.can_send_fed_keys() {
                 return Ok(true);
             }
@@ -858,22 +924,25 @@ impl PoolIter {
                 let batch = self
                     .hooks
                     .bind(py)
-                    .call_method1("loads", (message, lease, table.pickle, table.buffers))?;
-                self.scheduler
-                    .on_result(task, Answer::Batch(batch.unbind()));
+                    .call_method1("loads", (message, lease, table.pickle, table.buffers));
+                let answer = match batch {
+                    Ok(batch) => Answer::Batch(batch.unbind()),
+                    Err(err) => Answer::Failed(err),
+                };
+                self.scheduler.on_result(task, answer);
             }
             kind::ERROR => {
                 let wrapper = self
                     .hooks
                     .bind(py)
-                    .call_method1("load_error", (PyBytes::new(py, &msg[HEADER..]),))?;
-                self.scheduler
-                    .on_result(task, Answer::Error(wrapper.unbind()));
+                    .call_method1("load_error", (PyBytes::new(py, &msg[HEADER..]),));
+                let answer = match wrapper {
+                    Ok(wrapper) => Answer::Error(wrapper.unbind()),
+                    Err(err) => Answer::Failed(err),
+                };
+                self.scheduler.on_result(task, answer);
             }
-            kind::ENDED => {
-                self.scheduler.on_worker_ended(worker, task);
-                self.to_draw += 1; // torch puts another index when a worker's dataset ends
-            }
+            kind::ENDED => self.scheduler.on_worker_ended(worker, task),
             kind::RESUMED => self.resumed += 1,
             other => {
                 return Err(PyRuntimeError::new_err(format!(
@@ -893,6 +962,11 @@ impl PoolIter {
         self.hooks.bind(py).call_method0("shutdown")?;
         Ok(())
     }
+}
+
+/// A batch of indices as a task's body: little-endian u64s.
+fn index_bytes(ix: &[u64]) -> Vec<u8> {
+    ix.iter().flat_map(|i| i.to_le_bytes()).collect()
 }
 
 /// Marks "none" in a DATA table: no slot, or a buffer that is not in the slot.
