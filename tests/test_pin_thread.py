@@ -261,3 +261,53 @@ def test_a_pinned_persistent_loader_in_a_reference_cycle_is_collected(pinning):
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert all(p._closed for p in procs)
+
+
+class CountedStream(tud.IterableDataset):
+    """tensor([0]), tensor([1]), ... counting in shared memory how many the workers produced."""
+
+    def __init__(self, produced) -> None:
+        self.produced = produced
+
+    def __iter__(self):
+        for i in range(1000):
+            with self.produced.get_lock():
+                self.produced.value += 1
+            yield torch.tensor([i])
+
+
+def test_an_iterable_datasets_workers_run_as_far_ahead_as_with_torch(pinning):
+    # Its tasks are "next batch" tokens, drawn on the main thread as torch puts its indices.
+    import multiprocessing
+
+    def produced_before_each_next(lib, **kwargs):
+        produced = multiprocessing.get_context("fork").Value("i", 0)
+        it = iter(lib.DataLoader(CountedStream(produced), batch_size=None, num_workers=2,
+                                 multiprocessing_context="fork", **kwargs))
+        row = []
+        for _ in range(4):
+            threading.Event().wait(0.3)  # the workers fill what they may meanwhile
+            row.append(produced.value)
+            next(it)
+        return row
+
+    assert produced_before_each_next(rloader, pin_memory=True) == produced_before_each_next(tud)
+
+
+class UnevenStream(tud.IterableDataset):
+    """Worker 0 yields 3 items, worker 1 yields 7 (a shard each)."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        wid = info.id if info is not None else 0
+        yield from (torch.tensor([100 * wid + i]) for i in range(3 + 4 * wid))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iterable_dataset_ending_unevenly_gives_torchs_batches(pinning, persistent):
+    def epochs(lib, **kwargs):
+        loader = lib.DataLoader(UnevenStream(), batch_size=2, num_workers=2,
+                                persistent_workers=persistent, **kwargs)
+        return [list(loader) for _ in range(2)]
+
+    assert same(epochs(rloader, pin_memory=True), epochs(tud))

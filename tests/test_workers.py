@@ -694,3 +694,12 @@ def test_out_of_order_a_slow_worker_holds_only_its_share():
 
     for out in (order(tud), order(rloader)):
         assert sorted(out[-2:]) == [0, 2] and sorted(out) == list(range(100))
+
+
+def test_a_failed_first_draw_keeps_the_loaders_region():
+    from rloader._workers import _REGIONS
+
+    loader = rloader.DataLoader(Squares(10), batch_size=1, sampler=FailingSampler(0), num_workers=2)
+    with pytest.raises(IndexError, match="sampler ran out of luck"):
+        iter(loader)
+    assert loader in _REGIONS  # no worker was started; the next iter() reuses the region

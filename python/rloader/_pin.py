@@ -88,10 +88,10 @@ class PinnedBatches:
         self._length_of = length_of
         # As torch's: how long ``__next__`` may wait for the thread (0: as long as it takes).
         self._timeout = timeout
-        # The KeyFeed the main thread draws into and what makes one for a new epoch's iterator
-        # of the sampler, with its first ``drawn`` batches of keys (None for an iterable
-        # dataset); and the tasks whose keys were drawn and whose answers have not been taken
-        # yet (torch's ``_tasks_outstanding``).
+        # The KeyFeed the main thread draws into, with its first ``drawn`` batches of keys, and
+        # what makes one for a new epoch's iterator of the sampler (None: tokens, for an
+        # iterable dataset); and the tasks whose keys were drawn and whose answers have not
+        # been taken yet (torch's ``_tasks_outstanding``).
         self._feed = feed
         self._new_feed = new_feed
         self._in_flight = drawn
@@ -165,7 +165,7 @@ class PinnedBatches:
         """A new epoch on persistent workers."""
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
-        if keys is not None and self._new_feed is not None:
+        if self._new_feed is not None:  # keys is None for an iterable dataset: tokens
             self._in_flight = 0
             self._feed, self._in_flight = self._new_feed(keys)
             keys = self._feed

@@ -164,7 +164,7 @@ class KeyFeed:
     def __new__(
         cls,
         region: PoolRegion,
-        keys: Iterable[Any],
+        keys: Iterable[Any] | None,
         auto_collation: bool,
         dump_keys: Callable[[Any], bytes],
     ) -> KeyFeed: ...

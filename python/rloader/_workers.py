@@ -320,31 +320,36 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     region = _REGIONS.pop(loader, None)
     if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
         region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
-    new_feed = feed = None
-    drawn = 0
-    if keys is not None and pin is not None:
-        # The pin thread sends the tasks; the main thread draws their keys (NOTE [Key feed]).
-        new_feed = _key_feed(region, loader._auto_collation,
-                             loader.prefetch_factor * loader.num_workers)
-        feed, drawn = new_feed(keys)
-    pool = _Pool(region, loader)
-    it = _rloader.PoolIter(
-        region=region,
-        in_order=loader.in_order,
-        keys=feed if feed is not None else keys,
-        auto_collation=loader._auto_collation,
-        # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
-        # not the pin thread's wait for the workers, which may run while the user is busy.
-        timeout=0.0 if pin is not None else float(loader.timeout),
-        persistent=loader.persistent_workers,
-        pin=None,  # pinned on a thread of its own (below)
-        length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
-        hooks=pool,
-    )
-    it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
-    # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
-    # (torch too queues them in iter(), but only once all its workers are started).
-    it._prefill()
+    try:  # the sampler's first draws may fail: then the region serves the next pool still
+        new_feed = feed = None
+        drawn = 0
+        if pin is not None:
+            # The pin thread sends the tasks; the main thread draws their keys, or for an iterable
+            # dataset their tokens (NOTE [Key feed]).
+            new_feed = _key_feed(region, loader._auto_collation,
+                                 loader.prefetch_factor * loader.num_workers)
+            feed, drawn = new_feed(keys)
+        pool = _Pool(region, loader)
+        it = _rloader.PoolIter(
+            region=region,
+            in_order=loader.in_order,
+            keys=feed if feed is not None else keys,
+            auto_collation=loader._auto_collation,
+            # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
+            # not the pin thread's wait for the workers, which may run while the user is busy.
+            timeout=0.0 if pin is not None else float(loader.timeout),
+            persistent=loader.persistent_workers,
+            pin=None,  # pinned on a thread of its own (below)
+            length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
+            hooks=pool,
+        )
+        it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
+        # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
+        # (torch too queues them in iter(), but only once all its workers are started).
+        it._prefill()
+    except BaseException:
+        _REGIONS[loader] = region
+        raise
     # From here on workers may exist: make sure they go, whatever happens.
     finalizer = weakref.finalize(it, pool.shutdown)
     try:

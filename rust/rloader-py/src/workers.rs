@@ -282,6 +282,8 @@ impl Source {
 
 /// One batch of keys a [`KeyFeed`] has drawn, ready to send, or the sampler's end.
 enum Fed {
+    /// "The next batch", for an iterable dataset's workers.
+    Next,
     Indices(Vec<u64>),
     /// Keys that are not integers, pickled on the drawing thread.
     Object(Vec<u8>),
@@ -298,7 +300,10 @@ enum Fed {
 /// error), and when it finds nothing in flight it ends the feed, as torch ends the epoch there
 /// (after a sampler error, say). So the pin thread never waits for keys that will not come:
 /// while the main thread has keys in flight, either they are queued here or their tasks are
-/// outstanding; once it has none, the feed has ended. Keys are pickled as they are drawn, so
+/// outstanding; once it has none, the feed has ended. An iterable dataset has no sampler, but
+/// the same account: its feed holds "next batch" tokens, so its workers run as far ahead as
+/// torch's (one more token, for the worker whose dataset ended, is the PoolIter's own, as torch
+/// puts one more index on receiving the end). Keys are pickled as they are drawn, so
 /// that a key that cannot be pickled fails the draw, on the main thread, and never becomes a
 /// task nobody answers.
 ///
@@ -311,7 +316,8 @@ enum Fed {
 /// `timeout`: the main thread times its own wait for the pin thread, as torch does.
 #[pyclass(module = "rloader._rloader")]
 pub struct KeyFeed {
-    /// None once cleared by the garbage collector.
+    /// The sampler's iterator; None for a feed of tokens, or once cleared by the garbage
+    /// collector.
     keys: Option<Keys>,
     /// Pickles keys that are not integers.
     dump_keys: Option<Py<PyAny>>,
@@ -324,6 +330,8 @@ pub struct KeyFeed {
 pub struct FedKeys {
     drawn: std::sync::Mutex<VecDeque<Fed>>,
     ended: std::sync::atomic::AtomicBool,
+    /// Tokens for an iterable dataset, not keys.
+    tokens: bool,
 }
 
 #[pymethods]
@@ -331,14 +339,17 @@ impl KeyFeed {
     #[new]
     fn new(
         region: &Bound<'_, PoolRegion>,
-        keys: &Bound<'_, PyAny>,
+        keys: Option<&Bound<'_, PyAny>>,
         auto_collation: bool,
         dump_keys: Py<PyAny>,
     ) -> PyResult<Self> {
         Ok(KeyFeed {
-            keys: Some(Keys::new(keys, auto_collation)?),
+            keys: keys.map(|k| Keys::new(k, auto_collation)).transpose()?,
             dump_keys: Some(dump_keys),
-            queue: Default::default(),
+            queue: Arc::new(FedKeys {
+                tokens: keys.is_none(),
+                ..Default::default()
+            }),
             doorbell: Doorbell::attach(region.get().shm.clone(), 0),
         })
     }
@@ -351,6 +362,11 @@ impl KeyFeed {
         let result = (|| {
             while drawn < n && !self.queue.ended.load(Relaxed) {
                 let Some(keys) = &self.keys else {
+                    if self.queue.tokens {
+                        self.queue.push(Fed::Next);
+                        drawn += 1;
+                        continue;
+                    }
                     self.end();
                     break;
                 };
@@ -393,6 +409,7 @@ impl KeyFeed {
     fn __clear__(&mut self) {
         self.keys = None;
         self.dump_keys = None;
+        self.end(); // a cleared sampler draws nothing more (tokens included)
     }
 }
 
@@ -462,6 +479,8 @@ pub struct PoolIter {
     waiting_since: Option<Instant>,
     /// Every task ring is closed behind its last task (non-persistent, sampler exhausted).
     told_to_stop: bool,
+    /// Tokens owed for workers whose iterable dataset ended, with a token feed (NOTE [Key feed]).
+    end_tokens: usize,
     /// Per worker, the tasks assigned to it and not yet in its ring (NOTE [Unsent]).
     unsent: Vec<VecDeque<([u8; HEADER], Vec<u8>)>>,
     /// Per worker: the answer being received (a streamed one arrives in parts).
@@ -513,6 +532,7 @@ impl PoolIter {
             index_buf: Vec::new(),
             waiting_since: None,
             told_to_stop: false,
+            end_tokens: 0,
             unsent: vec![VecDeque::new(); num_workers],
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
@@ -586,9 +606,18 @@ impl PoolIter {
         }
         self.scheduler.reset();
         self.waiting_since = None;
-        self.keys = match keys {
-            Some(k) => Some(Source::new(&k, self.auto_collation)?),
-            None => {
+        self.end_tokens = 0;
+        let source = keys
+            .map(|k| Source::new(&k, self.auto_collation))
+            .transpose()?;
+        let iterable = match &source {
+            None => true,
+            Some(Source::Fed(queue)) => queue.tokens,
+            Some(Source::Keys(_)) => false,
+        };
+        self.keys = match source {
+            Some(source) if !iterable => Some(source),
+            source => {
                 self.resumed = 0;
                 for w in 0..self.to_workers.len() {
                     self.send(py, w, &header(kind::RESUME, w, 0), &[])?;
@@ -596,7 +625,7 @@ impl PoolIter {
                 while self.resumed < self.to_workers.len() {
                     self.wait_for_answer(py, started, None)?;
                 }
-                None
+                source
             }
         };
         // The epoch's first draws, in iter() as torch makes them.
@@ -725,7 +754,12 @@ impl PoolIter {
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
                 Some(Source::Fed(queue)) => match queue.take() {
+                    None if self.end_tokens > 0 => {
+                        self.end_tokens -= 1;
+                        Some((kind::TASK_OBJECT, Vec::new()))
+                    }
                     None => break, // the main thread has not drawn the next keys yet
+                    Some(Fed::Next) => Some((kind::TASK_OBJECT, Vec::new())),
                     Some(Fed::End) => None,
                     Some(Fed::Indices(ix)) => Some((kind::TASK_INDICES, index_bytes(&ix))),
                     Some(Fed::Object(bytes)) => Some((kind::TASK_OBJECT, bytes)),
@@ -942,7 +976,12 @@ impl PoolIter {
                 };
                 self.scheduler.on_result(task, answer);
             }
-            kind::ENDED => self.scheduler.on_worker_ended(worker, task),
+            kind::ENDED => {
+                self.scheduler.on_worker_ended(worker, task);
+                if matches!(self.keys, Some(Source::Fed(_))) {
+                    self.end_tokens += 1; // NOTE [Key feed]: this one is the PoolIter's
+                }
+            }
             kind::RESUMED => self.resumed += 1,
             other => {
                 return Err(PyRuntimeError::new_err(format!(
