@@ -372,3 +372,30 @@ def test_workers_give_torchs_batches(context):
     kw = dict(batch_size=4, num_workers=2, multiprocessing_context=context)
     theirs, ours = both(data, **kw)
     assert same(ours, theirs)
+
+
+class _Sentinel:
+    pass
+
+
+class _RefersToItsIterator(tud.Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_an_iterator_in_a_reference_cycle_is_collected():
+    import gc
+    import weakref
+
+    dataset = _RefersToItsIterator()
+    dataset.sentinel = _Sentinel()
+    alive = weakref.ref(dataset.sentinel)
+    it = iter(rloader.DataLoader(dataset, batch_size=2))
+    next(it)
+    dataset.it = it  # dataset -> iterator -> dataset, through the iterator's Rust side
+    del it, dataset
+    gc.collect()
+    assert alive() is None

@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::collate::fast_collate;
 
@@ -105,6 +106,27 @@ impl Fetcher {
 
     pub fn dataset(&self) -> &Py<PyAny> {
         &self.dataset
+    }
+
+    /// Lets the garbage collector see the dataset, its iterator and the collate function.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.dataset)?;
+        match &self.kind {
+            Kind::Map { getitems, .. } => visit.call(getitems)?,
+            Kind::Iterable { samples, .. } => visit.call(samples)?,
+        }
+        match &self.collate {
+            Collate::Default {
+                general,
+                live_map,
+                pristine,
+            } => {
+                visit.call(general)?;
+                visit.call(live_map)?;
+                visit.call(pristine)
+            }
+            Collate::Call(f) => visit.call(f),
+        }
     }
 
     /// Replaces an iterable dataset's iterator (a new epoch of persistent workers).

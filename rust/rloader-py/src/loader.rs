@@ -136,6 +136,22 @@ impl LoaderIter {
         self.length_of.bind(py).len()
     }
 
+    // A dataset (or sampler) that refers to the iterator makes a cycle; the garbage collector
+    // must see through the Rust side to free it, as it frees torch's pure-Python iterator.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(keys) = &self.keys {
+            keys.traverse(&visit)?;
+        }
+        self.fetcher.traverse(&visit)?;
+        visit.call(&self.pin)?;
+        visit.call(&self.length_of)
+    }
+
+    fn __clear__(&mut self) {
+        self.keys = None;
+        self.pin = None;
+    }
+
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let batch = match &self.keys {
             Some(keys) => match keys.next(py, &mut self.index_buf)? {
