@@ -8,6 +8,7 @@ thread pins, that results, errors, epochs and shutdown come through it as withou
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -311,3 +312,73 @@ def test_an_iterable_dataset_ending_unevenly_gives_torchs_batches(pinning, persi
         return [list(loader) for _ in range(2)]
 
     assert same(epochs(rloader, pin_memory=True), epochs(tud))
+
+
+class DiesOnResume(tud.IterableDataset):
+    """A worker's second iterator (a persistent worker's new epoch) kills the worker."""
+
+    calls = 0
+
+    def __iter__(self):
+        DiesOnResume.calls += 1
+        if DiesOnResume.calls >= 2:
+            os._exit(3)
+        info = tud.get_worker_info()
+        return (torch.tensor([i]) for i in range(info.id, 8, info.num_workers))
+
+
+@pytest.mark.timeout(20)
+def test_a_worker_dying_as_a_pinned_persistent_epoch_starts_is_reported(pinning):
+    # The first epoch is read slowly, so the main thread drew tokens the pin thread never
+    # sent; the new epoch must not take them for work to do (it used to spin, GIL held, and
+    # never notice the dead worker).
+    loader = rloader.DataLoader(DiesOnResume(), batch_size=2, num_workers=2,
+                                persistent_workers=True, pin_memory=True)
+    for _ in loader:
+        threading.Event().wait(0.2)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \d \(pid \d+\) exited with code 3"):
+        list(loader)
+    # The workers are gone; the next epoch starts new ones.
+    DiesOnResume.calls = -10
+    assert len(list(loader)) == 4
+
+
+class ThreeWorkerStream(tud.IterableDataset):
+    """Worker 0 has no data; workers 1 and 2 yield 6 items each, counting them."""
+
+    def __init__(self, produced) -> None:
+        self.produced = produced
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info.id == 0:
+            return iter(())
+        return self.items(info.id)
+
+    def items(self, wid):
+        for i in range(6):
+            with self.produced.get_lock():
+                self.produced.value += 1
+            yield torch.tensor([wid * 100 + i])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_out_of_order_tokens_no_worker_may_take_are_dropped_as_torch_drops_them(pinning):
+    import multiprocessing
+
+    def produced_before_each_next(lib, **kwargs):
+        produced = multiprocessing.get_context("fork").Value("i", 0)
+        it = iter(lib.DataLoader(ThreeWorkerStream(produced), batch_size=None, num_workers=3,
+                                 prefetch_factor=1, in_order=False,
+                                 multiprocessing_context="fork", **kwargs))
+        row = []
+        while True:
+            threading.Event().wait(0.15)
+            before = produced.value
+            try:
+                next(it)
+            except StopIteration:
+                return row
+            row.append(before)
+
+    assert produced_before_each_next(rloader, pin_memory=True) == produced_before_each_next(tud)

@@ -191,7 +191,8 @@ class DataLoader(tud.DataLoader[_T_co]):
 
     def __iter__(self):
         if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is None:
+            if self._iterator is None or self._iterator._rloader_pool.stopped:
+                # (workers stopped by an error, a dead one say, are started anew)
                 self._iterator = self._get_iterator()
             else:
                 _workers.reset_pool(self._iterator, self)

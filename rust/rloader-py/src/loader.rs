@@ -76,6 +76,8 @@ pub struct LoaderIter {
     /// For iterable datasets: the length `len(loader)` reported, to warn when exceeded.
     reported_len: Option<usize>,
     index_buf: Vec<u64>,
+    /// Cleared by the garbage collector: yields nothing more.
+    cleared: bool,
 }
 
 #[pymethods]
@@ -125,6 +127,7 @@ impl LoaderIter {
             num_yielded: 0,
             reported_len,
             index_buf: Vec::new(),
+            cleared: false,
         })
     }
 
@@ -150,9 +153,13 @@ impl LoaderIter {
     fn __clear__(&mut self) {
         self.keys = None;
         self.pin = None;
+        self.cleared = true;
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.cleared {
+            return Ok(None);
+        }
         let batch = match &self.keys {
             Some(keys) => match keys.next(py, &mut self.index_buf)? {
                 None => return Ok(None),

@@ -418,7 +418,10 @@ impl PoolIter {
     fn can_send_fed_keys(&self) -> bool {
         match &self.keys {
             Some(Source::Fed(queue)) => {
-                self.nothing_unsent() && self.scheduler.can_assign() && queue.has_drawn()
+                self.nothing_unsent()
+                    && !self.scheduler.is_exhausted()
+                    && self.scheduler.can_assign()
+                    && queue.has_drawn()
             }
             _ => false,
         }
@@ -592,8 +595,16 @@ impl PoolIter {
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
     /// iterable dataset, whose workers restart their iterators).
     fn _reset(&mut self, py: Python<'_>, keys: Option<Bound<'_, PyAny>>) -> PyResult<()> {
-        // Answers still owed from an abandoned epoch are drained and dropped first (tasks not
-        // sent yet are sent while waiting, so that their answers come too).
+        if self.stopped {
+            return Err(PyRuntimeError::new_err(
+                "this DataLoader's workers were stopped (after an error or a shutdown)",
+            ));
+        }
+        // The old epoch's keys go first: nothing more is drawn or taken from them (a feed's
+        // leftovers must not look like work to do while the old answers are drained).
+        self.keys = None;
+        // Answers still owed from an abandoned epoch are drained and dropped (tasks not sent
+        // yet are sent while waiting, so that their answers come too).
         let started = Instant::now();
         while self.scheduler.outstanding() > 0 {
             self.scheduler.mark_exhausted();
@@ -671,6 +682,8 @@ impl PoolIter {
         }
         self.pin = None;
         self.length_of = None;
+        // Nothing more is sent or handed out (its finalizer still stops the workers).
+        self.stopped = true;
     }
 }
 
@@ -744,7 +757,7 @@ impl PoolIter {
         let fed = matches!(self.keys, Some(Source::Fed(_)));
         // Fed keys were drawn on the main thread, which keeps the account (NOTE [Key feed]).
         while if fed {
-            self.scheduler.can_assign()
+            self.scheduler.can_assign() || self.tokens_waiting()
         } else {
             self.scheduler.draws_owed() > 0
         } {
@@ -785,11 +798,21 @@ impl PoolIter {
                 break;
             };
             // No worker may take it (iterable datasets out of order): dropped, as torch drops it.
+            // (Map-style keys always find a worker: see Scheduler::assign.)
             if let Some((worker, task)) = self.scheduler.assign() {
                 self.unsent[worker].push_back((header(k, worker, task), bytes));
             }
         }
         Ok(())
+    }
+
+    /// A token feed holds tokens (or the PoolIter owes one) that no worker may take now: torch
+    /// drops such a task when it would put it; so do we, as it would be placed.
+    fn tokens_waiting(&self) -> bool {
+        match &self.keys {
+            Some(Source::Fed(queue)) if queue.tokens => self.end_tokens > 0 || queue.has_drawn(),
+            _ => false,
+        }
     }
 
     fn nothing_unsent(&self) -> bool {
