@@ -703,3 +703,16 @@ def test_a_failed_first_draw_keeps_the_loaders_region():
     with pytest.raises(IndexError, match="sampler ran out of luck"):
         iter(loader)
     assert loader in _REGIONS  # no worker was started; the next iter() reuses the region
+
+
+def _exit_at_start(worker_id):
+    os._exit(1)
+
+
+@pytest.mark.timeout(20)  # the streamed send used to wait 30 s, then call the worker "stuck"
+def test_a_worker_dead_before_reading_a_streamed_task_is_reported():
+    # 40,000 keys make a task larger than the task ring: it streams, while liveness is checked.
+    loader = rloader.DataLoader(list(range(100_000)), batch_size=40_000, num_workers=1,
+                                worker_init_fn=_exit_at_start)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker 0 \(pid \d+\) exited with code 1"):
+        list(loader)

@@ -49,8 +49,8 @@ use crate::slots::{self, Arena, Lease, SLOT_SPAN};
 const INDEX_RING: usize = 256 << 10;
 const RESULT_RING: usize = 2 << 20;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
-/// How long the main process waits for an idle worker to take a task larger than its ring
-/// (streamed: NOTE [Unsent]) before declaring the worker stuck.
+/// How long the main process waits to send a worker a control message (RESUME, into a task
+/// ring every task of the last epoch has left) before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const HEADER: usize = 16;
 
@@ -823,29 +823,40 @@ impl PoolIter {
     /// for them, and the main thread never waits for that room: it goes back to taking in
     /// answers (a worker may itself be waiting for the main thread to take in a large answer)
     /// and tries again after each one and each wait slice. A healthy worker that spends long on
-    /// one batch is therefore never "stuck", and no assigned task is lost to a failed send. A
-    /// task larger than the whole ring has to stream through it, a send that waits for the
-    /// worker to read along: it goes only to a worker owing no other answer (and so reading
-    /// its ring), and only when `may_stream` (not before the workers exist); if that worker
-    /// still takes nothing for SEND_TIMEOUT, it is stuck. Once the sampler is exhausted and
-    /// every task is in its ring, non-persistent workers are told to stop.
-    fn flush_unsent(&mut self, py: Python<'_>, may_stream: bool) -> PyResult<()> {
+    /// one batch (or a spawned worker slow to start) is therefore never "stuck", a dead one is
+    /// noticed by the usual liveness checks, and no assigned task is lost to a failed send. A
+    /// task that fits in the ring goes all or nothing; one larger than the whole ring streams
+    /// through it, as much at a time as there is room for (`Ring::send_partial` keeps its
+    /// place), so a busy worker finds the first part when it is done while the rest waits
+    /// here; to a worker that is reading it (owing nothing else), it goes on slice by slice,
+    /// with the worker's liveness and Ctrl-C checked between slices (not before the workers are
+    /// started: `_prefill` never waits). Once the sampler is
+    /// exhausted and every task is in its ring, non-persistent workers are told to stop.
+    fn flush_unsent(&mut self, py: Python<'_>, workers_started: bool) -> PyResult<()> {
         for w in 0..self.unsent.len() {
-            while let Some((head, body)) = self.unsent[w].front() {
+            while let Some((head, body)) = self.unsent[w].pop_front() {
                 let ring = &self.to_workers[w];
-                if Ring::frame_len(HEADER + body.len()) <= ring.capacity() {
-                    // All or nothing: a timeout means nothing was written.
-                    match py.detach(|| ring.send(&[head, body], Some(Duration::ZERO))) {
-                        Ok(()) => {}
-                        Err(QueueError::Timeout) => break,
-                        Err(e) => return Err(queue_err(e)),
+                // A worker owing nothing but what waits here is reading its ring (or starting):
+                // a streamed task goes on to it slice by slice, its liveness checked between.
+                let streamed = Ring::frame_len(HEADER + body.len()) > ring.capacity();
+                let reading = workers_started
+                    && streamed
+                    && self.scheduler.unanswered(w) == self.unsent[w].len() + 1;
+                let wait = if reading { WAIT_SLICE } else { Duration::ZERO };
+                let sent = py.detach(|| ring.send_partial(&[&head, &body], Some(wait)));
+                match sent {
+                    Ok(true) => continue,
+                    Ok(false) if reading => {
+                        self.unsent[w].push_front((head, body));
+                        py.check_signals()?;
+                        self.check_workers(py)?;
                     }
-                } else if may_stream && self.scheduler.unanswered(w) == self.unsent[w].len() {
-                    self.send(py, w, head, body)?;
-                } else {
-                    break;
+                    Ok(false) | Err(QueueError::Timeout) => {
+                        self.unsent[w].push_front((head, body)); // no more room for now
+                        break;
+                    }
+                    Err(e) => return Err(queue_err(e)),
                 }
-                self.unsent[w].pop_front();
             }
         }
         if self.nothing_unsent()

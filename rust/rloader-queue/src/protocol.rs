@@ -262,6 +262,8 @@ pub(crate) struct ProducerState {
     started: bool,
     tail: u64,
     cached_head: u64,
+    /// Payload bytes handed over of a streamed message `send_partial` left half sent.
+    streamed: Option<u64>,
 }
 
 /// The consumer's private view, plus a message half received when a recv timed out.
@@ -348,6 +350,7 @@ impl RingCore<'_> {
                 started: true,
                 tail,
                 cached_head: head,
+                streamed: None,
             };
         }
         Ok(())
@@ -437,6 +440,28 @@ impl RingCore<'_> {
         parts: &[&[u8]],
         deadline: Option<Instant>,
     ) -> Result<(), QueueError> {
+        self.send_from(st, parts, deadline, false).map(|_| ())
+    }
+
+    /// `send`, except that a streamed message that runs out of time is left half sent, its
+    /// progress kept in `st`, instead of closing the ring: Ok(false), and the next call with
+    /// the same `parts` goes on from there. Ok(true) once the message is handed over whole.
+    pub(crate) fn send_partial(
+        &self,
+        st: &mut ProducerState,
+        parts: &[&[u8]],
+        deadline: Option<Instant>,
+    ) -> Result<bool, QueueError> {
+        self.send_from(st, parts, deadline, true)
+    }
+
+    fn send_from(
+        &self,
+        st: &mut ProducerState,
+        parts: &[&[u8]],
+        deadline: Option<Instant>,
+        resumable: bool,
+    ) -> Result<bool, QueueError> {
         self.start_producer(st)?;
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         if total > MAX_MESSAGE_LEN {
@@ -446,30 +471,53 @@ impl RingCore<'_> {
             });
         }
         if self.is_closed() {
+            st.streamed = None;
             return Err(QueueError::Closed);
         }
-        let frame = FRAME_HEADER + total;
-        let first_need = if frame <= self.cap() {
-            frame
-        } else {
-            FRAME_HEADER + self.stream_chunk(total)
+        let (mut pos, done) = match st.streamed {
+            Some(done) if resumable && done <= total => (st.tail, done),
+            Some(_) => {
+                return Err(corrupt(
+                    "a new message was sent while a streamed one was half sent".to_string(),
+                ))
+            }
+            None => {
+                let frame = FRAME_HEADER + total;
+                let first_need = if frame <= self.cap() {
+                    frame
+                } else {
+                    FRAME_HEADER + self.stream_chunk(total)
+                };
+                // A timeout here has written nothing.
+                self.wait_space(st, first_need, deadline)?;
+                let pos = st.tail;
+                self.data
+                    .copy_in(pos, &((FRAME_TAG << 48) | total).to_le_bytes());
+                (pos + FRAME_HEADER, 0)
+            }
         };
-        self.wait_space(st, first_need, deadline)?;
-
-        let mut pos = st.tail;
-        self.data
-            .copy_in(pos, &((FRAME_TAG << 48) | total).to_le_bytes());
-        pos += FRAME_HEADER;
-        let mut remaining = total;
+        let mut remaining = total - done;
+        let mut skip = done;
         for part in parts {
             let mut rest: &[u8] = part;
+            if skip >= rest.len() as u64 {
+                skip -= rest.len() as u64;
+                continue;
+            }
+            rest = &rest[skip as usize..];
+            skip = 0;
             while !rest.is_empty() {
                 let free = self.cap() - (pos - st.cached_head);
                 if free == 0 {
                     // Only a streamed message gets here: hand over what is written, wait.
                     self.publish_tail(st, pos);
                     if let Err(e) = self.wait_space(st, self.stream_chunk(remaining), deadline) {
+                        if resumable && matches!(e, QueueError::Timeout) {
+                            st.streamed = Some(total - remaining);
+                            return Ok(false);
+                        }
                         // The reader holds part of a frame that nothing will finish.
+                        st.streamed = None;
                         self.close();
                         return Err(e);
                     }
@@ -483,7 +531,8 @@ impl RingCore<'_> {
             }
         }
         self.publish_tail(st, pos);
-        Ok(())
+        st.streamed = None;
+        Ok(true)
     }
 
     // ---- consumer side ----

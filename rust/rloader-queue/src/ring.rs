@@ -141,6 +141,23 @@ impl Ring {
         self.core().send(&mut lock(&self.producer), parts, deadline)
     }
 
+    /// `send` for a producer that must not wait long nor lose a message larger than the
+    /// ring: it hands over what it can within `timeout` and returns Ok(false) when time runs
+    /// out in the middle of a streamed message, which then stays half sent (the reader waits
+    /// for the rest) and the ring open; calling it again with the same `parts` goes on from
+    /// where it stopped, and Ok(true) means the whole message is handed over. Until then no
+    /// other message may be sent on the ring (`send` fails with `Corrupt`). A message that
+    /// fits in the ring is all or nothing, as with `send`: `Timeout` means nothing was sent.
+    pub fn send_partial(
+        &self,
+        parts: &[&[u8]],
+        timeout: Option<Duration>,
+    ) -> Result<bool, QueueError> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        self.core()
+            .send_partial(&mut lock(&self.producer), parts, deadline)
+    }
+
     /// Receives the next whole message into `out` (cleared first); blocks without spinning
     /// up to `timeout` (`None`: forever). After a close, returns what was sent before it,
     /// then `Closed`. A timeout in the middle of a streamed message loses nothing: the part

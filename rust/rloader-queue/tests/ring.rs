@@ -343,3 +343,48 @@ fn handles_are_send_and_sync() {
     check::<ShmRegion>();
     check::<rloader_queue::Doorbell>();
 }
+
+#[test]
+fn send_partial_streams_a_large_message_across_calls_without_closing() {
+    let r = Arc::new(ring(64));
+    let big: Vec<u8> = (0..10_007u32).map(|i| (i % 253) as u8).collect();
+    // Nobody reads yet: the first call hands over what fits and keeps its place.
+    assert!(!r.send_partial(&[b"h", &big], Some(Duration::ZERO)).unwrap());
+    assert!(!r.is_closed());
+    // Another message may not cut in.
+    assert!(matches!(
+        r.send(&[b"x"], SHORT),
+        Err(QueueError::Corrupt(_))
+    ));
+    let reader = {
+        let r = Arc::clone(&r);
+        thread::spawn(move || (recv(&r), recv(&r)))
+    };
+    let mut calls = 1;
+    while !r
+        .send_partial(&[b"h", &big], Some(Duration::from_millis(1)))
+        .unwrap()
+    {
+        calls += 1;
+    }
+    r.send(&[b"next"], LONG).unwrap();
+    let (got, next) = reader.join().unwrap();
+    assert_eq!(got[0], b'h');
+    assert_eq!(&got[1..], &big[..]);
+    assert_eq!(next, b"next");
+    assert!(calls > 1);
+}
+
+#[test]
+fn send_partial_of_a_message_that_fits_is_all_or_nothing() {
+    let r = ring(64);
+    assert!(r.send_partial(&[&[7u8; 40]], SHORT).unwrap());
+    // No room for another 40 bytes: nothing written, the ring stays usable.
+    assert!(matches!(
+        r.send_partial(&[&[8u8; 40]], SHORT),
+        Err(QueueError::Timeout)
+    ));
+    assert_eq!(recv(&r), vec![7u8; 40]);
+    assert!(r.send_partial(&[&[8u8; 40]], SHORT).unwrap());
+    assert_eq!(recv(&r), vec![8u8; 40]);
+}
