@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 
 import pytest
@@ -418,3 +419,33 @@ def test_rloader_samplers_work_in_torchs_dataloader():
     assert [b.tolist() for b in loader] == [list(range(i, min(i + 6, 20))) for i in range(0, 20, 6)]
     loader = tud.DataLoader(data, sampler=RandomSampler(data, generator=gen(0)), batch_size=5)
     assert sorted(x for b in loader for x in b.tolist()) == data
+
+
+def _indices_threads() -> int:
+    # The thread is Rust's, not Python's: count it through /proc.
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names.count("rloader-indices")
+
+
+def test_weighted_draws_ahead_on_a_thread_that_goes_with_the_iterator():
+    # NOTE [Prefetched indices]: the draws run ahead on a thread of their own; the order is the
+    # stream's, and a half-read iterator takes its thread with it.
+    import gc
+
+    weights = torch.rand(100_000, generator=torch.Generator().manual_seed(3)).double()
+    sampler = rloader.WeightedRandomSampler(weights, 100_000, generator=torch.Generator().manual_seed(4))
+    whole = list(sampler)
+    sampler.generator = torch.Generator().manual_seed(4)
+    it = iter(sampler)
+    head = [next(it) for _ in range(10)]
+    assert head == whole[:10]
+    assert _indices_threads() == 1
+    del it
+    gc.collect()
+    assert _indices_threads() == 0

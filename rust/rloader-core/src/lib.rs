@@ -7,6 +7,8 @@
 //! * [`distributed`]: `DistributedSampler` (torch's padding and sharding);
 //! * [`batch`]: `BatchSampler` over any index stream.
 //!
+//! [`prefetch`] runs a stream's draws ahead on a thread of its own.
+//!
 //! All randomness comes from [`Rng`], whose output for a given seed is part of
 //! rloader's stable contract (see [`rng`]).
 
@@ -14,6 +16,7 @@ pub mod batch;
 pub mod buffer;
 mod compact;
 pub mod distributed;
+pub mod prefetch;
 pub mod random;
 pub mod rng;
 pub mod weighted;

@@ -58,8 +58,10 @@ fn weighted_indices(
     let stream: Indices = py.detach(|| -> Result<_, CoreError> {
         Ok(if replacement {
             let table = Arc::new(weighted::AliasTable::new(&weights)?);
-            Box::new(weighted::WeightedIndices::new(table, num_samples, seed))
-                as crate::streams::Indices
+            // NOTE [Prefetched indices]: the draws overlap the consumer's ints.
+            Box::new(rloader_core::prefetch::Prefetched::new(
+                weighted::WeightedIndices::new(table, num_samples, seed),
+            )) as crate::streams::Indices
         } else {
             plain(weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter())
         })

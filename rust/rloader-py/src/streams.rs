@@ -22,6 +22,20 @@ use pyo3::types::{PyIterator, PyList};
 pub trait IndexSource: Send + Sync {
     /// Appends up to `max` indices to `out`; fewer only at the end of the stream.
     fn fill(&mut self, out: &mut Vec<u64>, max: usize);
+
+    /// Whether `fill` may wait for another thread (then callers release the GIL around it).
+    fn may_wait(&self) -> bool {
+        false
+    }
+}
+
+/// Fills `out` from `it`, without the GIL when the fill may wait.
+fn fill_from(py: Python<'_>, it: &mut Indices, out: &mut Vec<u64>, max: usize) {
+    if it.may_wait() {
+        py.detach(|| it.fill(out, max));
+    } else {
+        it.fill(out, max);
+    }
 }
 
 pub type Indices = Box<dyn IndexSource>;
@@ -38,6 +52,20 @@ impl<I: Iterator<Item = u64> + Send + Sync> IndexSource for Plain<I> {
 impl IndexSource for rloader_core::weighted::WeightedIndices {
     fn fill(&mut self, out: &mut Vec<u64>, max: usize) {
         self.next_chunk(out, max);
+    }
+}
+
+/// NOTE [Prefetched indices] in rloader-core's prefetch.rs: the draws run a few chunks ahead on
+/// a thread of their own.
+impl<S: rloader_core::prefetch::ChunkSource + Sync + 'static> IndexSource
+    for rloader_core::prefetch::Prefetched<S>
+{
+    fn fill(&mut self, out: &mut Vec<u64>, max: usize) {
+        rloader_core::prefetch::Prefetched::fill(self, out, max);
+    }
+
+    fn may_wait(&self) -> bool {
+        true
     }
 }
 
@@ -111,7 +139,7 @@ impl IndexChunks {
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let it = self.source.ready(py)?;
         let mut chunk = Vec::with_capacity(CHUNK);
-        it.fill(&mut chunk, CHUNK);
+        fill_from(py, it, &mut chunk, CHUNK);
         if chunk.is_empty() {
             return Ok(None);
         }
@@ -154,7 +182,7 @@ impl BatchStream {
             BatchSource::Rust(src) => {
                 let it = src.ready(py)?;
                 buf.clear();
-                it.fill(buf, want);
+                fill_from(py, it, buf, want);
                 if buf.is_empty() || (self.drop_last && buf.len() < want) {
                     None
                 } else {
