@@ -287,7 +287,7 @@ def test_an_iterable_datasets_workers_run_as_far_ahead_as_with_torch(pinning):
                                  multiprocessing_context="fork", **kwargs))
         row = []
         for _ in range(4):
-            threading.Event().wait(0.3)  # the workers fill what they may meanwhile
+            threading.Event().wait(0.5)  # the workers fill what they may meanwhile
             row.append(produced.value)
             next(it)
         return row
@@ -373,7 +373,7 @@ def test_out_of_order_tokens_no_worker_may_take_are_dropped_as_torch_drops_them(
                                  multiprocessing_context="fork", **kwargs))
         row = []
         while True:
-            threading.Event().wait(0.15)
+            threading.Event().wait(0.3)  # the workers fill what they may meanwhile
             before = produced.value
             try:
                 next(it)
