@@ -38,6 +38,8 @@ pub struct Prefetched<S: ChunkSource + 'static> {
     source: Option<S>,
     chunks: Option<Mutex<Receiver<Vec<u64>>>>,
     thread: Option<JoinHandle<()>>,
+    /// Whether the thread was tried for.
+    started: bool,
     /// The chunk being handed out, and how far.
     current: Vec<u64>,
     at: usize,
@@ -49,6 +51,7 @@ impl<S: ChunkSource + 'static> Prefetched<S> {
             source: Some(source),
             chunks: None,
             thread: None,
+            started: false,
             current: Vec::new(),
             at: 0,
         }
@@ -89,7 +92,8 @@ impl<S: ChunkSource + 'static> Prefetched<S> {
     /// Appends up to `max` indices to `out`, fewer only at the end; waits for the thread when
     /// it has no chunk ready.
     pub fn fill(&mut self, out: &mut Vec<u64>, max: usize) {
-        if self.thread.is_none() {
+        if !self.started {
+            self.started = true; // once: if the thread is refused, the stream stays here
             self.start();
         }
         if let Some(source) = &mut self.source {

@@ -626,19 +626,17 @@ impl PoolIter {
             Some(Source::Fed(queue)) => queue.tokens,
             Some(Source::Keys(_)) => false,
         };
-        self.keys = match source {
-            Some(source) if !iterable => Some(source),
-            source => {
-                self.resumed = 0;
-                for w in 0..self.to_workers.len() {
-                    self.send(py, w, &header(kind::RESUME, w, 0), &[])?;
-                }
-                while self.resumed < self.to_workers.len() {
-                    self.wait_for_answer(py, started, None)?;
-                }
-                source
+        if iterable {
+            // The workers restart their datasets' iterators.
+            self.resumed = 0;
+            for w in 0..self.to_workers.len() {
+                self.send(py, w, &header(kind::RESUME, w, 0), &[])?;
             }
-        };
+            while self.resumed < self.to_workers.len() {
+                self.wait_for_answer(py, started, None)?;
+            }
+        }
+        self.keys = source;
         // The epoch's first draws, in iter() as torch makes them.
         self.send_tasks(py)
     }
