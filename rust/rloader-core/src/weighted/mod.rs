@@ -58,58 +58,108 @@ struct WeightSummary {
 }
 
 /// Checks `weights` in torch's order (empty, then invalid values, then all zero).
-///
-/// Branch-free f64 arithmetic in 4 lanes, so that it vectorises: `w * 0.0` is
-/// NaN exactly for NaN and infinite weights (and sums stay NaN), the lowest
-/// weight tells negatives, and the summary only counts when all are valid.
-/// Positive weights are counted in f64 lanes too, exactly (below 2^53 each).
 fn validate(weights: &[f64]) -> Result<WeightSummary, WeightError> {
-    const LANES: usize = 4;
     if weights.is_empty() {
         return Err(WeightError::Empty);
     }
-    let mut non_finite = [0.0f64; LANES];
-    let mut lowest = [0.0f64; LANES];
-    let mut max = [0.0f64; LANES];
-    let mut min_positive = [f64::INFINITY; LANES];
-    let mut positive = [0.0f64; LANES];
-    let mut visit = |chunk: &[f64; LANES]| {
-        for lane in 0..LANES {
-            let w = chunk[lane];
-            non_finite[lane] += w * 0.0;
-            lowest[lane] = if w < lowest[lane] { w } else { lowest[lane] };
-            max[lane] = if w > max[lane] { w } else { max[lane] };
-            let candidate = if w > 0.0 { w } else { f64::INFINITY };
-            min_positive[lane] = if candidate < min_positive[lane] {
-                candidate
-            } else {
-                min_positive[lane]
-            };
-            positive[lane] += if w > 0.0 { 1.0 } else { 0.0 };
-        }
-    };
-    let chunks = weights.chunks_exact(LANES);
-    // Zeros, the rest's padding, change nothing.
-    let mut rest = [0.0; LANES];
-    rest[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-    for chunk in chunks {
-        visit(chunk.try_into().expect("chunks_exact"));
-    }
-    visit(&rest);
-    let valid = non_finite.iter().all(|x| !x.is_nan()) && lowest.iter().all(|&w| w >= 0.0);
+    let scan = Scan::of(weights);
     let summary = WeightSummary {
-        max: max.into_iter().fold(0.0, |a, b| if b > a { b } else { a }),
-        min_positive: min_positive
+        max: scan
+            .max
+            .into_iter()
+            .fold(0.0, |a, b| if b > a { b } else { a }),
+        min_positive: scan
+            .min_positive
             .into_iter()
             .fold(f64::INFINITY, |a, b| if b < a { b } else { a }),
-        positive: positive.iter().map(|&count| count as usize).sum(),
+        positive: scan.positive.iter().map(|&count| count as usize).sum(),
     };
-    if !valid {
+    if scan.non_finite.iter().any(|x| x.is_nan()) || scan.lowest.iter().any(|&w| w < 0.0) {
         Err(WeightError::NotFiniteOrNegative)
     } else if summary.positive == 0 {
         Err(WeightError::ZeroSum)
     } else {
         Ok(summary)
+    }
+}
+
+/// Lanes of [`Scan`]: enough independent chains to keep the adds and
+/// comparisons busy.
+const LANES: usize = 8;
+
+/// What [`validate`] gathers in one pass, lane by lane.
+///
+/// Branch-free f64 arithmetic, so that it vectorises: `w * 0.0` is NaN exactly
+/// for NaN and infinite weights (and sums stay NaN), the lowest weight tells
+/// negatives. Positive weights are counted in f64 lanes too, exactly (below
+/// 2^53 each); the summary only counts when all weights are valid.
+struct Scan {
+    non_finite: [f64; LANES],
+    lowest: [f64; LANES],
+    max: [f64; LANES],
+    min_positive: [f64; LANES],
+    positive: [f64; LANES],
+}
+
+impl Scan {
+    /// The scan of `weights`, in AVX2 where the CPU has it.
+    fn of(weights: &[f64]) -> Scan {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { Scan::of_avx2(weights) };
+        }
+        Scan::of_portable(weights)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn of_avx2(weights: &[f64]) -> Scan {
+        Scan::of_portable(weights)
+    }
+
+    #[inline(always)]
+    fn of_portable(weights: &[f64]) -> Scan {
+        let mut scan = Scan {
+            non_finite: [0.0; LANES],
+            lowest: [0.0; LANES],
+            max: [0.0; LANES],
+            min_positive: [f64::INFINITY; LANES],
+            positive: [0.0; LANES],
+        };
+        let chunks = weights.chunks_exact(LANES);
+        // Zeros, the rest's padding, change nothing.
+        let mut rest = [0.0; LANES];
+        rest[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        for chunk in chunks {
+            scan.visit(chunk.try_into().expect("chunks_exact"));
+        }
+        scan.visit(&rest);
+        scan
+    }
+
+    #[inline(always)]
+    fn visit(&mut self, chunk: &[f64; LANES]) {
+        for (lane, &w) in chunk.iter().enumerate() {
+            self.non_finite[lane] += w * 0.0;
+            self.lowest[lane] = if w < self.lowest[lane] {
+                w
+            } else {
+                self.lowest[lane]
+            };
+            self.max[lane] = if w > self.max[lane] {
+                w
+            } else {
+                self.max[lane]
+            };
+            let candidate = if w > 0.0 { w } else { f64::INFINITY };
+            self.min_positive[lane] = if candidate < self.min_positive[lane] {
+                candidate
+            } else {
+                self.min_positive[lane]
+            };
+            self.positive[lane] += if w > 0.0 { 1.0 } else { 0.0 };
+        }
     }
 }
 

@@ -37,9 +37,11 @@ use crate::rng::{exponential_of, Rng};
 /// O(n) to draw keys, a few ns each (the logarithms in AVX2 where the CPU has
 /// it: the same IEEE operations lane by lane, so the same bits). Then, if few of
 /// the positive weights are wanted, a bounded selection as keys stream by (O(k)
-/// memory); otherwise an LSD radix sort of the keys' bit patterns (non-negative
-/// `f64`s order like them), three 10-bit passes over their top 30 bits, and one
-/// insertion pass for the bits below.
+/// memory); otherwise a radix sort of the keys' bit patterns (non-negative
+/// `f64`s order like them): one pass into buckets by their top bits, then a
+/// counting sort and an insertion pass in each bucket. Both the draws and the
+/// sort run on up to [`sort_threads`] threads for 2^16 weights or more; the
+/// order does not depend on how many.
 pub fn weighted_without_replacement(
     weights: &[f64],
     k: u64,
@@ -155,17 +157,33 @@ impl<'a> Keys<'a> {
     /// order, `first` being the block's first index and `uniforms` its draws.
     /// Every weight gets one draw, used or not.
     #[inline]
-    fn for_each_block(&self, mut visit: impl FnMut(usize, &'a [f64], &mut [f64], &Rng)) {
+    fn for_each_block(&self, visit: impl FnMut(usize, &'a [f64], &mut [f64], &Rng)) {
+        self.for_each_block_in(0..self.weights.len(), visit);
+    }
+
+    /// [`Keys::for_each_block`] for the weights in `range` only, which starts on
+    /// a block boundary: the generator first steps past the earlier draws.
+    #[inline]
+    fn for_each_block_in(
+        &self,
+        range: Range<usize>,
+        mut visit: impl FnMut(usize, &'a [f64], &mut [f64], &Rng),
+    ) {
+        debug_assert_eq!(range.start % BLOCK, 0);
         let mut rng = Rng::from_seed(self.seed);
+        for _ in 0..range.start {
+            rng.next_u64();
+        }
         let mut uniforms = [0.0; BLOCK];
-        for (block, weights) in self.weights.chunks(BLOCK).enumerate() {
+        let start = range.start;
+        for (block, weights) in self.weights[range].chunks(BLOCK).enumerate() {
             // The generator before this block's draws, for snapshots.
             let before = rng.clone();
             let uniforms = &mut uniforms[..weights.len()];
             for u in uniforms.iter_mut() {
                 *u = rng.next_f64_nonzero();
             }
-            visit(block * BLOCK, weights, uniforms, &before);
+            visit(start + block * BLOCK, weights, uniforms, &before);
         }
     }
 
@@ -243,8 +261,9 @@ impl<'a> Keys<'a> {
         candidates.into_iter().map(|(_, index)| index).collect()
     }
 
-    /// The `take` smallest (key, index) pairs, in order, by LSD radix sort, in a
-    /// vector with room for `capacity` indices.
+    /// The `take` smallest (key, index) pairs, in order, by radix sort (see
+    /// [`Keys::radix_sort_packed`]), in a vector with room for `capacity`
+    /// indices, on up to [`sort_threads`] threads.
     fn smallest_by_radix_sort(
         &self,
         take: usize,
@@ -257,137 +276,212 @@ impl<'a> Keys<'a> {
             summary.min_positive,
             u64::BITS,
         );
-        self.radix_sort_packed(take, summary, capacity, &packing)
+        let threads = sort_threads(self.weights.len());
+        self.radix_sort_packed(take, summary, capacity, &packing, threads)
     }
 
-    /// [`Keys::smallest_by_radix_sort`] with the given packing.
+    /// [`Keys::smallest_by_radix_sort`] with the given packing and number of
+    /// threads (the result does not depend on it).
     ///
     /// Each positive weight's key is packed beside its index into one `u64` (see
-    /// [`Packing`]) as the keys are drawn, with all the bits the index leaves
-    /// free. Words are packed in index order and LSD radix sort is stable, so
-    /// only key bits need passes: three 10-bit passes over the top 30 bits of
-    /// the key leave the words sorted by (top 30 bits, index). Counts for each
-    /// pass are taken as the words are drawn (the first) or moved by the pass
-    /// before (the others), and a pass whose digit is the same for every word
-    /// is skipped. The words are drawn into scratch space that starts on a huge
-    /// page boundary ([`crate::buffer::aligned_scratch`]), so that its first
-    /// touch faults in 2 MiB pages only, and three passes leave them in the
-    /// result vector.
+    /// [`Packing`]), so that sorting the words sorts by (packed key, index). One
+    /// most-significant-digit pass moves the words into buckets small enough to
+    /// sort in a core's caches:
     ///
-    /// A single insertion pass then sorts by whole word, that is by (packed
-    /// key, index): words only ever move within a run of equal top bits, rare
-    /// and short unless the keys crowd together (then runs are sorted one by
-    /// one instead). Keys that differ only in bits the packing dropped tie in
-    /// the packed word; the draws are replayed for just those (very few)
-    /// indices and their runs re-sorted by full key, so the result is a sort by
-    /// (full key, index). The sorted words then become the result in place.
+    /// 1. Draw: each thread draws the keys of one range of weights (its
+    ///    generator first stepped past the ranges before it), packs them into the
+    ///    result vector, and counts the top [`FINE_BITS`] key bits of each word.
+    /// 2. Plan: consecutive fine digits are grouped into buckets of at most
+    ///    `positive / 512` words (a digit holding more is a bucket of its own),
+    ///    from the counts of all ranges.
+    /// 3. Move: each thread moves its range's words to their buckets in scratch
+    ///    space, in order and into places of its own (its bucket starts come
+    ///    after the earlier ranges'), so every bucket holds its words in index
+    ///    order.
+    /// 4. Sort: each thread sorts a run of buckets, about as many words as the
+    ///    others, from the scratch space back into the result ([`sort_bucket`]),
+    ///    as far as the bucket that holds the `take`-th word, and turns them into
+    ///    indices.
+    ///
+    /// Keys that differ only in bits the packing dropped tie in the packed word,
+    /// and equal packed keys share a bucket; the draws are replayed for just
+    /// those (very few) indices and their runs re-sorted by full key, so the
+    /// result is a sort by (full key, index).
+    ///
+    /// Threads share nothing mutable but disjoint slices, except in phase 3,
+    /// whose writes are disjoint by construction of the bucket starts (see
+    /// [`SharedWords`]). Each phase joins its threads before the next reads what
+    /// it wrote.
     fn radix_sort_packed(
         &self,
         take: usize,
         summary: &WeightSummary,
         capacity: usize,
         packing: &Packing,
+        threads: usize,
     ) -> Vec<u64> {
-        // 1024 buckets: 2048 fall off a cliff (TLB and L1 misses in the scatter).
-        const DIGIT_BITS: u32 = 10;
-        const BUCKETS: usize = 1 << DIGIT_BITS;
-        const SORTED_BITS: u32 = 30;
-        const MAX_PASSES: usize = SORTED_BITS.div_ceil(DIGIT_BITS) as usize;
-        let sorted_bits = packing.key_bits.min(SORTED_BITS);
-        let passes = sorted_bits.div_ceil(DIGIT_BITS) as usize;
-        // The sorted bits are the top `sorted_bits` of the key, bits `low` and up
-        // of the word (the bits above the key are zero).
-        let low = packing.index_bits + packing.key_bits - sorted_bits;
-        // Below 64 for every pass that runs: `low + sorted_bits <= 64`.
-        let shifts: [u32; MAX_PASSES] =
-            std::array::from_fn(|pass| (low + pass as u32 * DIGIT_BITS).min(u64::BITS - 1));
-        let digit = |word: u64, pass: usize| (word >> shifts[pass]) as usize & (BUCKETS - 1);
-
+        let n = self.weights.len();
         let positive = summary.positive;
-        let mut counts = [[0usize; BUCKETS]; MAX_PASSES];
-        let mut snapshots = Vec::with_capacity(self.weights.len().div_ceil(SNAPSHOT_STRIDE));
-        // The words are drawn into scratch space that huge pages back in full,
-        // so that the passes end in `words`, the result, after three moves.
-        let (mut scratch_buffer, offset) = crate::buffer::aligned_scratch::<u64>(positive);
-        let drawn = &mut scratch_buffer.spare_capacity_mut()[offset..offset + positive];
-        let mut len = 0;
-        let mut block_words = [0u64; BLOCK];
-        self.for_each_block(|first, weights, uniforms, rng| {
-            if first % SNAPSHOT_STRIDE == 0 {
-                snapshots.push(rng.clone());
-            }
-            let block_words = &mut block_words[..weights.len()];
-            #[cfg(target_arch = "x86_64")]
-            if self.avx2 {
-                // SAFETY: the CPU has AVX2 (`has_avx2`).
-                unsafe { block_words_avx2(self, packing, first, uniforms, weights, block_words) };
-            } else {
-                self.block_words(packing, first, uniforms, weights, block_words);
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            self.block_words(packing, first, uniforms, weights, block_words);
-            for (&w, &word) in weights.iter().zip(&*block_words) {
-                if w > 0.0 {
-                    if passes > 0 {
-                        counts[0][digit(word, 0)] += 1;
+        // Key bits only, so that equal packed keys share a bucket.
+        let fine_shift = packing.index_bits + packing.key_bits.saturating_sub(FINE_BITS);
+        let fine_digit = |word: u64| (word >> fine_shift) as usize & (FINE_DIGITS - 1);
+
+        // 1. Draw, each range of weights into the same range of `words`.
+        let mut words: Vec<u64> = crate::buffer::with_capacity(n.max(capacity));
+        let mut parts = Vec::with_capacity(threads);
+        let mut rest = &mut words.spare_capacity_mut()[..n];
+        for pair in split_points(n, threads).windows(2) {
+            let (part, tail) = rest.split_at_mut(pair[1] - pair[0]);
+            parts.push((pair[0]..pair[1], part));
+            rest = tail;
+        }
+        let drawn = in_parallel(
+            parts,
+            |(range, out): (Range<usize>, &mut [MaybeUninit<u64>])| {
+                let mut drawn = Drawn {
+                    start: range.start,
+                    len: 0,
+                    fine: vec![0usize; FINE_DIGITS],
+                    snapshots: Vec::new(),
+                };
+                let mut block_words = [0u64; BLOCK];
+                self.for_each_block_in(range, |first, weights, uniforms, rng| {
+                    if first % SNAPSHOT_STRIDE == 0 {
+                        drawn.snapshots.push(rng.clone());
                     }
-                    drawn[len].write(word);
-                    len += 1;
-                }
+                    let block_words = &mut block_words[..weights.len()];
+                    #[cfg(target_arch = "x86_64")]
+                    if self.avx2 {
+                        // SAFETY: the CPU has AVX2 (`has_avx2`).
+                        unsafe {
+                            block_words_avx2(self, packing, first, uniforms, weights, block_words)
+                        };
+                    } else {
+                        self.block_words(packing, first, uniforms, weights, block_words);
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    self.block_words(packing, first, uniforms, weights, block_words);
+                    for (&w, &word) in weights.iter().zip(&*block_words) {
+                        if w > 0.0 {
+                            drawn.fine[fine_digit(word)] += 1;
+                            out[drawn.len].write(word);
+                            drawn.len += 1;
+                        }
+                    }
+                });
+                drawn
+            },
+        );
+        assert_eq!(drawn.iter().map(|d| d.len).sum::<usize>(), positive);
+
+        // 2. Plan the buckets.
+        let mut total = vec![0usize; FINE_DIGITS];
+        for d in &drawn {
+            for (sum, &count) in total.iter_mut().zip(&d.fine) {
+                *sum += count;
+            }
+        }
+        let (bucket_of, bucket_starts) =
+            plan_buckets(&total, positive.div_ceil(512).clamp(64, 4096));
+        let buckets = bucket_starts.len() - 1;
+        // Each bucket's words lie between the first word of its lowest non-empty
+        // fine digit and the last word of its highest.
+        let mut spans = vec![(u64::MAX, 0u64); buckets];
+        for (fine, &count) in total.iter().enumerate() {
+            if count > 0 {
+                let span = &mut spans[usize::from(bucket_of[fine])];
+                let first = (fine as u64) << fine_shift;
+                let last = ((fine as u64 + 1) << fine_shift).wrapping_sub(1);
+                *span = (span.0.min(first), span.1.max(last));
+            }
+        }
+
+        // 3. Move each range's words to their buckets, after the earlier ranges'.
+        // Huge pages back the scratch space whole (`aligned_scratch`), so that its
+        // first touch faults in 2 MiB pages only.
+        let (mut scratch_buffer, offset) = crate::buffer::aligned_scratch::<u64>(positive);
+        let shared = SharedWords(
+            scratch_buffer.spare_capacity_mut()[offset..]
+                .as_mut_ptr()
+                .cast(),
+        );
+        let mut next: Vec<usize> = bucket_starts[..buckets].to_vec();
+        let base = words.spare_capacity_mut().as_ptr();
+        let mut moves = Vec::with_capacity(drawn.len());
+        for d in &drawn {
+            // SAFETY: the draw initialised `len` words from `start`, and
+            // `MaybeUninit<u64>` has the layout of `u64`.
+            let source = unsafe { std::slice::from_raw_parts(base.add(d.start).cast(), d.len) };
+            moves.push((source, next.clone()));
+            for (fine, &count) in d.fine.iter().enumerate() {
+                next[usize::from(bucket_of[fine])] += count;
+            }
+        }
+        let shared = &shared;
+        in_parallel(moves, |(source, mut next): (&[u64], Vec<usize>)| {
+            for &word in source {
+                let bucket = &mut next[usize::from(bucket_of[fine_digit(word)])];
+                // SAFETY: see `SharedWords`: the places this range writes,
+                // `next[b]..next[b] + (its count of bucket b)`, are its own.
+                unsafe { shared.0.add(*bucket).write(word) };
+                *bucket += 1;
             }
         });
-        assert_eq!(len, positive);
-        // SAFETY: the loop above initialised all `positive` elements, and
-        // `MaybeUninit<u64>` has the layout of `u64`.
-        let scratch = unsafe { &mut *(drawn as *mut [MaybeUninit<u64>] as *mut [u64]) };
+        // SAFETY: the bucket starts partition `0..positive`, and every range
+        // filled its places in each bucket.
+        let scratch: &[u64] = unsafe { std::slice::from_raw_parts(shared.0, positive) };
 
-        let mut words: Vec<u64> = crate::buffer::with_capacity(positive.max(capacity));
-        let mut in_scratch = true;
-        for pass in 0..passes {
-            let count_next = pass + 1 < passes;
-            if counts[pass].contains(&positive) {
-                // One digit for every word: nothing to move.
-                if count_next {
-                    let source = if in_scratch { &*scratch } else { &words[..] };
-                    for &word in source {
-                        counts[pass + 1][digit(word, pass + 1)] += 1;
-                    }
-                }
-                continue;
-            }
-            let mut next_slot = [0usize; BUCKETS];
-            let mut sum = 0;
-            for (slot, &c) in next_slot.iter_mut().zip(&counts[pass]) {
-                *slot = sum;
-                sum += c;
-            }
-            if count_next {
-                let next_count = &mut counts[pass + 1];
-                let digits = |word| {
-                    next_count[digit(word, pass + 1)] += 1;
-                    digit(word, pass)
-                };
-                radix_pass(in_scratch, scratch, &mut words, &mut next_slot, digits);
+        // 4. Sort the buckets up to the one holding the `take`-th word, in runs of
+        // buckets about equal in words, one run per thread, and make them indices.
+        let last = bucket_starts.partition_point(|&start| start < take);
+        let sorted_end = bucket_starts[last];
+        // SAFETY: `positive <= n <= capacity`; the sort writes every word before
+        // `sorted_end` (it writes each bucket it sorts whole), and the vector is
+        // truncated to `take <= sorted_end` words before it is read.
+        unsafe { words.set_len(sorted_end) };
+        let mut runs = Vec::with_capacity(threads);
+        let mut rest = &mut words[..];
+        let mut first_bucket = 0;
+        for t in 1..=threads {
+            let end_bucket = if t == threads {
+                last
             } else {
-                let digits = |word| digit(word, pass);
-                radix_pass(in_scratch, scratch, &mut words, &mut next_slot, digits);
+                let end_word = sorted_end * t / threads;
+                bucket_starts
+                    .partition_point(|&start| start < end_word)
+                    .min(last)
+            };
+            let len = bucket_starts[end_bucket] - bucket_starts[first_bucket];
+            let (run, tail) = rest.split_at_mut(len);
+            runs.push((first_bucket..end_bucket, run));
+            rest = tail;
+            first_bucket = end_bucket;
+        }
+        let snapshots: Vec<Rng> = drawn.into_iter().flat_map(|d| d.snapshots).collect();
+        let (bucket_starts, spans, snapshots) = (&bucket_starts, &spans, &snapshots);
+        in_parallel(runs, |(range, run): (Range<usize>, &mut [u64])| {
+            let origin = bucket_starts[range.start];
+            let mut counts = Box::new([0usize; 1 << SUB_DIGIT_BITS]);
+            let mut ties = Vec::new();
+            for b in range {
+                let bucket = bucket_starts[b]..bucket_starts[b + 1];
+                let local = bucket.start - origin..bucket.end - origin;
+                let sorted = &mut run[local.clone()];
+                sort_bucket(&scratch[bucket], spans[b], sorted, &mut counts);
+                if packing.dropped_bits > 0 && has_packed_ties(sorted, packing) {
+                    let take_here = take.saturating_sub(origin);
+                    packed_ties(sorted, packing, local.start, take_here, &mut ties);
+                }
             }
-            in_scratch = !in_scratch;
-        }
-        if in_scratch {
-            words.clear();
-            words.extend_from_slice(scratch);
-        }
+            if !ties.is_empty() {
+                self.resolve_ties(run, &ties, packing, snapshots);
+            }
+            for word in run.iter_mut() {
+                *word = packing.index(*word);
+            }
+        });
         drop(scratch_buffer);
-
-        let ties = finish_sort(&mut words, take, low, packing);
-        if !ties.is_empty() {
-            self.resolve_ties(&mut words, &ties, packing, &snapshots);
-        }
         words.truncate(take);
-        for word in &mut words {
-            *word = packing.index(*word);
-        }
         words
     }
 
@@ -432,146 +526,209 @@ fn exponentials_in_place(uniforms: &mut [f64]) {
     }
 }
 
-/// One LSD radix pass between the scratch space and `words`, either way; the
-/// words fill all of `scratch` and, once moved there, `words`.
-#[inline(always)]
-fn radix_pass(
-    to_words: bool,
-    scratch: &mut [u64],
-    words: &mut Vec<u64>,
-    next_slot: &mut [usize],
-    digit: impl FnMut(u64) -> usize,
-) {
-    if to_words {
-        let len = scratch.len();
-        words.clear();
-        scatter(
-            scratch,
-            &mut words.spare_capacity_mut()[..len],
-            next_slot,
-            digit,
-        );
-        // SAFETY: `next_slot` started at the bucket starts of a count of these
-        // very words' digits, so the scatter wrote every one of the `len` slots.
-        unsafe { words.set_len(len) };
-    } else {
-        scatter(words, scratch, next_slot, digit);
-    }
+/// The radix sort's first digit: the top this many bits of a packed word. Keys'
+/// bit patterns are close to a scaled log2, so over the ~60 binades that keys
+/// can span, 2^14 digits resolve each binade into about 256 (of 1M keys from
+/// equal weights, no digit holds more than ~1%).
+const FINE_BITS: u32 = 14;
+const FINE_DIGITS: usize = 1 << FINE_BITS;
+
+/// What one thread drew in phase 1 of [`Keys::radix_sort_packed`].
+struct Drawn {
+    /// The first index of its range.
+    start: usize,
+    /// How many positive weights' words it wrote.
+    len: usize,
+    /// Its count of each fine digit.
+    fine: Vec<usize>,
+    /// The generator before each draw of an index that is a multiple of
+    /// [`SNAPSHOT_STRIDE`] in its range.
+    snapshots: Vec<Rng>,
 }
 
-/// One LSD radix pass: each word to `target[next_slot[digit(word)]]`, in order.
-#[inline(always)]
-fn scatter<T: Slot>(
-    words: &[u64],
-    target: &mut [T],
-    next_slot: &mut [usize],
-    mut digit: impl FnMut(u64) -> usize,
-) {
-    for &word in words {
-        let d = digit(word);
-        target[next_slot[d]].set(word);
-        next_slot[d] += 1;
-    }
-}
-
-/// Where [`scatter`] can write a word: initialised or not.
-trait Slot {
-    fn set(&mut self, word: u64);
-}
-
-impl Slot for u64 {
-    #[inline(always)]
-    fn set(&mut self, word: u64) {
-        *self = word;
-    }
-}
-
-impl Slot for MaybeUninit<u64> {
-    #[inline(always)]
-    fn set(&mut self, word: u64) {
-        self.write(word);
-    }
-}
-
-/// Given `words` sorted by (bits `low` and up, index), sorts by whole word the
-/// prefix that holds the smallest `take` words, and returns the runs of equal
-/// packed keys that reach into the first `take`.
+/// The output of phase 3 of [`Keys::radix_sort_packed`], written from several
+/// threads at once.
 ///
-/// Insertion sort: words only move within runs of equal top bits, which are
-/// short unless the keys crowd together; past a budget of moves, the runs are
-/// sorted one by one instead.
-fn finish_sort(words: &mut [u64], take: usize, low: u32, packing: &Packing) -> Vec<Range<usize>> {
-    let top = |word: u64| word.checked_shr(low).unwrap_or(0);
-    let mut end = take;
-    while end < words.len() && top(words[end]) == top(words[end - 1]) {
-        end += 1;
+/// Each thread writes only the places it was given: for each bucket, a run of
+/// as many places as it has words in that bucket, starting after the runs of
+/// the threads before it. The runs are disjoint and the buffer outlives the
+/// threads (they are joined before it is read or resized).
+struct SharedWords(*mut u64);
+
+// SAFETY: see the type's documentation: writes through the pointer are disjoint
+// between threads, and none reads through it.
+unsafe impl Sync for SharedWords {}
+
+/// How many threads sort `n` weights: one below 2^16 (a thread's start costs
+/// more than it saves), else as many as there are cores, up to 8.
+fn sort_threads(n: usize) -> usize {
+    if let Some(t) = std::env::var_os("RLT") {
+        return t.to_str().unwrap().parse().unwrap();
     }
-    let prefix = &mut words[..end];
-    let key = |word: u64| packing.key(word);
-    let mut tied_keys = Vec::new();
+    if n < 1 << 16 {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |cores| cores.get().min(8))
+}
+
+/// `parts + 1` increasing bounds from 0 to `n` that split it into ranges that
+/// take about equally long to draw, inner bounds on multiples of
+/// [`SNAPSHOT_STRIDE`]: a range's generator first steps past the draws before
+/// it, each step about 1/16 of a draw, so each range is 15/16 as long as the
+/// one before.
+fn split_points(n: usize, parts: usize) -> Vec<usize> {
+    let shares: Vec<f64> = (0..parts)
+        .map(|p| (15.0f64 / 16.0).powi(p as i32))
+        .collect();
+    let total: f64 = shares.iter().sum();
+    let mut bounds = vec![0];
+    let mut sum = 0.0;
+    for share in &shares[..parts - 1] {
+        sum += share;
+        let bound = (n as f64 * sum / total) as usize / SNAPSHOT_STRIDE * SNAPSHOT_STRIDE;
+        bounds.push(bound.min(n));
+    }
+    bounds.push(n);
+    bounds
+}
+
+/// Runs `work` on each item, the first on this thread and the others on scoped
+/// threads of their own, and returns the results in the items' order.
+fn in_parallel<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let mut items = items.into_iter();
+    let Some(first) = items.next() else {
+        return Vec::new();
+    };
+    let work = &work;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = items.map(|item| scope.spawn(move || work(item))).collect();
+        let mut results = vec![work(first)];
+        results.extend(others.into_iter().map(|handle| match handle.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }));
+        results
+    })
+}
+
+/// Groups consecutive fine digits into buckets of at most `target` words, or
+/// of one digit where that digit holds more. Returns each digit's bucket and
+/// the buckets' starts, with the total count at the end.
+fn plan_buckets(counts: &[usize], target: usize) -> (Vec<u16>, Vec<usize>) {
+    let mut bucket_of = Vec::with_capacity(counts.len());
+    let mut starts = vec![0];
+    let mut filled = 0;
+    let mut total = 0;
+    for &count in counts {
+        if filled > 0 && filled + count > target {
+            starts.push(total);
+            filled = 0;
+        }
+        bucket_of.push((starts.len() - 1) as u16);
+        filled += count;
+        total += count;
+    }
+    starts.push(total);
+    (bucket_of, starts)
+}
+
+/// The most digits [`sort_bucket`] spreads a bucket over.
+const SUB_DIGIT_BITS: u32 = 13;
+
+/// Writes `words`, in index order and all within `min..=max`, to `out` (as
+/// long), sorted; `counts` is room to count in.
+///
+/// One counting sort spreads the words over about twice as many digits as
+/// there are words, by their place between `min` and `max`, so most digits
+/// hold one word or none. An insertion pass then sorts by whole word: words
+/// only move within a digit. Past a budget of moves (the words crowd into few
+/// digits), the bucket is sorted by comparison instead.
+fn sort_bucket(
+    words: &[u64],
+    (min, max): (u64, u64),
+    out: &mut [u64],
+    counts: &mut [usize; 1 << SUB_DIGIT_BITS],
+) {
+    if words.len() <= 32 {
+        out.copy_from_slice(words);
+        insertion_sort(out, usize::MAX);
+        return;
+    }
+    let digit_bits = (usize::BITS - words.len().leading_zeros() + 1).min(SUB_DIGIT_BITS);
+    let span_bits = u64::BITS - (max - min).leading_zeros();
+    let shift = span_bits.saturating_sub(digit_bits);
+    let digit = |word: u64| ((word - min) >> shift) as usize;
+    let next = &mut counts[..1 << digit_bits];
+    next.fill(0);
+    for &word in words {
+        next[digit(word)] += 1;
+    }
+    let mut sum = 0;
+    for slot in next.iter_mut() {
+        let count = *slot;
+        *slot = sum;
+        sum += count;
+    }
+    for &word in words {
+        let slot = &mut next[digit(word)];
+        out[*slot] = word;
+        *slot += 1;
+    }
+    if !insertion_sort(out, 2 * words.len() + 64) {
+        out.sort_unstable();
+    }
+}
+
+/// Insertion sort that gives up (returning false, `words` permuted) once it
+/// has moved words more than `budget` places in all.
+fn insertion_sort(words: &mut [u64], budget: usize) -> bool {
     let mut moves = 0;
-    let budget = 4 * end + 1024;
-    for i in 1..end {
-        let word = prefix[i];
-        if word < prefix[i - 1] {
+    for i in 1..words.len() {
+        let word = words[i];
+        if word < words[i - 1] {
             let mut j = i - 1;
-            while j > 0 && prefix[j - 1] > word {
+            while j > 0 && words[j - 1] > word {
                 j -= 1;
             }
-            prefix.copy_within(j..i, j + 1);
-            prefix[j] = word;
+            words.copy_within(j..i, j + 1);
+            words[j] = word;
             moves += i - j;
             if moves > budget {
-                return finish_sort_by_runs(prefix, take, low, packing);
+                return false;
             }
-            if key(prefix[j + 1]) == key(word) || (j > 0 && key(prefix[j - 1]) == key(word)) {
-                tied_keys.push(key(word));
-            }
-        } else if key(prefix[i - 1]) == key(word) {
-            tied_keys.push(key(word));
         }
     }
-    tied_keys.sort_unstable();
-    tied_keys.dedup();
-    tied_keys
-        .into_iter()
-        .map(|tied| {
-            let start = prefix.partition_point(|&word| key(word) < tied);
-            start..prefix.partition_point(|&word| key(word) <= tied)
-        })
-        .filter(|run| run.start < take)
-        .collect()
+    true
 }
 
-/// [`finish_sort`] for the prefix it found, one run of equal top bits at a time.
-fn finish_sort_by_runs(
-    prefix: &mut [u64],
-    take: usize,
-    low: u32,
+/// Whether two neighbours in the sorted `words` have equal packed keys: a
+/// branch-free scan, so that it vectorises.
+fn has_packed_ties(words: &[u64], packing: &Packing) -> bool {
+    let limit = 1u64.checked_shl(packing.index_bits).unwrap_or(u64::MAX);
+    words
+        .windows(2)
+        .fold(false, |tie, pair| tie | ((pair[0] ^ pair[1]) < limit))
+}
+
+/// Appends to `ties` the runs of equal packed keys in the sorted `words`, which
+/// start at `origin` in the whole order, that begin before `take`.
+fn packed_ties(
+    words: &[u64],
     packing: &Packing,
-) -> Vec<Range<usize>> {
-    let top = |word: u64| word.checked_shr(low).unwrap_or(0);
-    let mut ties = Vec::new();
+    origin: usize,
+    take: usize,
+    ties: &mut Vec<Range<usize>>,
+) {
     let mut start = 0;
-    while start < prefix.len() {
-        let run_top = top(prefix[start]);
-        let len = prefix[start..].partition_point(|&word| top(word) == run_top);
-        let run = &mut prefix[start..start + len];
-        run.sort_unstable();
-        let mut tie_start = 0;
-        for j in 1..=len {
-            if j == len || packing.key(run[j]) != packing.key(run[tie_start]) {
-                if j - tie_start > 1 && start + tie_start < take {
-                    ties.push(start + tie_start..start + j);
-                }
-                tie_start = j;
+    for i in 1..=words.len() {
+        if i == words.len() || packing.key(words[i]) != packing.key(words[start]) {
+            if i - start > 1 && origin + start < take {
+                ties.push(origin + start..origin + i);
             }
+            start = i;
         }
-        start += len;
     }
-    ties
 }
-
 /// Whether the block kernels may use AVX2.
 fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -797,47 +954,96 @@ mod tests {
         assert_eq!(keys.replay(&indices, &[]), expected);
     }
 
-    /// `finish_sort` on words sorted by (top bits, index), with runs short and
-    /// long (past the insertion budget), against a plain sort.
+    /// `sort_bucket` on words in index order, with keys spread wide, crowded
+    /// into few bits (runs past the insertion budget) and all equal, against a
+    /// plain sort; and `packed_ties` against a scan of the expected order.
     #[test]
-    fn finish_sort_sorts_by_whole_word_and_finds_packed_ties() {
+    fn sort_bucket_sorts_by_whole_word_and_packed_ties_are_found() {
         let packing = Packing {
             index_bits: 16,
             key_bits: 40,
-            dropped_bits: 0,
+            dropped_bits: 1,
         };
-        let low = 16 + 40 - 30;
         let mut rng = Rng::from_seed(11);
-        for crowd in [1u64 << 40, 1 << 12, 1 << 4] {
-            let mut words: Vec<u64> = (0..50_000u64)
-                .map(|index| (rng.below(crowd) << 16) | index)
-                .collect();
-            words.sort_by_key(|&word| (word >> low, packing.index(word)));
-            let mut expected = words.clone();
-            expected.sort_unstable();
-            for take in [1, 1000, 50_000] {
-                let mut sorted = words.clone();
-                let ties = finish_sort(&mut sorted, take, low, &packing);
-                assert_eq!(
-                    sorted[..take],
-                    expected[..take],
-                    "crowd {crowd} take {take}"
-                );
-                let mut expected_ties = Vec::new();
-                let mut start = 0;
-                for i in 1..=expected.len() {
-                    if i == expected.len()
-                        || packing.key(expected[i]) != packing.key(expected[start])
-                    {
-                        if i - start > 1 && start < take {
-                            expected_ties.push(start..i);
-                        }
-                        start = i;
-                    }
+        for crowd in [1u64 << 40, 1 << 20, 1 << 12, 1 << 4, 1] {
+            for len in [0, 1, 2, 31, 33, 1000, 50_000] {
+                let words: Vec<u64> = (0..len as u64)
+                    .map(|index| (rng.below(crowd) << 16) | index)
+                    .collect();
+                let mut expected = words.clone();
+                expected.sort_unstable();
+                let (min, max) = (expected.first(), expected.last());
+                let tight = (min.copied().unwrap_or(0), max.copied().unwrap_or(0));
+                for span in [tight, (0, u64::MAX), (tight.0, tight.1 << 3)] {
+                    let mut sorted = vec![0; len];
+                    let mut counts = Box::new([0; 1 << SUB_DIGIT_BITS]);
+                    sort_bucket(&words, span, &mut sorted, &mut counts);
+                    assert_eq!(sorted, expected, "crowd {crowd} len {len} span {span:?}");
                 }
-                assert_eq!(ties, expected_ties, "crowd {crowd} take {take}");
+                let sorted = expected.clone();
+                for (origin, take) in [(0, len), (0, len / 2), (7, 8), (7, 7)] {
+                    let mut expected_ties = Vec::new();
+                    let mut start = 0;
+                    for i in 1..=len {
+                        if i == len || packing.key(expected[i]) != packing.key(expected[start]) {
+                            if i - start > 1 && origin + start < take {
+                                expected_ties.push(origin + start..origin + i);
+                            }
+                            start = i;
+                        }
+                    }
+                    let mut ties = Vec::new();
+                    packed_ties(&sorted, &packing, origin, take, &mut ties);
+                    assert_eq!(ties, expected_ties, "crowd {crowd} len {len} take {take}");
+                }
             }
         }
+    }
+
+    #[test]
+    fn plan_buckets_groups_digits_up_to_the_target() {
+        let (bucket_of, starts) = plan_buckets(&[3, 0, 2, 9, 1, 1, 0, 4], 4);
+        assert_eq!(bucket_of, [0, 0, 1, 2, 3, 3, 3, 4]);
+        assert_eq!(starts, [0, 3, 5, 14, 16, 20]);
+        let (bucket_of, starts) = plan_buckets(&[0, 0], 4);
+        assert_eq!((bucket_of, starts), (vec![0, 0], vec![0, 0]));
+    }
+
+    #[test]
+    fn split_points_cover_the_weights_on_snapshot_bounds() {
+        assert_eq!(split_points(10_000, 1), [0, 10_000]);
+        assert_eq!(split_points(100, 2), [0, 0, 100]);
+        let n = 1_000_000;
+        let bounds = split_points(n, 2);
+        assert_eq!(bounds.len(), 3);
+        assert_eq!(bounds[1] % SNAPSHOT_STRIDE, 0);
+        // 16/31 of the weights, rounded down to a snapshot bound.
+        assert_eq!(bounds[1], n * 16 / 31 / SNAPSHOT_STRIDE * SNAPSHOT_STRIDE);
+        for parts in [3, 8] {
+            let bounds = split_points(n, parts);
+            assert_eq!((bounds[0], bounds[parts]), (0, n));
+            assert!(bounds.windows(2).all(|pair| pair[0] <= pair[1]));
+            assert!(bounds[1..parts].iter().all(|b| b % SNAPSHOT_STRIDE == 0));
+        }
+    }
+
+    #[test]
+    fn has_packed_ties_matches_a_scan() {
+        let packing = Packing {
+            index_bits: 4,
+            key_bits: 20,
+            dropped_bits: 3,
+        };
+        assert!(!has_packed_ties(&[], &packing));
+        assert!(!has_packed_ties(&[0x10, 0x21, 0x32], &packing));
+        assert!(has_packed_ties(&[0x10, 0x21, 0x2f], &packing));
+        let whole = Packing {
+            index_bits: 0,
+            key_bits: 64,
+            dropped_bits: 0,
+        };
+        assert!(!has_packed_ties(&[1, 2, 3], &whole));
+        assert!(has_packed_ties(&[1, 2, 2], &whole));
     }
 
     /// Selection and radix sort must agree with a comparison sort of the keys by
@@ -872,10 +1078,41 @@ mod tests {
                         summary.min_positive,
                         max_key_bits,
                     );
-                    let sorted = keys.radix_sort_packed(take, &summary, take, &packing);
-                    assert_eq!(sorted, expected[..take], "{max_key_bits} key bits");
+                    for threads in [1, 2, 3] {
+                        let sorted =
+                            keys.radix_sort_packed(take, &summary, take, &packing, threads);
+                        assert_eq!(
+                            sorted,
+                            expected[..take],
+                            "{max_key_bits} key bits, {threads} threads"
+                        );
+                    }
                 }
             }
+        }
+    }
+
+    /// 2^17 weights take the threaded path of `weighted_without_replacement`
+    /// (on a machine with more than one core), in every shape of result.
+    #[test]
+    fn large_draws_agree_with_a_comparison_sort() {
+        let mut rng = Rng::from_seed(12);
+        let weights: Vec<f64> = (0..1 << 17)
+            .map(|i| {
+                if i % 7 == 0 {
+                    0.0
+                } else {
+                    rng.next_f64() * 100.0
+                }
+            })
+            .collect();
+        let expected = sorted_by_comparison(&keys_of(&weights, 13));
+        let positive = expected.len();
+        for k in [positive / 2, positive, weights.len()] {
+            let picks = weighted_without_replacement(&weights, k as u64, 13).unwrap();
+            let sorted_part = k.min(positive);
+            assert_eq!(picks[..sorted_part], expected[..sorted_part], "k {k}");
+            assert_eq!(picks.len(), k);
         }
     }
 
@@ -896,7 +1133,10 @@ mod tests {
         assert!(ties > 0, "the test needs ties to be meaningful");
         let n = weights.len();
         let expected = sorted_by_comparison(&keys);
-        assert_eq!(keys.radix_sort_packed(n, &summary, n, &packing), expected);
+        for threads in [1, 2] {
+            let sorted = keys.radix_sort_packed(n, &summary, n, &packing, threads);
+            assert_eq!(sorted, expected, "{threads} threads");
+        }
         assert_eq!(keys.smallest_by_radix_sort(n, &summary, n), expected);
     }
 
