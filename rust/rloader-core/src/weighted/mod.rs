@@ -62,7 +62,11 @@ fn validate(weights: &[f64]) -> Result<WeightSummary, WeightError> {
     if weights.is_empty() {
         return Err(WeightError::Empty);
     }
-    let scan = Scan::of(weights);
+    let parts = split_evenly(weights, threads_for(weights.len()));
+    let scan = in_parallel(parts, Scan::of)
+        .into_iter()
+        .reduce(Scan::merge)
+        .expect("one part at least");
     let summary = WeightSummary {
         max: scan
             .max
@@ -138,6 +142,26 @@ impl Scan {
         scan
     }
 
+    /// The scan of two parts of the weights, from theirs.
+    fn merge(self, other: Scan) -> Scan {
+        let lanes = |a: [f64; LANES], b: [f64; LANES], f: fn(f64, f64) -> f64| {
+            std::array::from_fn(|lane| f(a[lane], b[lane]))
+        };
+        Scan {
+            non_finite: lanes(self.non_finite, other.non_finite, |a, b| a + b),
+            lowest: lanes(self.lowest, other.lowest, |a, b| if b < a { b } else { a }),
+            max: lanes(self.max, other.max, |a, b| if b > a { b } else { a }),
+            min_positive: lanes(self.min_positive, other.min_positive, |a, b| {
+                if b < a {
+                    b
+                } else {
+                    a
+                }
+            }),
+            positive: lanes(self.positive, other.positive, |a, b| a + b),
+        }
+    }
+
     #[inline(always)]
     fn visit(&mut self, chunk: &[f64; LANES]) {
         for (lane, &w) in chunk.iter().enumerate() {
@@ -161,6 +185,42 @@ impl Scan {
             self.positive[lane] += if w > 0.0 { 1.0 } else { 0.0 };
         }
     }
+}
+
+/// How many threads the samplers use for `n` weights: one below 2^16 (a
+/// thread's start costs more than it saves), else one per core, up to 8.
+fn threads_for(n: usize) -> usize {
+    if n < 1 << 16 {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |cores| cores.get().min(8))
+}
+
+/// `items` split into `parts` consecutive slices of about equal length.
+fn split_evenly<T>(items: &[T], parts: usize) -> Vec<&[T]> {
+    (0..parts)
+        .map(|p| &items[items.len() * p / parts..items.len() * (p + 1) / parts])
+        .collect()
+}
+
+/// Runs `work` on each item, the first on this thread and the others on scoped
+/// threads of their own, and returns the results in the items' order. The
+/// threads are joined before it returns; a panic in one is resumed here.
+fn in_parallel<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let mut items = items.into_iter();
+    let Some(first) = items.next() else {
+        return Vec::new();
+    };
+    let work = &work;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = items.map(|item| scope.spawn(move || work(item))).collect();
+        let mut results = vec![work(first)];
+        results.extend(others.into_iter().map(|handle| match handle.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }));
+        results
+    })
 }
 
 #[cfg(test)]
@@ -215,7 +275,8 @@ mod tests {
     /// valid zero weight.
     #[test]
     fn validate_catches_invalid_values_anywhere() {
-        for len in [2, 3, 4, 5, 9, 1000] {
+        // 200_003 weights are scanned in parts on more than one thread.
+        for len in [2, 3, 4, 5, 9, 1000, 200_003] {
             for at in [0, len / 2, len - 1] {
                 for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1e-300, -2.0] {
                     let mut weights = vec![1.0; len];
@@ -238,6 +299,26 @@ mod tests {
             (summary.min_positive, summary.max, summary.positive),
             (1e-310, 3.0, 3)
         );
+        // The extremes in either part of a long list.
+        for (low, high) in [(10, 150_000), (150_000, 10)] {
+            let mut weights = vec![1.0; 200_003];
+            weights[low] = 1e-300;
+            weights[high] = 7.0;
+            weights[5] = 0.0;
+            let summary = validate(&weights).unwrap();
+            assert_eq!(
+                (summary.min_positive, summary.max, summary.positive),
+                (1e-300, 7.0, 200_002)
+            );
+        }
+    }
+
+    #[test]
+    fn split_evenly_covers_the_items_in_order() {
+        let items: Vec<u32> = (0..10).collect();
+        let parts = split_evenly(&items, 3);
+        assert_eq!(parts, [&items[..3], &items[3..6], &items[6..]]);
+        assert_eq!(split_evenly(&items, 1), [&items[..]]);
     }
 
     #[test]

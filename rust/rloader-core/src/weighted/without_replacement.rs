@@ -3,7 +3,7 @@
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::{validate, WeightError, WeightSummary};
+use super::{in_parallel, threads_for, validate, WeightError, WeightSummary};
 use crate::rng::{exponential_of, Rng};
 
 /// Weighted sampling without replacement: the `k` indices with the smallest
@@ -40,7 +40,7 @@ use crate::rng::{exponential_of, Rng};
 /// memory); otherwise a radix sort of the keys' bit patterns (non-negative
 /// `f64`s order like them): one pass into buckets by their top bits, then a
 /// counting sort and an insertion pass in each bucket. Both the draws and the
-/// sort run on up to [`sort_threads`] threads for 2^16 weights or more; the
+/// sort run on up to [`threads_for`] threads for 2^16 weights or more; the
 /// order does not depend on how many.
 pub fn weighted_without_replacement(
     weights: &[f64],
@@ -263,7 +263,7 @@ impl<'a> Keys<'a> {
 
     /// The `take` smallest (key, index) pairs, in order, by radix sort (see
     /// [`Keys::radix_sort_packed`]), in a vector with room for `capacity`
-    /// indices, on up to [`sort_threads`] threads.
+    /// indices, on up to [`threads_for`] threads.
     fn smallest_by_radix_sort(
         &self,
         take: usize,
@@ -276,7 +276,7 @@ impl<'a> Keys<'a> {
             summary.min_positive,
             u64::BITS,
         );
-        let threads = sort_threads(self.weights.len());
+        let threads = threads_for(self.weights.len());
         self.radix_sort_packed(take, summary, capacity, &packing, threads)
     }
 
@@ -465,19 +465,25 @@ impl<'a> Keys<'a> {
             let mut ties = Vec::new();
             for b in range {
                 let bucket = bucket_starts[b]..bucket_starts[b + 1];
-                let local = bucket.start - origin..bucket.end - origin;
-                let sorted = &mut run[local.clone()];
-                sort_bucket(&scratch[bucket], spans[b], sorted, &mut counts);
+                let sorted = &mut run[bucket.start - origin..bucket.end - origin];
+                sort_bucket(&scratch[bucket.clone()], spans[b], sorted, &mut counts);
                 if packing.dropped_bits > 0 && has_packed_ties(sorted, packing) {
-                    let take_here = take.saturating_sub(origin);
-                    packed_ties(sorted, packing, local.start, take_here, &mut ties);
+                    ties.clear();
+                    packed_ties(
+                        sorted,
+                        packing,
+                        0,
+                        take.saturating_sub(bucket.start),
+                        &mut ties,
+                    );
+                    if !ties.is_empty() {
+                        self.resolve_ties(sorted, &ties, packing, snapshots);
+                    }
                 }
-            }
-            if !ties.is_empty() {
-                self.resolve_ties(run, &ties, packing, snapshots);
-            }
-            for word in run.iter_mut() {
-                *word = packing.index(*word);
+                // While the bucket is in cache.
+                for word in sorted.iter_mut() {
+                    *word = packing.index(*word);
+                }
             }
         });
         drop(scratch_buffer);
@@ -559,18 +565,6 @@ struct SharedWords(*mut u64);
 // between threads, and none reads through it.
 unsafe impl Sync for SharedWords {}
 
-/// How many threads sort `n` weights: one below 2^16 (a thread's start costs
-/// more than it saves), else as many as there are cores, up to 8.
-fn sort_threads(n: usize) -> usize {
-    if let Some(t) = std::env::var_os("RLT") {
-        return t.to_str().unwrap().parse().unwrap();
-    }
-    if n < 1 << 16 {
-        return 1;
-    }
-    std::thread::available_parallelism().map_or(1, |cores| cores.get().min(8))
-}
-
 /// `parts + 1` increasing bounds from 0 to `n` that split it into ranges that
 /// take about equally long to draw, inner bounds on multiples of
 /// [`SNAPSHOT_STRIDE`]: a range's generator first steps past the draws before
@@ -590,25 +584,6 @@ fn split_points(n: usize, parts: usize) -> Vec<usize> {
     }
     bounds.push(n);
     bounds
-}
-
-/// Runs `work` on each item, the first on this thread and the others on scoped
-/// threads of their own, and returns the results in the items' order.
-fn in_parallel<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let mut items = items.into_iter();
-    let Some(first) = items.next() else {
-        return Vec::new();
-    };
-    let work = &work;
-    std::thread::scope(|scope| {
-        let others: Vec<_> = items.map(|item| scope.spawn(move || work(item))).collect();
-        let mut results = vec![work(first)];
-        results.extend(others.into_iter().map(|handle| match handle.join() {
-            Ok(result) => result,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }));
-        results
-    })
 }
 
 /// Groups consecutive fine digits into buckets of at most `target` words, or
