@@ -205,20 +205,37 @@ fn split_evenly<T>(items: &[T], parts: usize) -> Vec<&[T]> {
 
 /// Runs `work` on each item, the first on this thread and the others on scoped
 /// threads of their own, and returns the results in the items' order. The
-/// threads are joined before it returns; a panic in one is resumed here.
+/// threads are joined before it returns; a panic in one is resumed here. Items
+/// whose thread the system refuses to start are worked on this thread.
 fn in_parallel<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let mut items = items.into_iter();
-    let Some(first) = items.next() else {
-        return Vec::new();
-    };
+    use std::sync::Mutex;
+    // Each item sits in a slot that its thread, or failing that this one, empties.
+    let slots: Vec<Mutex<Option<T>>> = items
+        .into_iter()
+        .map(|item| Mutex::new(Some(item)))
+        .collect();
+    let take = |slot: &Mutex<Option<T>>| slot.lock().unwrap_or_else(|e| e.into_inner()).take();
     let work = &work;
     std::thread::scope(|scope| {
-        let others: Vec<_> = items.map(|item| scope.spawn(move || work(item))).collect();
-        let mut results = vec![work(first)];
-        results.extend(others.into_iter().map(|handle| match handle.join() {
-            Ok(result) => result,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }));
+        let others: Vec<_> = slots
+            .iter()
+            .skip(1)
+            .map(|slot| {
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || take(slot).map(work))
+                    .ok()
+            })
+            .collect();
+        let mut results: Vec<R> = slots.first().and_then(take).map(work).into_iter().collect();
+        for (handle, slot) in others.into_iter().zip(slots.iter().skip(1)) {
+            let result = match handle.map(|handle| handle.join()) {
+                Some(Ok(result)) => result,
+                Some(Err(panic)) => std::panic::resume_unwind(panic),
+                None => None,
+            };
+            // Not started: its item is still in its slot.
+            results.extend(result.or_else(|| take(slot).map(work)));
+        }
         results
     })
 }
@@ -311,6 +328,13 @@ mod tests {
                 (1e-300, 7.0, 200_002)
             );
         }
+    }
+
+    #[test]
+    fn in_parallel_returns_results_in_order() {
+        let items: Vec<u64> = (0..6).collect();
+        assert_eq!(in_parallel(items, |x| x * 10), [0, 10, 20, 30, 40, 50]);
+        assert_eq!(in_parallel(Vec::<u64>::new(), |x| x), Vec::<u64>::new());
     }
 
     #[test]

@@ -39,9 +39,9 @@ use crate::rng::{exponential_of, Rng};
 /// the positive weights are wanted, a bounded selection as keys stream by (O(k)
 /// memory); otherwise a radix sort of the keys' bit patterns (non-negative
 /// `f64`s order like them): one pass into buckets by their top bits, then a
-/// counting sort and an insertion pass in each bucket. Both the draws and the
-/// sort run on up to [`threads_for`] threads for 2^16 weights or more; the
-/// order does not depend on how many.
+/// counting sort and an insertion pass in each bucket; the radix sort's draws,
+/// pass and bucket sorts run on up to [`threads_for`] threads for 2^16 weights
+/// or more, and the order does not depend on how many.
 pub fn weighted_without_replacement(
     weights: &[f64],
     k: u64,
@@ -262,8 +262,8 @@ impl<'a> Keys<'a> {
     }
 
     /// The `take` smallest (key, index) pairs, in order, by radix sort (see
-    /// [`Keys::radix_sort_packed`]), in a vector with room for `capacity`
-    /// indices, on up to [`threads_for`] threads.
+    /// [`Keys::radix_sort_packed`]), in a vector with room for at least
+    /// `capacity` indices, on up to [`threads_for`] threads.
     fn smallest_by_radix_sort(
         &self,
         take: usize,
@@ -290,10 +290,11 @@ impl<'a> Keys<'a> {
     ///
     /// 1. Draw: each thread draws the keys of one range of weights (its
     ///    generator first stepped past the ranges before it), packs them into the
-    ///    result vector, and counts the top [`FINE_BITS`] key bits of each word.
+    ///    result vector, and counts each word's fine digit ([`FineDigits`]).
     /// 2. Plan: consecutive fine digits are grouped into buckets of at most
-    ///    `positive / 512` words (a digit holding more is a bucket of its own),
-    ///    from the counts of all ranges.
+    ///    `positive / 512` words, but no fewer than 64 or more than 4096 (a
+    ///    digit holding more is a bucket of its own), from the counts of all
+    ///    ranges.
     /// 3. Move: each thread moves its range's words to their buckets in scratch
     ///    space, in order and into places of its own (its bucket starts come
     ///    after the earlier ranges'), so every bucket holds its words in index
@@ -322,9 +323,8 @@ impl<'a> Keys<'a> {
     ) -> Vec<u64> {
         let n = self.weights.len();
         let positive = summary.positive;
-        // Key bits only, so that equal packed keys share a bucket.
-        let fine_shift = packing.index_bits + packing.key_bits.saturating_sub(FINE_BITS);
-        let fine_digit = |word: u64| (word >> fine_shift) as usize & (FINE_DIGITS - 1);
+        let digits = FineDigits::new(self, packing);
+        let fine_digit = |word: u64| digits.digit(word);
 
         // 1. Draw, each range of weights into the same range of `words`.
         let mut words: Vec<u64> = crate::buffer::with_capacity(n.max(capacity));
@@ -341,7 +341,7 @@ impl<'a> Keys<'a> {
                 let mut drawn = Drawn {
                     start: range.start,
                     len: 0,
-                    fine: vec![0usize; FINE_DIGITS],
+                    fine: vec![0usize; digits.count()],
                     snapshots: Vec::new(),
                 };
                 let mut block_words = [0u64; BLOCK];
@@ -375,7 +375,7 @@ impl<'a> Keys<'a> {
         assert_eq!(drawn.iter().map(|d| d.len).sum::<usize>(), positive);
 
         // 2. Plan the buckets.
-        let mut total = vec![0usize; FINE_DIGITS];
+        let mut total = vec![0usize; digits.count()];
         for d in &drawn {
             for (sum, &count) in total.iter_mut().zip(&d.fine) {
                 *sum += count;
@@ -390,8 +390,7 @@ impl<'a> Keys<'a> {
         for (fine, &count) in total.iter().enumerate() {
             if count > 0 {
                 let span = &mut spans[usize::from(bucket_of[fine])];
-                let first = (fine as u64) << fine_shift;
-                let last = ((fine as u64 + 1) << fine_shift).wrapping_sub(1);
+                let (first, last) = digits.span(fine);
                 *span = (span.0.min(first), span.1.max(last));
             }
         }
@@ -435,12 +434,8 @@ impl<'a> Keys<'a> {
         // buckets about equal in words, one run per thread, and make them indices.
         let last = bucket_starts.partition_point(|&start| start < take);
         let sorted_end = bucket_starts[last];
-        // SAFETY: `positive <= n <= capacity`; the sort writes every word before
-        // `sorted_end` (it writes each bucket it sorts whole), and the vector is
-        // truncated to `take <= sorted_end` words before it is read.
-        unsafe { words.set_len(sorted_end) };
         let mut runs = Vec::with_capacity(threads);
-        let mut rest = &mut words[..];
+        let mut rest = &mut words.spare_capacity_mut()[..sorted_end];
         let mut first_bucket = 0;
         for t in 1..=threads {
             let end_bucket = if t == threads {
@@ -459,35 +454,45 @@ impl<'a> Keys<'a> {
         }
         let snapshots: Vec<Rng> = drawn.into_iter().flat_map(|d| d.snapshots).collect();
         let (bucket_starts, spans, snapshots) = (&bucket_starts, &spans, &snapshots);
-        in_parallel(runs, |(range, run): (Range<usize>, &mut [u64])| {
-            let origin = bucket_starts[range.start];
-            let mut counts = Box::new([0usize; 1 << SUB_DIGIT_BITS]);
-            let mut ties = Vec::new();
-            for b in range {
-                let bucket = bucket_starts[b]..bucket_starts[b + 1];
-                let sorted = &mut run[bucket.start - origin..bucket.end - origin];
-                sort_bucket(&scratch[bucket.clone()], spans[b], sorted, &mut counts);
-                if packing.dropped_bits > 0 && has_packed_ties(sorted, packing) {
-                    ties.clear();
-                    packed_ties(
-                        sorted,
-                        packing,
-                        0,
-                        take.saturating_sub(bucket.start),
-                        &mut ties,
-                    );
-                    if !ties.is_empty() {
-                        self.resolve_ties(sorted, &ties, packing, snapshots);
+        in_parallel(
+            runs,
+            |(range, run): (Range<usize>, &mut [MaybeUninit<u64>])| {
+                let origin = bucket_starts[range.start];
+                let mut counts = Box::new([0usize; 1 << SUB_DIGIT_BITS]);
+                let mut ties = Vec::new();
+                for b in range {
+                    let bucket = bucket_starts[b]..bucket_starts[b + 1];
+                    let out = &mut run[bucket.start - origin..bucket.end - origin];
+                    let sorted = sort_bucket(&scratch[bucket.clone()], spans[b], out, &mut counts);
+                    if packing.dropped_bits > 0 && has_packed_ties(sorted, packing) {
+                        ties.clear();
+                        packed_ties(
+                            sorted,
+                            packing,
+                            0,
+                            take.saturating_sub(bucket.start),
+                            &mut ties,
+                        );
+                        if !ties.is_empty() {
+                            self.resolve_ties(sorted, &ties, packing, snapshots);
+                        }
+                    }
+                    // While the bucket is in cache.
+                    for word in sorted.iter_mut() {
+                        *word = packing.index(*word);
                     }
                 }
-                // While the bucket is in cache.
-                for word in sorted.iter_mut() {
-                    *word = packing.index(*word);
-                }
-            }
-        });
+            },
+        );
         drop(scratch_buffer);
+        // SAFETY: the runs cover `0..sorted_end`, and each sorted bucket wrote
+        // all its places (`sort_bucket`).
+        unsafe { words.set_len(sorted_end) };
         words.truncate(take);
+        // The draws needed room for all `n` words; the caller needs `capacity`.
+        if words.capacity() > 2 * capacity.max(take) {
+            words.shrink_to(capacity.max(take));
+        }
         words
     }
 
@@ -532,12 +537,99 @@ fn exponentials_in_place(uniforms: &mut [f64]) {
     }
 }
 
-/// The radix sort's first digit: the top this many bits of a packed word. Keys'
-/// bit patterns are close to a scaled log2, so over the ~60 binades that keys
-/// can span, 2^14 digits resolve each binade into about 256 (of 1M keys from
-/// equal weights, no digit holds more than ~1%).
+/// The radix sort's first digit has this many bits (see [`FineDigits`]).
 const FINE_BITS: u32 = 14;
-const FINE_DIGITS: usize = 1 << FINE_BITS;
+
+/// How many weights [`FineDigits::new`] samples.
+const RANGE_SAMPLE: usize = 1024;
+
+/// The radix sort's first digit of a packed word: where its key lies, in 2^14
+/// steps, between bounds that all but a few keys fall within. Keys below or
+/// above the bounds count as the first or the last digit.
+///
+/// Keys' bit patterns are close to a scaled log2; the keys of weight `w` lie in
+/// `[1.1e-16, 36.8] / (w * scale)`, so the bounds come from the second smallest
+/// and second largest of a sample of the weights. With the bounds of all the weights, one
+/// tiny weight among 4M equal ones stretched the range so far that a digit held
+/// 160k words; over the ~60 binades that keys from moderate weights span, a
+/// step is about 1/256 of a binade (of 1M keys from equal weights, no digit
+/// holds more than ~1%).
+///
+/// The digit depends on the key bits only (the low bound's index bits are 0,
+/// the high bound's all 1, and the shift drops at least the index bits), so
+/// equal packed keys share a digit, and it never decreases as the word grows.
+struct FineDigits {
+    low: u64,
+    high: u64,
+    shift: u32,
+}
+
+impl FineDigits {
+    fn new(keys: &Keys<'_>, packing: &Packing) -> Self {
+        let stride = (keys.weights.len() / RANGE_SAMPLE).max(1);
+        let mut sample: Vec<f64> = keys
+            .weights
+            .iter()
+            .step_by(stride)
+            .copied()
+            .filter(|&w| w > 0.0)
+            .collect();
+        sample.sort_unstable_by(f64::total_cmp);
+        // The second smallest and second largest, so that one outlier that the
+        // sample caught does not stretch the bounds either.
+        let inner = usize::from(sample.len() >= 4);
+        let (smallest, largest) = match sample.len() {
+            0 => (f64::INFINITY, 0.0),
+            len => (sample[inner], sample[len - 1 - inner]),
+        };
+        let word = |key: f64, index: u64| {
+            let key = key.min(f64::MAX).to_bits();
+            packing.pack(0, key) | index
+        };
+        let all_index_bits = u64::MAX
+            .checked_shr(u64::BITS - packing.index_bits)
+            .unwrap_or(0);
+        let (low, high) = if largest > 0.0 {
+            (
+                word(1.1e-16 / (largest * keys.scale), 0),
+                word(37.0 / (smallest * keys.scale), all_index_bits),
+            )
+        } else {
+            (0, u64::MAX)
+        };
+        let range_bits = u64::BITS - (high - low).leading_zeros();
+        FineDigits {
+            low,
+            high,
+            shift: range_bits.saturating_sub(FINE_BITS).max(packing.index_bits),
+        }
+    }
+
+    /// How many digits there are.
+    fn count(&self) -> usize {
+        self.digit(self.high) + 1
+    }
+
+    #[inline]
+    fn digit(&self, word: u64) -> usize {
+        ((word.clamp(self.low, self.high) - self.low) >> self.shift) as usize
+    }
+
+    /// The smallest and largest word of `digit`.
+    fn span(&self, digit: usize) -> (u64, u64) {
+        let first = if digit == 0 {
+            0
+        } else {
+            self.low + ((digit as u64) << self.shift)
+        };
+        let last = if digit + 1 == self.count() {
+            u64::MAX
+        } else {
+            self.low + ((digit as u64 + 1) << self.shift) - 1
+        };
+        (first, last)
+    }
+}
 
 /// What one thread drew in phase 1 of [`Keys::radix_sort_packed`].
 struct Drawn {
@@ -558,11 +650,11 @@ struct Drawn {
 /// Each thread writes only the places it was given: for each bucket, a run of
 /// as many places as it has words in that bucket, starting after the runs of
 /// the threads before it. The runs are disjoint and the buffer outlives the
-/// threads (they are joined before it is read or resized).
+/// threads; it is read (phase 4) only after they are joined.
 struct SharedWords(*mut u64);
 
 // SAFETY: see the type's documentation: writes through the pointer are disjoint
-// between threads, and none reads through it.
+// between threads, and no thread reads through it while others write.
 unsafe impl Sync for SharedWords {}
 
 /// `parts + 1` increasing bounds from 0 to `n` that split it into ranges that
@@ -611,23 +703,28 @@ fn plan_buckets(counts: &[usize], target: usize) -> (Vec<u16>, Vec<usize>) {
 const SUB_DIGIT_BITS: u32 = 13;
 
 /// Writes `words`, in index order and all within `min..=max`, to `out` (as
-/// long), sorted; `counts` is room to count in.
+/// long), sorted, and returns `out` as words; `counts` is room to count in.
 ///
-/// One counting sort spreads the words over about twice as many digits as
-/// there are words, by their place between `min` and `max`, so most digits
-/// hold one word or none. An insertion pass then sorts by whole word: words
+/// One counting sort spreads the words over 2 to 4 times as many digits as
+/// there are words (at most 2^[`SUB_DIGIT_BITS`]), by their place between `min`
+/// and `max`, so most digits hold one word or none. An insertion pass then sorts by whole word: words
 /// only move within a digit. Past a budget of moves (the words crowd into few
 /// digits), the bucket is sorted by comparison instead.
-fn sort_bucket(
+fn sort_bucket<'a>(
     words: &[u64],
     (min, max): (u64, u64),
-    out: &mut [u64],
+    out: &'a mut [MaybeUninit<u64>],
     counts: &mut [usize; 1 << SUB_DIGIT_BITS],
-) {
+) -> &'a mut [u64] {
+    assert_eq!(words.len(), out.len());
     if words.len() <= 32 {
-        out.copy_from_slice(words);
+        for (place, &word) in out.iter_mut().zip(words) {
+            place.write(word);
+        }
+        // SAFETY: every place was written just above.
+        let out = unsafe { assume_init_mut(out) };
         insertion_sort(out, usize::MAX);
-        return;
+        return out;
     }
     let digit_bits = (usize::BITS - words.len().leading_zeros() + 1).min(SUB_DIGIT_BITS);
     let span_bits = u64::BITS - (max - min).leading_zeros();
@@ -646,12 +743,26 @@ fn sort_bucket(
     }
     for &word in words {
         let slot = &mut next[digit(word)];
-        out[*slot] = word;
+        out[*slot].write(word);
         *slot += 1;
     }
+    // SAFETY: the slots started at the prefix sums of the digits' counts, so
+    // each place in `0..words.len()` was written once.
+    let out = unsafe { assume_init_mut(out) };
     if !insertion_sort(out, 2 * words.len() + 64) {
         out.sort_unstable();
     }
+    out
+}
+
+/// `slice` as initialised words.
+///
+/// # Safety
+/// Every element of `slice` must be initialised.
+unsafe fn assume_init_mut(slice: &mut [MaybeUninit<u64>]) -> &mut [u64] {
+    // SAFETY: `MaybeUninit<u64>` has the layout of `u64`, and the caller
+    // promises that every element is initialised.
+    unsafe { &mut *(slice as *mut [MaybeUninit<u64>] as *mut [u64]) }
 }
 
 /// Insertion sort that gives up (returning false, `words` permuted) once it
@@ -950,9 +1061,9 @@ mod tests {
                 let (min, max) = (expected.first(), expected.last());
                 let tight = (min.copied().unwrap_or(0), max.copied().unwrap_or(0));
                 for span in [tight, (0, u64::MAX), (tight.0, tight.1 << 3)] {
-                    let mut sorted = vec![0; len];
+                    let mut out = vec![MaybeUninit::uninit(); len];
                     let mut counts = Box::new([0; 1 << SUB_DIGIT_BITS]);
-                    sort_bucket(&words, span, &mut sorted, &mut counts);
+                    let sorted = sort_bucket(&words, span, &mut out, &mut counts);
                     assert_eq!(sorted, expected, "crowd {crowd} len {len} span {span:?}");
                 }
                 let sorted = expected.clone();
@@ -1089,6 +1200,80 @@ mod tests {
             assert_eq!(picks[..sorted_part], expected[..sorted_part], "k {k}");
             assert_eq!(picks.len(), k);
         }
+    }
+
+    /// One tiny weight stretches the whole key range by ~1000 binades; the fine
+    /// digits still spread the other keys (they took a sixth of 1M keys into
+    /// one digit when they spanned the whole range).
+    #[test]
+    fn fine_digits_spread_keys_despite_an_outlier_weight() {
+        // 12_345 is not one of the sampled indices, 0 and 195 * 64 are.
+        for (outlier, at) in [
+            (1e-300, 12_345),
+            (1e300, 12_345),
+            (1e-300, 0),
+            (1e300, 195 * 64),
+        ] {
+            let mut weights = vec![1.0; 200_000];
+            weights[at] = outlier;
+            let keys = keys_of(&weights, 14);
+            let summary = validate(&weights).unwrap();
+            let packing = Packing::new(weights.len(), keys.scale, summary.min_positive, 64);
+            let digits = FineDigits::new(&keys, &packing);
+            let mut counts = vec![0usize; digits.count()];
+            let mut previous = 0;
+            let mut words = Vec::new();
+            keys.for_each(|index, key| words.push(packing.pack(index, key)));
+            words.sort_unstable();
+            for word in words {
+                let digit = digits.digit(word);
+                assert!(digit >= previous, "digits must not decrease as words grow");
+                previous = digit;
+                counts[digit] += 1;
+                let (first, last) = digits.span(digit);
+                assert!(first <= word && word <= last);
+            }
+            let largest = counts.iter().max().unwrap();
+            assert!(
+                *largest < 2_000,
+                "{outlier:e}: a digit holds {largest} of 200k words"
+            );
+        }
+    }
+
+    /// Zero weights leave gaps in the draw ranges of all threads but the last.
+    #[test]
+    fn ranges_with_zero_weights_sort_like_a_comparison_sort() {
+        let weights: Vec<f64> = (0..70_000)
+            .map(|i| {
+                if i % 2 == 0 || i < 20_000 {
+                    0.0
+                } else {
+                    (i % 13) as f64
+                }
+            })
+            .collect();
+        let keys = keys_of(&weights, 15);
+        let summary = validate(&weights).unwrap();
+        let expected = sorted_by_comparison(&keys);
+        let packing = Packing::new(weights.len(), keys.scale, summary.min_positive, 64);
+        for threads in 1..=4 {
+            for take in [1, expected.len() / 3, expected.len()] {
+                let sorted = keys.radix_sort_packed(take, &summary, take, &packing, threads);
+                assert_eq!(sorted, expected[..take], "{threads} threads, take {take}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_result_of_many_weights_keeps_little_room() {
+        let mut weights = vec![0.0; 1 << 18];
+        for w in weights.iter_mut().step_by(64) {
+            *w = 1.0;
+        }
+        let picks = weighted_without_replacement(&weights, 2000, 16).unwrap();
+        assert_eq!(picks.len(), 2000);
+        assert!(picks.capacity() < 8000, "capacity {}", picks.capacity());
     }
 
     /// One tiny weight stretches the key range so far that packed words with
