@@ -324,10 +324,11 @@ impl<'a> Keys<'a> {
         let n = self.weights.len();
         let positive = summary.positive;
         let digits = FineDigits::new(self, packing);
-        let fine_digit = |word: u64| digits.digit(word);
 
         // 1. Draw, each range of weights into the same range of `words`.
-        let mut words: Vec<u64> = crate::buffer::with_capacity(n.max(capacity));
+        // No call asks for more samples than weights.
+        debug_assert!(take <= capacity && capacity <= n);
+        let mut words: Vec<u64> = crate::buffer::with_capacity(n);
         let mut parts = Vec::with_capacity(threads);
         let mut rest = &mut words.spare_capacity_mut()[..n];
         for pair in split_points(n, threads).windows(2) {
@@ -363,7 +364,7 @@ impl<'a> Keys<'a> {
                     self.block_words(packing, first, uniforms, weights, block_words);
                     for (&w, &word) in weights.iter().zip(&*block_words) {
                         if w > 0.0 {
-                            drawn.fine[fine_digit(word)] += 1;
+                            drawn.fine[digits.digit(word)] += 1;
                             out[drawn.len].write(word);
                             drawn.len += 1;
                         }
@@ -419,7 +420,7 @@ impl<'a> Keys<'a> {
         let shared = &shared;
         in_parallel(moves, |(source, mut next): (&[u64], Vec<usize>)| {
             for &word in source {
-                let bucket = &mut next[usize::from(bucket_of[fine_digit(word)])];
+                let bucket = &mut next[usize::from(bucket_of[digits.digit(word)])];
                 // SAFETY: see `SharedWords`: the places this range writes,
                 // `next[b]..next[b] + (its count of bucket b)`, are its own.
                 unsafe { shared.0.add(*bucket).write(word) };
@@ -459,20 +460,12 @@ impl<'a> Keys<'a> {
             |(range, run): (Range<usize>, &mut [MaybeUninit<u64>])| {
                 let origin = bucket_starts[range.start];
                 let mut counts = Box::new([0usize; 1 << SUB_DIGIT_BITS]);
-                let mut ties = Vec::new();
                 for b in range {
                     let bucket = bucket_starts[b]..bucket_starts[b + 1];
                     let out = &mut run[bucket.start - origin..bucket.end - origin];
                     let sorted = sort_bucket(&scratch[bucket.clone()], spans[b], out, &mut counts);
                     if packing.dropped_bits > 0 && has_packed_ties(sorted, packing) {
-                        ties.clear();
-                        packed_ties(
-                            sorted,
-                            packing,
-                            0,
-                            take.saturating_sub(bucket.start),
-                            &mut ties,
-                        );
+                        let ties = packed_ties(sorted, packing, take.saturating_sub(bucket.start));
                         if !ties.is_empty() {
                             self.resolve_ties(sorted, &ties, packing, snapshots);
                         }
@@ -490,8 +483,8 @@ impl<'a> Keys<'a> {
         unsafe { words.set_len(sorted_end) };
         words.truncate(take);
         // The draws needed room for all `n` words; the caller needs `capacity`.
-        if words.capacity() > 2 * capacity.max(take) {
-            words.shrink_to(capacity.max(take));
+        if words.capacity() > 2 * capacity {
+            words.shrink_to(capacity);
         }
         words
     }
@@ -796,25 +789,21 @@ fn has_packed_ties(words: &[u64], packing: &Packing) -> bool {
         .fold(false, |tie, pair| tie | ((pair[0] ^ pair[1]) < limit))
 }
 
-/// Appends to `ties` the runs of equal packed keys in the sorted `words`, which
-/// start at `origin` in the whole order, that begin before `take`.
-fn packed_ties(
-    words: &[u64],
-    packing: &Packing,
-    origin: usize,
-    take: usize,
-    ties: &mut Vec<Range<usize>>,
-) {
+/// The runs of equal packed keys in the sorted `words` that begin before `take`.
+fn packed_ties(words: &[u64], packing: &Packing, take: usize) -> Vec<Range<usize>> {
+    let mut ties = Vec::new();
     let mut start = 0;
     for i in 1..=words.len() {
         if i == words.len() || packing.key(words[i]) != packing.key(words[start]) {
-            if i - start > 1 && origin + start < take {
-                ties.push(origin + start..origin + i);
+            if i - start > 1 && start < take {
+                ties.push(start..i);
             }
             start = i;
         }
     }
+    ties
 }
+
 /// Whether the block kernels may use AVX2.
 fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -1067,19 +1056,18 @@ mod tests {
                     assert_eq!(sorted, expected, "crowd {crowd} len {len} span {span:?}");
                 }
                 let sorted = expected.clone();
-                for (origin, take) in [(0, len), (0, len / 2), (7, 8), (7, 7)] {
+                for take in [len, len / 2, 1, 0] {
                     let mut expected_ties = Vec::new();
                     let mut start = 0;
                     for i in 1..=len {
                         if i == len || packing.key(expected[i]) != packing.key(expected[start]) {
-                            if i - start > 1 && origin + start < take {
-                                expected_ties.push(origin + start..origin + i);
+                            if i - start > 1 && start < take {
+                                expected_ties.push(start..i);
                             }
                             start = i;
                         }
                     }
-                    let mut ties = Vec::new();
-                    packed_ties(&sorted, &packing, origin, take, &mut ties);
+                    let ties = packed_ties(&sorted, &packing, take);
                     assert_eq!(ties, expected_ties, "crowd {crowd} len {len} take {take}");
                 }
             }
