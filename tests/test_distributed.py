@@ -10,7 +10,10 @@ import torch.utils.data.distributed as tud_distributed
 
 def test_two_ranks_under_torchrun(tmp_path):
     worker = os.path.join(os.path.dirname(__file__), "_distributed_worker.py")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    # torchrun leaves a torchelastic_* folder in the temp dir; keep it inside tmp_path.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=str(scratch))
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          worker, str(tmp_path)],
