@@ -7,8 +7,10 @@ The ratio is rloader's throughput over torch's (above 1: rloader is faster).
 Sampler workloads are measured end to end, as users consume them from Python (``list(...)``),
 so creating the Python ints is part of both times. The "floor" column shows the best ratio any
 implementation could reach: torch's time over the time it takes just to create the same ints
-and lists (``list(range(n))``-style), which no sampler can avoid. For the uint8 row it is a plain
-memcpy of the same bytes; for the first-batch row, the time to fork two bare children of this
+and lists (``list(range(n))``-style), which no sampler can avoid. For the num_workers=0 row of
+(tensor, int) pairs it is the collation both libraries end in: ``torch.stack`` of each batch's
+images and ``torch.tensor`` of its labels, for the same number of shuffled batches. For the uint8
+row it is a plain memcpy of the same bytes; for the first-batch row, the time to fork two bare children of this
 process (both libraries fork their workers, and a fork's cost grows with the process's memory).
 
 Each workload builds its data, and one DataLoader per library, before its runs and frees them
@@ -194,6 +196,19 @@ def workloads(quick: bool) -> list[Workload]:
     def workers(dataset, batch_size: int) -> Callable[[], Epochs]:
         return lambda: Epochs(dataset(), batch_size=batch_size, num_workers=2)
 
+    def image_epochs() -> Epochs:
+        epochs = Epochs(ImageLabelDataset(n_images), batch_size=256, shuffle=True, num_workers=0)
+        order = torch.randperm(n_images, generator=torch.Generator().manual_seed(2)).tolist()
+        samples = epochs.dataset.samples
+        batches = [order[i:i + 256] for i in range(0, n_images, 256)]
+        epochs.columns = [([samples[j][0] for j in b], [samples[j][1] for j in b]) for b in batches]
+        return epochs
+
+    def stack_only(epochs: Epochs) -> None:
+        for images, labels in epochs.columns:
+            torch.stack(images)
+            torch.tensor(labels)
+
     def two_forks(_data) -> float:
         start = time.perf_counter()
         children = [os.fork() for _ in range(2)]
@@ -262,8 +277,7 @@ def workloads(quick: bool) -> list[Workload]:
         ),
         Workload(
             f"DataLoader((float32[3,32,32], int) x {n_images:,}, batch_size=256, shuffle=True)",
-            "samples", n_images, epoch, ">= 1.5x",
-            data=lambda: Epochs(ImageLabelDataset(n_images), batch_size=256, shuffle=True, num_workers=0),
+            "samples", n_images, epoch, ">= 1.5x", stack_only, data=image_epochs,
         ),
         *worker_loads,
     ]
@@ -314,7 +328,7 @@ def human(rate: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--only", default="", help="run workloads whose name contains this")
@@ -342,7 +356,7 @@ def main() -> None:
         release_freed_memory()
         med = {k: statistics.median(v) for k, v in times.items() if v}
         ratio = med["torch"] / med["rloader"]
-        floor = f"{med['torch'] / med['floor']:.1f}x" if "floor" in med else "-"
+        floor = f"{med['torch'] / med['floor']:.2f}x" if "floor" in med else "-"
         if w.unit == "bytes":  # the floor here is a plain memcpy of the same bytes
             floor = f"memcpy {w.count / med['floor'] / 1e9:.1f} GB/s"
         if w.self_timed and "floor" in med:  # the first-batch row: two bare forks
@@ -354,7 +368,7 @@ def main() -> None:
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     line = "  ".join("-" * w for w in widths)
     print(f"\nrloader {rloader.__version__} vs torch {torch.__version__}; median of {args.repeats} "
-          f"interleaved runs; ratio = rloader/torch throughput; floor = torch time / time to create the ints")
+          f"interleaved runs; ratio = rloader/torch throughput; floor = torch time / the unavoidable part (see --help)")
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
     print(line)
     for r in rows:
