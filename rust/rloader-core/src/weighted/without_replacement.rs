@@ -459,20 +459,41 @@ impl<'a> Keys<'a> {
             runs,
             |(range, run): (Range<usize>, &mut [MaybeUninit<u64>])| {
                 let origin = bucket_starts[range.start];
-                let mut counts = Box::new([0usize; 1 << SUB_DIGIT_BITS]);
-                for b in range {
-                    let bucket = bucket_starts[b]..bucket_starts[b + 1];
-                    let out = &mut run[bucket.start - origin..bucket.end - origin];
-                    let sorted = sort_bucket(&scratch[bucket.clone()], spans[b], out, &mut counts);
+                let mut counts = Box::new([0u32; 1 << SUB_DIGIT_BITS]);
+                let untie = |sorted: &mut [u64], start: usize| {
                     if packing.dropped_bits > 0 && has_packed_ties(sorted, packing) {
-                        let ties = packed_ties(sorted, packing, take.saturating_sub(bucket.start));
+                        let ties = packed_ties(sorted, packing, take.saturating_sub(start));
                         if !ties.is_empty() {
                             self.resolve_ties(sorted, &ties, packing, snapshots);
                         }
                     }
-                    // While the bucket is in cache.
-                    for word in sorted.iter_mut() {
-                        *word = packing.index(*word);
+                };
+                // Buckets are sorted in here, in cache, and copied out in order:
+                // scattered stores straight into `run` each missed the cache.
+                let widest = range
+                    .clone()
+                    .map(|b| bucket_starts[b + 1] - bucket_starts[b])
+                    .filter(|&len| len <= HOT_BUCKET_WORDS)
+                    .max()
+                    .unwrap_or(0);
+                let mut hot: Vec<u64> = Vec::with_capacity(widest);
+                for b in range {
+                    let bucket = bucket_starts[b]..bucket_starts[b + 1];
+                    let words = &scratch[bucket.clone()];
+                    let out = &mut run[bucket.start - origin..bucket.end - origin];
+                    if bucket.len() <= HOT_BUCKET_WORDS {
+                        let hot = &mut hot.spare_capacity_mut()[..bucket.len()];
+                        let sorted = sort_bucket(words, spans[b], hot, &mut counts);
+                        untie(sorted, bucket.start);
+                        for (place, &word) in out.iter_mut().zip(&*sorted) {
+                            place.write(packing.index(word));
+                        }
+                    } else {
+                        let sorted = sort_bucket(words, spans[b], out, &mut counts);
+                        untie(sorted, bucket.start);
+                        for word in sorted.iter_mut() {
+                            *word = packing.index(*word);
+                        }
                     }
                 }
             },
@@ -692,6 +713,12 @@ fn plan_buckets(counts: &[usize], target: usize) -> (Vec<u16>, Vec<usize>) {
     (bucket_of, starts)
 }
 
+/// Phase 4 of [`Keys::radix_sort_packed`] sorts buckets of up to this many
+/// words in a buffer of its own, and larger ones (rare: a fine digit holding
+/// more than 2^16 words) in place, without another buffer as large. Tests
+/// lower the bound so that their draws, of up to 1M weights, take both paths.
+const HOT_BUCKET_WORDS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
+
 /// The most digits [`sort_bucket`] spreads a bucket over.
 const SUB_DIGIT_BITS: u32 = 13;
 
@@ -707,16 +734,18 @@ fn sort_bucket<'a>(
     words: &[u64],
     (min, max): (u64, u64),
     out: &'a mut [MaybeUninit<u64>],
-    counts: &mut [usize; 1 << SUB_DIGIT_BITS],
+    counts: &mut [u32; 1 << SUB_DIGIT_BITS],
 ) -> &'a mut [u64] {
     assert_eq!(words.len(), out.len());
-    if words.len() <= 32 {
+    if words.len() <= 32 || u32::try_from(words.len()).is_err() {
         for (place, &word) in out.iter_mut().zip(words) {
             place.write(word);
         }
         // SAFETY: every place was written just above.
         let out = unsafe { assume_init_mut(out) };
-        insertion_sort(out, usize::MAX);
+        if !insertion_sort(out, 2 * words.len() + 64) {
+            out.sort_unstable();
+        }
         return out;
     }
     let digit_bits = (usize::BITS - words.len().leading_zeros() + 1).min(SUB_DIGIT_BITS);
@@ -736,7 +765,7 @@ fn sort_bucket<'a>(
     }
     for &word in words {
         let slot = &mut next[digit(word)];
-        out[*slot].write(word);
+        out[*slot as usize].write(word);
         *slot += 1;
     }
     // SAFETY: the slots started at the prefix sums of the digits' counts, so
@@ -1187,6 +1216,23 @@ mod tests {
             let sorted_part = k.min(positive);
             assert_eq!(picks[..sorted_part], expected[..sorted_part], "k {k}");
             assert_eq!(picks.len(), k);
+        }
+    }
+
+    /// 600k weights make buckets of up to ~1.2k words, on both sides of the
+    /// tests' `HOT_BUCKET_WORDS`: sorted in their own buffer or in place.
+    #[test]
+    fn buckets_sorted_in_a_buffer_or_in_place_agree_with_a_comparison_sort() {
+        let mut rng = Rng::from_seed(21);
+        let weights: Vec<f64> = (0..600_000).map(|_| rng.next_f64() + 0.5).collect();
+        let expected = sorted_by_comparison(&keys_of(&weights, 22));
+        for threads in [1, 2] {
+            let keys = keys_of(&weights, 22);
+            let summary = validate(&weights).unwrap();
+            let packing = Packing::new(weights.len(), keys.scale, summary.min_positive, 64);
+            let picks =
+                keys.radix_sort_packed(weights.len(), &summary, weights.len(), &packing, threads);
+            assert!(picks == expected, "{threads} threads");
         }
     }
 
