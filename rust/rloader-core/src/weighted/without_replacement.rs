@@ -38,10 +38,10 @@ use crate::rng::{exponential_of, Rng};
 /// it: the same IEEE operations lane by lane, so the same bits). Then, if few of
 /// the positive weights are wanted, a bounded selection as keys stream by (O(k)
 /// memory); otherwise a radix sort of the keys' bit patterns (non-negative
-/// `f64`s order like them): one pass into buckets by their top bits, then a
-/// counting sort and an insertion pass in each bucket; the radix sort's draws,
-/// pass and bucket sorts run on up to [`threads_for`] threads for 2^16 weights
-/// or more, and the order does not depend on how many.
+/// `f64`s order like them): each key goes into a bucket by its top bits as it
+/// is drawn, then each bucket gets a counting sort and an insertion pass; the
+/// radix sort's draws and bucket sorts run on up to [`threads_for`] threads for
+/// 2^16 weights or more, and the order does not depend on how many.
 pub fn weighted_without_replacement(
     weights: &[f64],
     k: u64,
@@ -284,35 +284,36 @@ impl<'a> Keys<'a> {
     /// threads (the result does not depend on it).
     ///
     /// Each positive weight's key is packed beside its index into one `u64` (see
-    /// [`Packing`]), so that sorting the words sorts by (packed key, index). One
-    /// most-significant-digit pass moves the words into buckets small enough to
-    /// sort in a core's caches:
+    /// [`Packing`]), so that sorting the words sorts by (packed key, index). The
+    /// words go into buckets small enough to sort in a core's caches as they are
+    /// drawn:
     ///
-    /// 1. Draw: each thread draws the keys of one range of weights (its
-    ///    generator first stepped past the ranges before it), packs them into the
-    ///    result vector, and counts each word's fine digit ([`FineDigits`]).
-    /// 2. Plan: consecutive fine digits are grouped into buckets of at most
-    ///    `positive / 512` words, but no fewer than 64 or more than 4096 (a
-    ///    digit holding more is a bucket of its own), from the counts of all
-    ///    ranges.
-    /// 3. Move: each thread moves its range's words to their buckets in scratch
-    ///    space, in order and into places of its own (its bucket starts come
-    ///    after the earlier ranges'), so every bucket holds its words in index
-    ///    order.
+    /// 1. Plan: consecutive fine digits ([`FineDigits`]) are grouped into buckets
+    ///    of about `positive / 512` words, but no fewer than 64 or more than 4096,
+    ///    as estimated from a sample of keys ([`Keys::sampled_digit_counts`]).
+    /// 2. Draw: each thread draws the keys of one range of weights (its
+    ///    generator first stepped past the ranges before it), packs them, and
+    ///    appends each word to its bucket's chain of blocks in room of its own
+    ///    ([`Drawn`]).
+    /// 3. Count: the chains give each bucket's exact size, hence where its
+    ///    words go in the result.
     /// 4. Sort: each thread sorts a run of buckets, about as many words as the
-    ///    others, from the scratch space back into the result ([`sort_bucket`]),
-    ///    as far as the bucket that holds the `take`-th word, and turns them into
-    ///    indices.
+    ///    others, from the blocks of every range into the result
+    ///    ([`sort_bucket`]), as far as the bucket that holds the `take`-th word,
+    ///    and turns them into indices.
+    ///
+    /// The sample decides only how evenly the words spread over buckets, never
+    /// the order: a bucket the sample misjudged is larger or smaller, and still
+    /// sorted whole.
     ///
     /// Keys that differ only in bits the packing dropped tie in the packed word,
     /// and equal packed keys share a bucket; the draws are replayed for just
     /// those (very few) indices and their runs re-sorted by full key, so the
     /// result is a sort by (full key, index).
     ///
-    /// Threads share nothing mutable but disjoint slices, except in phase 3,
-    /// whose writes are disjoint by construction of the bucket starts (see
-    /// [`SharedWords`]). Each phase joins its threads before the next reads what
-    /// it wrote.
+    /// Threads share nothing mutable but disjoint slices: each draws into its
+    /// own [`Drawn`], and the sorting threads write disjoint runs of the result
+    /// and only read the draws, after every drawing thread has been joined.
     fn radix_sort_packed(
         &self,
         take: usize,
@@ -324,117 +325,66 @@ impl<'a> Keys<'a> {
         let n = self.weights.len();
         let positive = summary.positive;
         let digits = FineDigits::new(self, packing);
-
-        // 1. Draw, each range of weights into the same range of `words`.
         // No call asks for more samples than weights.
         debug_assert!(take <= capacity && capacity <= n);
-        let mut words: Vec<u64> = crate::buffer::with_capacity(n);
-        let mut parts = Vec::with_capacity(threads);
-        let mut rest = &mut words.spare_capacity_mut()[..n];
-        for pair in split_points(n, threads).windows(2) {
-            let (part, tail) = rest.split_at_mut(pair[1] - pair[0]);
-            parts.push((pair[0]..pair[1], part));
-            rest = tail;
-        }
-        let drawn = in_parallel(
-            parts,
-            |(range, out): (Range<usize>, &mut [MaybeUninit<u64>])| {
-                let mut drawn = Drawn {
-                    start: range.start,
-                    len: 0,
-                    fine: vec![0usize; digits.count()],
-                    snapshots: Vec::new(),
-                };
-                let mut block_words = [0u64; BLOCK];
-                self.for_each_block_in(range, |first, weights, uniforms, rng| {
-                    if first % SNAPSHOT_STRIDE == 0 {
-                        drawn.snapshots.push(rng.clone());
-                    }
-                    let block_words = &mut block_words[..weights.len()];
-                    #[cfg(target_arch = "x86_64")]
-                    if self.avx2 {
-                        // SAFETY: the CPU has AVX2 (`has_avx2`).
-                        unsafe {
-                            block_words_avx2(self, packing, first, uniforms, weights, block_words)
-                        };
-                    } else {
-                        self.block_words(packing, first, uniforms, weights, block_words);
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
+
+        // 1. Plan the buckets from a sample of keys.
+        let target = positive.div_ceil(512).clamp(64, 4096);
+        let sampled = self.sampled_digit_counts(&digits, packing);
+        let sampled_total: usize = sampled.iter().sum();
+        let sample_target = (sampled_total * target).div_ceil(positive).max(1);
+        let (bucket_of, _) = plan_buckets(&sampled, sample_target);
+        let buckets = usize::from(*bucket_of.last().expect("one digit at least")) + 1;
+
+        // 2. Draw, each range of weights into blocks of its own.
+        let ranges: Vec<Range<usize>> = split_points(n, threads)
+            .windows(2)
+            .map(|pair| pair[0]..pair[1])
+            .collect();
+        let drawn = in_parallel(ranges, |range: Range<usize>| {
+            let mut drawn = Drawn::new(range.len(), buckets);
+            let mut block_words = [0u64; BLOCK];
+            self.for_each_block_in(range, |first, weights, uniforms, rng| {
+                if first % SNAPSHOT_STRIDE == 0 {
+                    drawn.snapshots.push(rng.clone());
+                }
+                let block_words = &mut block_words[..weights.len()];
+                #[cfg(target_arch = "x86_64")]
+                if self.avx2 {
+                    // SAFETY: the CPU has AVX2 (`has_avx2`).
+                    unsafe {
+                        block_words_avx2(self, packing, first, uniforms, weights, block_words)
+                    };
+                } else {
                     self.block_words(packing, first, uniforms, weights, block_words);
-                    for (&w, &word) in weights.iter().zip(&*block_words) {
-                        if w > 0.0 {
-                            drawn.fine[digits.digit(word)] += 1;
-                            out[drawn.len].write(word);
-                            drawn.len += 1;
-                        }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                self.block_words(packing, first, uniforms, weights, block_words);
+                for (&w, &word) in weights.iter().zip(&*block_words) {
+                    if w > 0.0 {
+                        drawn.push(usize::from(bucket_of[digits.digit(word)]), word);
                     }
-                });
-                drawn
-            },
-        );
-        assert_eq!(drawn.iter().map(|d| d.len).sum::<usize>(), positive);
-
-        // 2. Plan the buckets.
-        let mut total = vec![0usize; digits.count()];
-        for d in &drawn {
-            for (sum, &count) in total.iter_mut().zip(&d.fine) {
-                *sum += count;
-            }
-        }
-        let (bucket_of, bucket_starts) =
-            plan_buckets(&total, positive.div_ceil(512).clamp(64, 4096));
-        let buckets = bucket_starts.len() - 1;
-        // Each bucket's words lie between the first word of its lowest non-empty
-        // fine digit and the last word of its highest.
-        let mut spans = vec![(u64::MAX, 0u64); buckets];
-        for (fine, &count) in total.iter().enumerate() {
-            if count > 0 {
-                let span = &mut spans[usize::from(bucket_of[fine])];
-                let (first, last) = digits.span(fine);
-                *span = (span.0.min(first), span.1.max(last));
-            }
-        }
-
-        // 3. Move each range's words to their buckets, after the earlier ranges'.
-        // Huge pages back the scratch space whole (`aligned_scratch`), so that its
-        // first touch faults in 2 MiB pages only.
-        let (mut scratch_buffer, offset) = crate::buffer::aligned_scratch::<u64>(positive);
-        let shared = SharedWords(
-            scratch_buffer.spare_capacity_mut()[offset..]
-                .as_mut_ptr()
-                .cast(),
-        );
-        let mut next: Vec<usize> = bucket_starts[..buckets].to_vec();
-        let base = words.spare_capacity_mut().as_ptr();
-        let mut moves = Vec::with_capacity(drawn.len());
-        for d in &drawn {
-            // SAFETY: the draw initialised `len` words from `start`, and
-            // `MaybeUninit<u64>` has the layout of `u64`.
-            let source = unsafe { std::slice::from_raw_parts(base.add(d.start).cast(), d.len) };
-            moves.push((source, next.clone()));
-            for (fine, &count) in d.fine.iter().enumerate() {
-                next[usize::from(bucket_of[fine])] += count;
-            }
-        }
-        let shared = &shared;
-        in_parallel(moves, |(source, mut next): (&[u64], Vec<usize>)| {
-            for &word in source {
-                let bucket = &mut next[usize::from(bucket_of[digits.digit(word)])];
-                // SAFETY: see `SharedWords`: the places this range writes,
-                // `next[b]..next[b] + (its count of bucket b)`, are its own.
-                unsafe { shared.0.add(*bucket).write(word) };
-                *bucket += 1;
-            }
+                }
+            });
+            drawn
         });
-        // SAFETY: the bucket starts partition `0..positive`, and every range
-        // filled its places in each bucket.
-        let scratch: &[u64] = unsafe { std::slice::from_raw_parts(shared.0, positive) };
+
+        // 3. Count each bucket's words: bucket b's go to the result's places
+        // bucket_starts[b]..bucket_starts[b + 1].
+        let mut bucket_starts = Vec::with_capacity(buckets + 1);
+        let mut total = 0;
+        for b in 0..buckets {
+            bucket_starts.push(total);
+            total += drawn.iter().map(|d| d.len_of(b)).sum::<usize>();
+        }
+        bucket_starts.push(total);
+        assert_eq!(total, positive);
 
         // 4. Sort the buckets up to the one holding the `take`-th word, in runs of
         // buckets about equal in words, one run per thread, and make them indices.
         let last = bucket_starts.partition_point(|&start| start < take);
         let sorted_end = bucket_starts[last];
+        let mut words: Vec<u64> = crate::buffer::with_capacity(sorted_end.max(capacity));
         let mut runs = Vec::with_capacity(threads);
         let mut rest = &mut words.spare_capacity_mut()[..sorted_end];
         let mut first_bucket = 0;
@@ -453,8 +403,8 @@ impl<'a> Keys<'a> {
             rest = tail;
             first_bucket = end_bucket;
         }
-        let snapshots: Vec<Rng> = drawn.into_iter().flat_map(|d| d.snapshots).collect();
-        let (bucket_starts, spans, snapshots) = (&bucket_starts, &spans, &snapshots);
+        let snapshots: Vec<Rng> = drawn.iter().flat_map(|d| d.snapshots.clone()).collect();
+        let (bucket_starts, drawn, snapshots) = (&bucket_starts, &drawn, &snapshots);
         in_parallel(
             runs,
             |(range, run): (Range<usize>, &mut [MaybeUninit<u64>])| {
@@ -477,19 +427,23 @@ impl<'a> Keys<'a> {
                     .max()
                     .unwrap_or(0);
                 let mut hot: Vec<u64> = Vec::with_capacity(widest);
+                let mut chunks: Vec<&[u64]> = Vec::new();
                 for b in range {
                     let bucket = bucket_starts[b]..bucket_starts[b + 1];
-                    let words = &scratch[bucket.clone()];
+                    chunks.clear();
+                    for d in drawn {
+                        d.chunks_of(b, &mut chunks);
+                    }
                     let out = &mut run[bucket.start - origin..bucket.end - origin];
                     if bucket.len() <= HOT_BUCKET_WORDS {
                         let hot = &mut hot.spare_capacity_mut()[..bucket.len()];
-                        let sorted = sort_bucket(words, spans[b], hot, &mut counts);
+                        let sorted = sort_bucket(&chunks, hot, &mut counts);
                         untie(sorted, bucket.start);
                         for (place, &word) in out.iter_mut().zip(&*sorted) {
                             place.write(packing.index(word));
                         }
                     } else {
-                        let sorted = sort_bucket(words, spans[b], out, &mut counts);
+                        let sorted = sort_bucket(&chunks, out, &mut counts);
                         untie(sorted, bucket.start);
                         for word in sorted.iter_mut() {
                             *word = packing.index(*word);
@@ -498,16 +452,33 @@ impl<'a> Keys<'a> {
                 }
             },
         );
-        drop(scratch_buffer);
         // SAFETY: the runs cover `0..sorted_end`, and each sorted bucket wrote
         // all its places (`sort_bucket`).
         unsafe { words.set_len(sorted_end) };
         words.truncate(take);
-        // The draws needed room for all `n` words; the caller needs `capacity`.
         if words.capacity() > 2 * capacity {
             words.shrink_to(capacity);
         }
         words
+    }
+
+    /// How many of [`PLAN_DRAWS`] keys for each weight of an evenly spaced
+    /// sample fall in each fine digit: an estimate, up to scale, of how the
+    /// keys will spread. Its draws come from a generator of their own and
+    /// decide no order (only how [`Keys::radix_sort_packed`] groups digits).
+    fn sampled_digit_counts(&self, digits: &FineDigits, packing: &Packing) -> Vec<usize> {
+        let stride = (self.weights.len() / RANGE_SAMPLE).max(1);
+        let mut rng = Rng::from_seed(self.seed ^ PLAN_SEED);
+        let mut counts = vec![0; digits.count()];
+        for &w in self.weights.iter().step_by(stride) {
+            if w > 0.0 {
+                for _ in 0..PLAN_DRAWS {
+                    let key = self.key(exponential_of(rng.next_f64_nonzero()), w);
+                    counts[digits.digit(packing.pack(0, key))] += 1;
+                }
+            }
+        }
+        counts
     }
 
     /// Re-sorts the given runs of equal packed keys by full key.
@@ -554,7 +525,8 @@ fn exponentials_in_place(uniforms: &mut [f64]) {
 /// The radix sort's first digit has this many bits (see [`FineDigits`]).
 const FINE_BITS: u32 = 14;
 
-/// How many weights [`FineDigits::new`] samples.
+/// How many weights [`FineDigits::new`] and [`Keys::sampled_digit_counts`]
+/// sample, evenly spaced.
 const RANGE_SAMPLE: usize = 1024;
 
 /// The radix sort's first digit of a packed word: where its key lies, in 2^14
@@ -628,48 +600,110 @@ impl FineDigits {
     fn digit(&self, word: u64) -> usize {
         ((word.clamp(self.low, self.high) - self.low) >> self.shift) as usize
     }
-
-    /// The smallest and largest word of `digit`.
-    fn span(&self, digit: usize) -> (u64, u64) {
-        let first = if digit == 0 {
-            0
-        } else {
-            self.low + ((digit as u64) << self.shift)
-        };
-        let last = if digit + 1 == self.count() {
-            u64::MAX
-        } else {
-            self.low + ((digit as u64 + 1) << self.shift) - 1
-        };
-        (first, last)
-    }
 }
 
-/// What one thread drew in phase 1 of [`Keys::radix_sort_packed`].
+/// Each bucket's words are kept in blocks of this many (4 KiB): smaller blocks
+/// (1 KiB) made the bucket sorts read their words back 1 ms slower per 1M.
+const CHAIN_BLOCK: usize = 512;
+
+/// Keys [`Keys::sampled_digit_counts`] draws for each sampled weight: 16 for
+/// each of ~1,024 weights, about 30 a bucket when there are 512 buckets.
+const PLAN_DRAWS: usize = 16;
+
+/// Mixed into the seed of the sample's own generator (any constant would do).
+const PLAN_SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// What one thread drew in phase 2 of [`Keys::radix_sort_packed`]: its words,
+/// each bucket's a chain of blocks of [`CHAIN_BLOCK`] words in `room`.
+///
+/// Block `i` is `room`'s places `i * CHAIN_BLOCK..(i + 1) * CHAIN_BLOCK`.
+/// Bucket `b`'s chain starts at block `b`, and `next[i]` is the block after
+/// block `i`. Every block of a chain but its last is full, and `cursor[b]`,
+/// the place of bucket `b`'s next word, lies in its last block. A block is
+/// taken each time one fills, so `len` words need at most `buckets + len /
+/// CHAIN_BLOCK` blocks.
 struct Drawn {
-    /// The first index of its range.
-    start: usize,
-    /// How many positive weights' words it wrote.
-    len: usize,
-    /// Its count of each fine digit.
-    fine: Vec<usize>,
+    /// Room for the blocks, from place `offset` on: its written places are the
+    /// words (its length stays 0).
+    room: Vec<u64>,
+    offset: usize,
+    next: Vec<usize>,
+    cursor: Vec<usize>,
+    /// The first block no chain has taken.
+    free: usize,
     /// The generator before each draw of an index that is a multiple of
     /// [`SNAPSHOT_STRIDE`] in its range.
     snapshots: Vec<Rng>,
 }
 
-/// The output of phase 3 of [`Keys::radix_sort_packed`], written from several
-/// threads at once.
-///
-/// Each thread writes only the places it was given: for each bucket, a run of
-/// as many places as it has words in that bucket, starting after the runs of
-/// the threads before it. The runs are disjoint and the buffer outlives the
-/// threads; it is read (phase 4) only after they are joined.
-struct SharedWords(*mut u64);
+impl Drawn {
+    /// Room for up to `len` words in `buckets` buckets.
+    fn new(len: usize, buckets: usize) -> Self {
+        let blocks = buckets + len / CHAIN_BLOCK + 1;
+        // Only whole huge pages back the room (`aligned_scratch`).
+        let (room, offset) = crate::buffer::aligned_scratch(blocks * CHAIN_BLOCK);
+        Drawn {
+            room,
+            offset,
+            next: vec![usize::MAX; blocks],
+            cursor: (0..buckets).map(|b| b * CHAIN_BLOCK).collect(),
+            free: buckets,
+            snapshots: Vec::new(),
+        }
+    }
 
-// SAFETY: see the type's documentation: writes through the pointer are disjoint
-// between threads, and no thread reads through it while others write.
-unsafe impl Sync for SharedWords {}
+    /// Appends `word` to `bucket`'s chain.
+    #[inline]
+    fn push(&mut self, bucket: usize, word: u64) {
+        let at = self.cursor[bucket];
+        self.room.spare_capacity_mut()[self.offset + at].write(word);
+        if (at + 1) % CHAIN_BLOCK != 0 {
+            self.cursor[bucket] = at + 1;
+        } else {
+            self.next[at / CHAIN_BLOCK] = self.free;
+            self.cursor[bucket] = self.free * CHAIN_BLOCK;
+            self.free += 1;
+        }
+    }
+
+    /// Appends `bucket`'s words to `chunks`, a block at a time.
+    fn chunks_of<'s>(&'s self, bucket: usize, chunks: &mut Vec<&'s [u64]>) {
+        let last = self.cursor[bucket] / CHAIN_BLOCK;
+        let mut block = bucket;
+        loop {
+            let len = if block == last {
+                self.cursor[bucket] % CHAIN_BLOCK
+            } else {
+                CHAIN_BLOCK
+            };
+            if len > 0 {
+                // SAFETY: `push` wrote every place of a chain's blocks before its
+                // last, and of its last block those before the cursor.
+                let words = unsafe {
+                    let first = self.offset + block * CHAIN_BLOCK;
+                    std::slice::from_raw_parts(self.room.as_ptr().add(first), len)
+                };
+                chunks.push(words);
+            }
+            if block == last {
+                return;
+            }
+            block = self.next[block];
+        }
+    }
+
+    /// How many words `bucket` holds.
+    fn len_of(&self, bucket: usize) -> usize {
+        let last = self.cursor[bucket] / CHAIN_BLOCK;
+        let mut block = bucket;
+        let mut len = self.cursor[bucket] % CHAIN_BLOCK;
+        while block != last {
+            len += CHAIN_BLOCK;
+            block = self.next[block];
+        }
+        len
+    }
+}
 
 /// `parts + 1` increasing bounds from 0 to `n` that split it into ranges that
 /// take about equally long to draw, inner bounds on multiples of
@@ -722,40 +756,51 @@ const HOT_BUCKET_WORDS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
 /// The most digits [`sort_bucket`] spreads a bucket over.
 const SUB_DIGIT_BITS: u32 = 13;
 
-/// Writes `words`, in index order and all within `min..=max`, to `out` (as
-/// long), sorted, and returns `out` as words; `counts` is room to count in.
+/// Writes the words of `chunks` to `out` (as long), sorted, and returns `out`
+/// as words; `counts` is room to count in.
 ///
 /// One counting sort spreads the words over 2 to 4 times as many digits as
-/// there are words (at most 2^[`SUB_DIGIT_BITS`]), by their place between `min`
-/// and `max`, so most digits hold one word or none. An insertion pass then sorts by whole word: words
-/// only move within a digit. Past a budget of moves (the words crowd into few
-/// digits), the bucket is sorted by comparison instead.
+/// there are words (at most 2^[`SUB_DIGIT_BITS`]), by their place between the
+/// smallest and the largest, so most digits hold one word or none. An
+/// insertion pass then sorts by whole word: words only move within a digit.
+/// Past a budget of moves (the words crowd into few digits), the bucket is
+/// sorted by comparison instead.
 fn sort_bucket<'a>(
-    words: &[u64],
-    (min, max): (u64, u64),
+    chunks: &[&[u64]],
     out: &'a mut [MaybeUninit<u64>],
     counts: &mut [u32; 1 << SUB_DIGIT_BITS],
 ) -> &'a mut [u64] {
-    assert_eq!(words.len(), out.len());
-    if words.len() <= 32 || u32::try_from(words.len()).is_err() {
-        for (place, &word) in out.iter_mut().zip(words) {
-            place.write(word);
+    let len: usize = chunks.iter().map(|chunk| chunk.len()).sum();
+    assert_eq!(len, out.len());
+    if len <= 32 || u32::try_from(len).is_err() {
+        let mut places = out.iter_mut();
+        for &word in chunks.iter().flat_map(|chunk| chunk.iter()) {
+            places.next().expect("as many places as words").write(word);
         }
         // SAFETY: every place was written just above.
         let out = unsafe { assume_init_mut(out) };
-        if !insertion_sort(out, 2 * words.len() + 64) {
+        if !insertion_sort(out, 2 * len + 64) {
             out.sort_unstable();
         }
         return out;
     }
-    let digit_bits = (usize::BITS - words.len().leading_zeros() + 1).min(SUB_DIGIT_BITS);
+    let (mut min, mut max) = (u64::MAX, 0);
+    for chunk in chunks {
+        for &word in *chunk {
+            min = min.min(word);
+            max = max.max(word);
+        }
+    }
+    let digit_bits = (usize::BITS - len.leading_zeros() + 1).min(SUB_DIGIT_BITS);
     let span_bits = u64::BITS - (max - min).leading_zeros();
     let shift = span_bits.saturating_sub(digit_bits);
     let digit = |word: u64| ((word - min) >> shift) as usize;
     let next = &mut counts[..1 << digit_bits];
     next.fill(0);
-    for &word in words {
-        next[digit(word)] += 1;
+    for chunk in chunks {
+        for &word in *chunk {
+            next[digit(word)] += 1;
+        }
     }
     let mut sum = 0;
     for slot in next.iter_mut() {
@@ -763,15 +808,17 @@ fn sort_bucket<'a>(
         *slot = sum;
         sum += count;
     }
-    for &word in words {
-        let slot = &mut next[digit(word)];
-        out[*slot as usize].write(word);
-        *slot += 1;
+    for chunk in chunks {
+        for &word in *chunk {
+            let slot = &mut next[digit(word)];
+            out[*slot as usize].write(word);
+            *slot += 1;
+        }
     }
     // SAFETY: the slots started at the prefix sums of the digits' counts, so
-    // each place in `0..words.len()` was written once.
+    // each place in `0..len` was written once.
     let out = unsafe { assume_init_mut(out) };
-    if !insertion_sort(out, 2 * words.len() + 64) {
+    if !insertion_sort(out, 2 * len + 64) {
         out.sort_unstable();
     }
     out
@@ -1076,13 +1123,13 @@ mod tests {
                     .collect();
                 let mut expected = words.clone();
                 expected.sort_unstable();
-                let (min, max) = (expected.first(), expected.last());
-                let tight = (min.copied().unwrap_or(0), max.copied().unwrap_or(0));
-                for span in [tight, (0, u64::MAX), (tight.0, tight.1 << 3)] {
+                // Whole, and in chunks as the blocks of a chain give them.
+                let chunked: Vec<&[u64]> = words.chunks(CHAIN_BLOCK).collect();
+                for chunks in [vec![&words[..]], chunked] {
                     let mut out = vec![MaybeUninit::uninit(); len];
                     let mut counts = Box::new([0; 1 << SUB_DIGIT_BITS]);
-                    let sorted = sort_bucket(&words, span, &mut out, &mut counts);
-                    assert_eq!(sorted, expected, "crowd {crowd} len {len} span {span:?}");
+                    let sorted = sort_bucket(&chunks, &mut out, &mut counts);
+                    assert_eq!(sorted, expected, "crowd {crowd} len {len}");
                 }
                 let sorted = expected.clone();
                 for take in [len, len / 2, 1, 0] {
@@ -1219,21 +1266,45 @@ mod tests {
         }
     }
 
+    /// `radix_sort_packed` of all of `weights`, on 1 and 2 threads, against a
+    /// comparison sort of the keys.
+    fn assert_whole_radix_sort_is_a_comparison_sort(weights: &[f64], seed: u64) {
+        let expected = sorted_by_comparison(&keys_of(weights, seed));
+        let keys = keys_of(weights, seed);
+        let summary = validate(weights).unwrap();
+        let packing = Packing::new(weights.len(), keys.scale, summary.min_positive, 64);
+        for threads in [1, 2] {
+            let picks =
+                keys.radix_sort_packed(weights.len(), &summary, weights.len(), &packing, threads);
+            assert!(picks == expected, "{threads} threads");
+        }
+    }
+
     /// 600k weights make buckets of up to ~1.2k words, on both sides of the
     /// tests' `HOT_BUCKET_WORDS`: sorted in their own buffer or in place.
     #[test]
     fn buckets_sorted_in_a_buffer_or_in_place_agree_with_a_comparison_sort() {
         let mut rng = Rng::from_seed(21);
         let weights: Vec<f64> = (0..600_000).map(|_| rng.next_f64() + 0.5).collect();
-        let expected = sorted_by_comparison(&keys_of(&weights, 22));
-        for threads in [1, 2] {
-            let keys = keys_of(&weights, 22);
-            let summary = validate(&weights).unwrap();
-            let packing = Packing::new(weights.len(), keys.scale, summary.min_positive, 64);
-            let picks =
-                keys.radix_sort_packed(weights.len(), &summary, weights.len(), &packing, threads);
-            assert!(picks == expected, "{threads} threads");
-        }
+        assert_whole_radix_sort_is_a_comparison_sort(&weights, 22);
+    }
+
+    /// The plan's sample sees only weights of 1, but half the weights are
+    /// 1e-200: their keys all land in the last buckets, far over the planned
+    /// size, and are sorted all the same.
+    #[test]
+    fn a_sample_that_misses_half_the_weights_still_sorts() {
+        let stride = 200_000 / RANGE_SAMPLE;
+        let weights: Vec<f64> = (0..200_000)
+            .map(|i| {
+                if i % stride != 0 && i % 2 == 0 {
+                    1e-200
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        assert_whole_radix_sort_is_a_comparison_sort(&weights, 23);
     }
 
     /// One tiny weight stretches the whole key range by ~1000 binades; the fine
@@ -1264,8 +1335,6 @@ mod tests {
                 assert!(digit >= previous, "digits must not decrease as words grow");
                 previous = digit;
                 counts[digit] += 1;
-                let (first, last) = digits.span(digit);
-                assert!(first <= word && word <= last);
             }
             let largest = counts.iter().max().unwrap();
             assert!(
