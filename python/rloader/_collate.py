@@ -7,9 +7,11 @@ in insertion order (so ``bool`` reaches the ``int`` handler). Anything not in th
 structurally: mappings key by key, namedtuples field by field, other sequences position by
 position (tuples come back as lists, for backward compatibility with torch).
 
-``default_collate`` is exactly ``collate`` with ``default_collate_fn_map``. A faster path may be
-put in front of it; it is only allowed to run while the live map still equals
-``_DEFAULT_MAP_SNAPSHOT``, i.e. while nobody has registered their own handlers.
+``default_collate`` is exactly ``collate`` with ``default_collate_fn_map``, plus whatever was
+registered on (or changed in) torch's own ``default_collate_fn_map``, which code written for
+torch extends. A faster path may be put in front of it; it is only allowed to run while both
+maps still equal their snapshots (``_MAPS_SNAPSHOT``), i.e. while nobody has registered their
+own handlers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Union
 
 import torch
+import torch.utils.data._utils.collate
 from torch.utils.data import get_worker_info
 
 from . import _rloader
@@ -227,6 +230,25 @@ default_collate_fn_map[bytes] = collate_str_fn
 
 _DEFAULT_MAP_SNAPSHOT = dict(default_collate_fn_map)
 
+# torch's map: code written for torch registers its handlers there, and rloader's
+# default_collate honours them too (torch's default_collate reads only that map).
+_TORCH_MAP = torch.utils.data._utils.collate.default_collate_fn_map
+_TORCH_MAP_SNAPSHOT = dict(_TORCH_MAP)
+# Both maps, and both as they were at import: the fast path runs while they are equal.
+_MAPS = (default_collate_fn_map, _TORCH_MAP)
+_MAPS_SNAPSHOT = (_DEFAULT_MAP_SNAPSHOT, _TORCH_MAP_SNAPSHOT)
+
+
+def _effective_map() -> CollateFnMap:
+    """``default_collate_fn_map`` with what was registered on, or changed in, torch's map."""
+    if _TORCH_MAP == _TORCH_MAP_SNAPSHOT:
+        return default_collate_fn_map
+    merged = dict(default_collate_fn_map)
+    for key, fn in _TORCH_MAP.items():
+        if _TORCH_MAP_SNAPSHOT.get(key) is not fn:
+            merged[key] = fn
+    return merged
+
 
 def default_collate(batch):
     """Collate ``batch`` with ``default_collate_fn_map`` (torch's ``default_collate``).
@@ -235,8 +257,8 @@ def default_collate(batch):
     returns None for anything it does not handle; it is skipped inside worker processes (where
     tensors are collated into shared memory) and once the map has been changed.
     """
-    if default_collate_fn_map == _DEFAULT_MAP_SNAPSHOT and get_worker_info() is None:
+    if _MAPS == _MAPS_SNAPSHOT and get_worker_info() is None:
         out = _rloader.fast_collate(batch)
         if out is not None:
             return out
-    return collate(batch, collate_fn_map=default_collate_fn_map)
+    return collate(batch, collate_fn_map=_effective_map())

@@ -99,7 +99,7 @@ def distributed_indices(
     shuffle: bool,
     seed: int,
     epoch: int,
-    drop_last: bool,
+    num_samples: int,
 ) -> list[int]: ...
 def distributed_stream(
     n: int,
@@ -108,7 +108,7 @@ def distributed_stream(
     shuffle: bool,
     seed: int,
     epoch: int,
-    drop_last: bool,
+    num_samples: int,
 ) -> IndexChunks: ...
 
 # collate.rs

@@ -340,13 +340,13 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         pool = _Pool(region, loader)
         it = _rloader.PoolIter(
             region=region,
-            in_order=loader.in_order,
+            in_order=bool(loader.in_order),  # torch takes any truthy value
             keys=feed if feed is not None else keys,
             auto_collation=loader._auto_collation,
             # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
             # not the pin thread's wait for the workers, which may run while the user is busy.
             timeout=0.0 if pin is not None else float(loader.timeout),
-            persistent=loader.persistent_workers,
+            persistent=bool(loader.persistent_workers),
             pin=None,  # pinned on a thread of its own (below)
             length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
             hooks=pool,

@@ -23,10 +23,11 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from . import _rloader, _workers
 from ._collate import (
-    _DEFAULT_MAP_SNAPSHOT,
+    _MAPS,
+    _MAPS_SNAPSHOT,
+    _effective_map,
     collate,
     default_collate,
-    default_collate_fn_map,
     default_convert,
 )
 from ._pin import pin_batch
@@ -51,13 +52,13 @@ _TORCH_MAP_SNAPSHOT = dict(_TORCH_COLLATE.default_collate_fn_map)
 
 
 def _general_default_collate(batch: Any) -> Any:
-    return collate(batch, collate_fn_map=default_collate_fn_map)
+    return collate(batch, collate_fn_map=_effective_map())
 
 
 def _default_collate_plan(collate_fn: Callable) -> Optional[tuple]:
     """(general_fn, live_map, pristine_map) when ``collate_fn`` is a default collate."""
     if collate_fn is default_collate:
-        return (_general_default_collate, default_collate_fn_map, _DEFAULT_MAP_SNAPSHOT)
+        return (_general_default_collate, _MAPS, _MAPS_SNAPSHOT)
     if collate_fn is _TORCH_COLLATE.default_collate:
         return (collate_fn, _TORCH_COLLATE.default_collate_fn_map, _TORCH_MAP_SNAPSHOT)
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Optional, TypeVar
 
+import torch
 import torch.distributed as dist
 import torch.utils.data.distributed as tud_distributed
 
@@ -64,14 +65,40 @@ class DistributedSampler(Sampler[_T_co], tud_distributed.DistributedSampler):
         self.seed = seed
 
     def _args(self) -> tuple:
+        """The Rust shard's arguments, after torch's checks of ``total_size`` and ``num_samples``
+        (attributes a subclass may change, and that a dataset grown since no longer fits)."""
+        n = len(self.dataset)
+        if self.shuffle:
+            torch.Generator().manual_seed(self.seed + self.epoch)  # torch's error for a bad seed
+        total_size, num_samples = self.total_size, self.num_samples
+        if self.drop_last:
+            length = min(n, total_size)
+        else:
+            padding = total_size - n
+            if padding > n:
+                if n == 0:
+                    raise ZeroDivisionError("division by zero")  # torch's padding / len(indices)
+                length = n + padding
+            else:
+                length = n + len(range(n)[:padding])
+        if length != total_size:
+            raise AssertionError(
+                f"Number of indices ({length}) does not match total_size ({total_size})"
+            )
+        subsampled = len(range(self.rank, total_size, self.num_replicas))
+        if subsampled != num_samples:
+            raise AssertionError(
+                f"Number of subsampled indices ({subsampled}) does not match num_samples "
+                f"({num_samples})"
+            )
         return (
-            len(self.dataset),
+            n,
             self.num_replicas,
             self.rank,
             bool(self.shuffle),
             self.seed & _MASK64,
             self.epoch & _MASK64,
-            bool(self.drop_last),
+            num_samples,
         )
 
     def __iter__(self) -> Iterator[_T_co]:

@@ -104,15 +104,22 @@ class RandomSampler(Sampler[int], tud.RandomSampler):
         def start() -> _rloader.IndexChunks:
             n = len(self.data_source)
             seed = draw_seed(self.generator)
+            if n == 0:  # num_samples > 0 was checked: torch's own errors for nothing to draw from
+                if self.replacement:
+                    raise RuntimeError("random_ expects 'from' to be less than 'to', but got from=0 >= to=0")
+                raise ZeroDivisionError("integer division or modulo by zero")
             return _rloader.random_indices(n, self.num_samples, self.replacement, seed)
 
         return _rloader.IndexChunks.lazy(start)
 
 
 def _plain_indices(indices: Sequence) -> Optional[list]:
-    """``indices`` as a list when every element is a non-negative built-in int, else None."""
+    """``indices`` as a list when every element is a built-in int in ``[0, 2**64)``, else None
+    (also when ``indices`` cannot be indexed, as torch indexes it: a set fails there as in torch)."""
+    if not hasattr(type(indices), "__getitem__"):
+        return None
     as_list = list(indices)
-    if all(type(i) is int and i >= 0 for i in as_list):
+    if all(type(i) is int and 0 <= i < 1 << 64 for i in as_list):
         return as_list
     return None
 
@@ -200,11 +207,40 @@ class WeightedRandomSampler(Sampler[int], tud.WeightedRandomSampler):
 
     def _index_stream(self) -> _rloader.IndexChunks:
         def start() -> _rloader.IndexChunks:
-            weights = self.weights.detach().to("cpu", torch.double).contiguous().numpy()
+            weights = self.weights
+            if not isinstance(weights, torch.Tensor):  # reassigned: torch.multinomial's error
+                raise TypeError(
+                    "multinomial(): argument 'input' (position 1) must be Tensor, "
+                    f"not {type(weights).__name__}"
+                )
+            if weights.numel() == 0 and self.replacement:
+                raise RuntimeError(
+                    "aminmax(): cannot compute aminmax over an empty dimension as the operation "
+                    "has no identity."
+                    if self.num_samples == 1
+                    else "invalid multinomial distribution (sum of probabilities <= 0)"
+                )
+            array = weights.detach().to("cpu", torch.double).contiguous().numpy()
             seed = draw_seed(self.generator)
-            return _rloader.weighted_indices(weights, self.num_samples, self.replacement, seed)
+            try:
+                return _rloader.weighted_indices(array, self.num_samples, self.replacement, seed)
+            except RuntimeError as exc:
+                # With replacement and more than one sample, torch checks entry by entry.
+                if self.replacement and self.num_samples > 1 and "element < 0" in str(exc):
+                    raise RuntimeError(_entry_error(weights)) from None
+                raise
 
         return _rloader.IndexChunks.lazy(start)
+
+
+def _entry_error(weights: torch.Tensor) -> str:
+    """torch.multinomial's message, with replacement and more than one sample, for the first
+    weight that is negative, NaN or infinite (it checks ``w >= 0``, then finiteness)."""
+    w = weights.detach().to("cpu", torch.double)
+    first = w[torch.nonzero(~(w >= 0) | ~torch.isfinite(w))[0, 0]].item()
+    if not first >= 0:
+        return "invalid multinomial distribution (encountering probability entry < 0)"
+    return "invalid multinomial distribution (encountering probability entry = infinity or NaN)"
 
 
 class BatchSampler(Sampler[list[int]], tud.BatchSampler):

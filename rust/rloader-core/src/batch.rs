@@ -24,7 +24,9 @@ impl<I: Iterator<Item = u64>> Batches<I> {
     /// Returns false, with `out` empty, when there is no further batch.
     pub fn next_into(&mut self, out: &mut Vec<u64>) -> bool {
         out.clear();
-        out.reserve(self.batch_size);
+        // No more room up front than a batch can take from what is left: a batch_size
+        // of 10^12 over 3 indices is valid.
+        out.reserve(self.batch_size.min(self.inner.size_hint().0.max(1)));
         out.extend(self.inner.by_ref().take(self.batch_size));
         let complete = out.len() == self.batch_size;
         if complete || (!out.is_empty() && !self.drop_last) {
@@ -94,6 +96,13 @@ mod tests {
         assert!(batches(0, 4, true).is_empty());
         assert_eq!(batches(2, 4, false), [vec![0, 1]]);
         assert!(batches(2, 4, true).is_empty());
+    }
+
+    #[test]
+    fn batch_size_far_beyond_the_stream_takes_no_room_for_it() {
+        assert_eq!(batches(3, usize::MAX / 2, false), [vec![0, 1, 2]]);
+        let mut unsized_stream = Batches::new((0..3u64).filter(|_| true), 1 << 60, false);
+        assert_eq!(unsized_stream.next(), Some(vec![0, 1, 2]));
     }
 
     #[test]

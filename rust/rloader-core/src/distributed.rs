@@ -49,11 +49,30 @@ pub fn distributed_indices(
     epoch: u64,
     drop_last: bool,
 ) -> Vec<u64> {
+    let num_samples = distributed_num_samples(n, num_replicas, drop_last);
+    distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
+}
+
+/// [`distributed_indices`] for a given `num_samples`, which torch reads from its
+/// sampler's attribute (a subclass may set it): the indices at positions `rank,
+/// rank + R, ...` of the padded list, `num_samples` of them. The caller checks,
+/// as torch does, that they lie within its `total_size`.
+///
+/// # Panics
+/// If `num_replicas == 0` or `rank >= num_replicas`.
+pub fn distributed_shard(
+    n: u64,
+    num_replicas: u64,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+    num_samples: u64,
+) -> Vec<u64> {
     assert!(
         rank < num_replicas,
         "rank {rank} must be in [0, {num_replicas})"
     );
-    let num_samples = distributed_num_samples(n, num_replicas, drop_last);
     if n == 0 || num_samples == 0 {
         return Vec::new();
     }

@@ -6,7 +6,7 @@
 //! `collate_fn`; with the default collate_fn, common batches are collated by `collate.rs`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyIterator, PyList};
+use pyo3::types::{PyIterator, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::collate::fast_collate;
@@ -23,8 +23,8 @@ pub enum Collate {
     /// `default_collate`: the fast path while `live_map == pristine`, else `general(batch)`.
     Default {
         general: Py<PyAny>,
-        live_map: Py<PyDict>,
-        pristine: Py<PyDict>,
+        live_map: Py<PyAny>,
+        pristine: Py<PyAny>,
     },
     Call(Py<PyAny>),
 }
@@ -32,7 +32,7 @@ pub enum Collate {
 impl Collate {
     pub fn new(
         collate_fn: Py<PyAny>,
-        default_collate: Option<(Py<PyAny>, Py<PyDict>, Py<PyDict>)>,
+        default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
     ) -> Self {
         match default_collate {
             Some((general, live_map, pristine)) => Collate::Default {

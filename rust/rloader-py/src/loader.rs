@@ -9,7 +9,7 @@
 
 use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyIterator};
+use pyo3::types::PyIterator;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::fetch::{Collate, Fetcher, KeyBatch};
@@ -100,7 +100,7 @@ impl LoaderIter {
         batch_size: Option<usize>,
         drop_last: bool,
         collate_fn: Py<PyAny>,
-        default_collate: Option<(Py<PyAny>, Py<PyDict>, Py<PyDict>)>,
+        default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
         pin: Option<Py<PyAny>>,
         length_of: Py<PyAny>,
         reported_len: Option<usize>,

@@ -87,10 +87,10 @@ fn distributed_indices(
     shuffle: bool,
     seed: u64,
     epoch: u64,
-    drop_last: bool,
+    num_samples: u64,
 ) -> PyResult<Bound<'_, PyList>> {
     let shard = py.detach(|| {
-        distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last)
+        distributed::distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
     });
     PyList::new(py, shard)
 }
@@ -106,10 +106,10 @@ fn distributed_stream(
     shuffle: bool,
     seed: u64,
     epoch: u64,
-    drop_last: bool,
+    num_samples: u64,
 ) -> IndexChunks {
     let shard = py.detach(|| {
-        distributed::distributed_indices(n, num_replicas, rank, shuffle, seed, epoch, drop_last)
+        distributed::distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
     });
     IndexChunks::ready(plain(shard.into_iter()))
 }

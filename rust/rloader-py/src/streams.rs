@@ -196,7 +196,8 @@ impl BatchStream {
             }
             BatchSource::Python(iter) => {
                 let mut iter = iter.bind(py).clone();
-                let mut keys = Vec::with_capacity(want);
+                // Room grows with the keys: a batch_size of 10^12 over 3 keys is valid.
+                let mut keys = Vec::with_capacity(want.min(1 << 12));
                 while keys.len() < want {
                     match iter.next() {
                         Some(key) => keys.push(key?.unbind()),

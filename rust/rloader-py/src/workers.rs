@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use rloader_queue::{Doorbell, QueueError, Ring, ShmRegion};
@@ -1121,7 +1121,7 @@ pub fn worker_loop(
     batch_size: Option<usize>,
     drop_last: bool,
     collate_fn: Py<PyAny>,
-    default_collate: Option<(Py<PyAny>, Py<PyDict>, Py<PyDict>)>,
+    default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
     init_error: Option<Py<PyBytes>>,
     parent_pid: i32,
     hooks: Py<PyAny>,

@@ -1,0 +1,160 @@
+"""Behaviours a differential audit against torch.utils.data found different, each compared
+with torch directly: same results, same exception types and messages."""
+
+import math
+
+import pytest
+import torch
+import torch.utils.data as tud
+import torch.utils.data.distributed as tud_distributed
+
+import rloader
+import rloader.distributed
+
+
+def outcome(fn, lib):
+    """What ``fn(lib)`` returns, or the type and message of what it raises."""
+    try:
+        return ("ok", fn(lib))
+    except Exception as exc:  # noqa: BLE001 - any exception is compared
+        return (type(exc).__name__, str(exc))
+
+
+def same(fn, torch_lib=tud):
+    expected, got = outcome(fn, torch_lib), outcome(fn, rloader)
+    assert got == expected
+
+
+@pytest.mark.parametrize("batch_size", [10**12, 2**62])
+def test_batch_size_far_beyond_the_data(batch_size):
+    def listed(lib):
+        return [b.tolist() for b in lib.DataLoader(list(range(3)), sampler=[0, 1, 2], batch_size=batch_size)]
+
+    same(listed)
+    same(lambda lib: list(lib.BatchSampler(range(3), batch_size, False)))
+    same(lambda lib: list(lib.BatchSampler(lib.SequentialSampler(range(3)), batch_size, False)))
+
+
+@pytest.mark.parametrize("flags", [dict(persistent_workers=1), dict(in_order=1), dict(in_order=None)])
+def test_flags_are_taken_by_truth_as_torch_takes_them(flags):
+    def listed(lib):
+        return [b.tolist() for b in lib.DataLoader(list(range(3)), num_workers=1, **flags)]
+
+    same(listed)
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_random_sampler_over_nothing_raises_torchs_error(replacement):
+    same(lambda lib: list(lib.RandomSampler([], replacement=replacement, num_samples=3)))
+
+
+WEIGHTS = {
+    "negative": [1.0, -1.0, 1.0],
+    "nan": [1.0, math.nan],
+    "inf": [1.0, math.inf],
+    "inf then negative": [math.inf, -1.0],
+    "negative then inf": [-1.0, math.inf],
+    "zeros": [0.0, 0.0],
+    "empty": [],
+}
+
+
+@pytest.mark.parametrize("weights", WEIGHTS.values(), ids=WEIGHTS.keys())
+@pytest.mark.parametrize("replacement,num_samples", [(True, 1), (True, 2), (False, 1), (False, 2)])
+def test_weighted_sampler_errors_are_torchs(weights, replacement, num_samples):
+    same(lambda lib: list(lib.WeightedRandomSampler(weights, num_samples, replacement=replacement)))
+
+
+def test_weighted_sampler_with_weights_reassigned_to_a_list():
+    def reassigned(lib):
+        sampler = lib.WeightedRandomSampler([1.0, 2.0], 2)
+        sampler.weights = [1.0, 2.0]
+        return list(sampler)
+
+    same(reassigned)
+
+
+@pytest.mark.parametrize("indices", [[2**64], [2**64 + 5, 3], {1, 2}], ids=["2**64", "mixed", "set"])
+def test_subset_random_sampler_indices_as_torch_takes_them(indices):
+    same(lambda lib: sorted(lib.SubsetRandomSampler(indices)))
+
+
+def test_distributed_sampler_reads_its_size_attributes():
+    def capped(lib):
+        sampler = lib.DistributedSampler(list(range(10)), num_replicas=2, rank=0, shuffle=False, drop_last=True)
+        sampler.num_samples, sampler.total_size = 2, 4
+        return len(sampler), list(sampler)
+
+    def grown(lib):
+        data = list(range(5))
+        sampler = lib.DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+        data.extend(range(8))
+        return list(sampler)
+
+    def shrunk(lib):
+        data = list(range(9))
+        sampler = lib.DistributedSampler(data, num_replicas=2, rank=1, drop_last=True)
+        del data[3:]
+        return len(list(sampler))
+
+    def emptied(lib):
+        data = list(range(4))
+        sampler = lib.DistributedSampler(data, num_replicas=2, rank=0, shuffle=False)
+        data.clear()
+        return list(sampler)
+
+    for fn in (capped, grown, shrunk, emptied):
+        same(fn, tud_distributed)
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 2**70])
+def test_distributed_sampler_seed_range_is_torchs(seed):
+    def drawn(lib):
+        return len(list(lib.DistributedSampler(range(6), num_replicas=2, rank=0, seed=seed)))
+
+    same(drawn, tud_distributed)
+    assert outcome(drawn, rloader.distributed) == outcome(drawn, tud_distributed)
+
+
+class Point:
+    def __init__(self, v):
+        self.v = v
+
+
+def collate_points(batch, *, collate_fn_map=None):
+    return [p.v for p in batch]
+
+
+def collate_ints_as_list(batch, *, collate_fn_map=None):
+    return list(batch)
+
+
+@pytest.fixture
+def torch_map():
+    """torch's default_collate_fn_map, restored after the test."""
+    live = tud._utils.collate.default_collate_fn_map
+    saved = dict(live)
+    yield live
+    live.clear()
+    live.update(saved)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_handlers_registered_on_torchs_map_are_used(torch_map, num_workers):
+    torch_map[Point] = collate_points
+
+    def loaded(lib):
+        return list(lib.DataLoader([Point(1), Point(2), Point(3)], batch_size=2, num_workers=num_workers))
+
+    same(loaded)
+    assert rloader.default_collate([Point(5), Point(6)]) == [5, 6]
+    torch_map[int] = collate_ints_as_list  # a default handler replaced
+    same(lambda lib: list(lib.DataLoader([1, 2, 3], batch_size=2, num_workers=num_workers)))
+    assert rloader.default_collate([(1, 2.0), (3, 4.0)])[0] == [1, 3]
+
+
+def test_without_registrations_the_fast_path_runs_again(torch_map):
+    torch_map[Point] = collate_points
+    del torch_map[Point]
+    batch = rloader.default_collate([(torch.zeros(2), 1), (torch.ones(2), 2)])
+    assert batch[0].shape == (2, 2) and batch[1].tolist() == [1, 2]
