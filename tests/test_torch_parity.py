@@ -1,7 +1,10 @@
 """Behaviours a differential audit against torch.utils.data found different, each compared
 with torch directly: same results, same exception types and messages."""
 
+import gc
 import math
+import os
+import time
 
 import pytest
 import torch
@@ -158,3 +161,85 @@ def test_without_registrations_the_fast_path_runs_again(torch_map):
     del torch_map[Point]
     batch = rloader.default_collate([(torch.zeros(2), 1), (torch.ones(2), 2)])
     assert batch[0].shape == (2, 2) and batch[1].tolist() == [1, 2]
+
+
+class ReportedFive(tud.IterableDataset):
+    """Says 5, and every worker yields all 5: the mistake torch's warning is there for."""
+
+    def __iter__(self):
+        return iter(range(5))
+
+    def __len__(self):
+        return 5
+
+    def __repr__(self):
+        return "ReportedFive()"
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_iterable_length_warning_as_torchs(num_workers, persistent):
+    def warned(lib):
+        import warnings
+
+        loader = lib.DataLoader(ReportedFive(), batch_size=None, num_workers=num_workers,
+                                persistent_workers=persistent)
+        len(loader)
+        seen = []
+        for _epoch in range(2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                count = len(list(loader))
+            seen.append((count, [str(w.message) for w in caught if "IterableDataset" in str(w.message)]))
+        return seen
+
+    expected, got = outcome(warned, tud), outcome(warned, rloader)
+    assert got == expected
+    assert expected[1][0][1] if num_workers else True  # the case warns at all
+
+
+class Stuck:
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        time.sleep(60)
+        return i
+
+
+def test_timeout_is_raised_before_the_stuck_worker_is_stopped():
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds") as caught:
+        list(rloader.DataLoader(Stuck(), batch_size=None, num_workers=1, timeout=0.5))
+    assert time.monotonic() - started < 4  # torch: 0.5 s; stopping the worker takes 5 s more
+    pool = caught.value._rloader_iterator._rloader_pool
+    pids = [p.pid for p in pool.procs]
+    assert all(p.is_alive() for p in pool.procs)
+    del caught  # the exception goes, and with it the iterator: the worker is stopped
+    gc.collect()
+    assert pool.stopped
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_iterators_do_not_pickle_with_torchs_error(num_workers):
+    import pickle
+
+    def pickled(lib):
+        return pickle.dumps(iter(lib.DataLoader([1, 2], num_workers=num_workers)))
+
+    expected, got = outcome(pickled, tud), outcome(pickled, rloader)
+    assert got[0] == expected[0] == "NotImplementedError"
+    assert "cannot be pickled" in got[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_collating_a_tensor_with_an_int_fails_as_in_torch(num_workers):
+    def loaded(lib):
+        return list(lib.DataLoader([torch.zeros(2), 1], batch_size=2, num_workers=num_workers))
+
+    expected, got = outcome(loaded, tud), outcome(loaded, rloader)
+    assert got[0] == expected[0]
+    assert expected[1].splitlines()[:2] == got[1].splitlines()[:2]  # "Original Traceback" too
+    assert expected[1].splitlines()[-1] == got[1].splitlines()[-1]

@@ -178,6 +178,8 @@ def collate_tensor_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
         # batch reaches the main process without another copy (NOTE [Slots] in
         # rust/rloader-py/src/slots.rs). In torch's workers it is in shared memory of its own, as
         # torch's collate makes it, which torch's transport passes on without a copy.
+        if not all(isinstance(t, torch.Tensor) for t in batch):
+            sum(t.numel() for t in batch)  # torch's collate counts elements first: its error
         shape = (len(batch), *elem.size())
         if elem.is_cpu:
             out = _rloader.slot_empty(shape, elem.dtype)

@@ -7,6 +7,7 @@ import copy
 import queue
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -82,8 +83,12 @@ class PinnedBatches:
     """
 
     def __init__(self, source, pin, length_of, timeout: float = 0, feed=None, drawn: int = 0,
-                 new_feed=None) -> None:
+                 new_feed=None, reported_len=None) -> None:
         self._source = source
+        # (dataset, len(loader)) when that was asked of an IterableDataset's loader: torch warns
+        # for each batch beyond it.
+        self._reported_len = reported_len
+        self._yielded = 0
         self._pin = pin
         self._length_of = length_of
         # As torch's: how long ``__next__`` may wait for the thread (0: as long as it takes).
@@ -115,6 +120,9 @@ class PinnedBatches:
 
     def __iter__(self) -> "PinnedBatches":
         return self
+
+    def __reduce__(self):
+        raise NotImplementedError("{} cannot be pickled", type(self).__name__)
 
     def __len__(self) -> int:
         return len(self._length_of)
@@ -148,6 +156,18 @@ class PinnedBatches:
                 self._in_flight -= 1
                 self._in_flight += self._feed.draw(1)
             if kind == "batch":
+                self._yielded += 1
+                if self._reported_len is not None and self._yielded > self._reported_len[1]:
+                    dataset, reported = self._reported_len
+                    warnings.warn(
+                        f"Length of IterableDataset {dataset} was reported to be {reported}(when "
+                        f"accessing len(dataloader)), but {self._yielded} samples have been fetched. "
+                        "For multiprocessing data-loading, this could be caused by not properly "
+                        "configuring the IterableDataset replica at each worker. Please see "
+                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                        "for examples.",
+                        stacklevel=2,
+                    )
                 return value
             if kind == "fatal":  # nothing more comes: the pool is stopped
                 self._ended = True
@@ -161,8 +181,9 @@ class PinnedBatches:
         _stop_thread(self._thread, self._stop)
         self._finalizer.detach()
 
-    def _reset(self, keys) -> None:
+    def _reset(self, keys, reported_len=None) -> None:
         """A new epoch on persistent workers."""
+        self._reported_len, self._yielded = reported_len, 0
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
         if self._new_feed is not None:  # keys is None for an iterable dataset: tokens

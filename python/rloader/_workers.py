@@ -350,6 +350,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
             pin=None,  # pinned on a thread of its own (below)
             length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
             hooks=pool,
+            reported_len=None if pin is not None else _reported_len(loader),
         )
         it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
         # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
@@ -384,7 +385,8 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
-        return PinnedBatches(it, pin, loader._index_sampler, loader.timeout, feed, drawn, new_feed)
+        return PinnedBatches(it, pin, loader._index_sampler, loader.timeout, feed, drawn, new_feed,
+                             _reported_len(loader))
     return it
 
 
@@ -401,9 +403,17 @@ def _key_feed(region, auto_collation: bool, first: int):
     return new_feed
 
 
+def _reported_len(loader):
+    """``(dataset, len(loader))`` when ``len()`` of a loader over an IterableDataset was asked:
+    torch warns once more batches than that are handed out."""
+    if loader._IterableDataset_len_called is None:
+        return None
+    return (loader.dataset, loader._IterableDataset_len_called)
+
+
 def reset_pool(it, loader) -> None:
     """A new epoch on persistent workers."""
     from .dataloader import _DatasetKind
 
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    it._reset(None if iterable else iter(loader._index_sampler))
+    it._reset(None if iterable else iter(loader._index_sampler), _reported_len(loader))

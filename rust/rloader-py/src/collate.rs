@@ -144,6 +144,11 @@ fn collate_items<'py>(
     }
     let first_type = first.get_type();
     if first_type.is(h.tensor_type.bind(py)) {
+        // Anything but plain tensors (an int, a subclass): the general path, whose errors
+        // and results are torch's.
+        if !items.iter().all(|x| x.get_type().is(&first_type)) {
+            return Ok(None);
+        }
         if first.getattr("is_nested")?.is_truthy()?
             || !first.getattr("layout")?.is(h.strided.bind(py))
         {

@@ -104,10 +104,6 @@ impl Fetcher {
         }
     }
 
-    pub fn dataset(&self) -> &Py<PyAny> {
-        &self.dataset
-    }
-
     /// Lets the garbage collector see the dataset, its iterator and the collate function.
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.dataset)?;

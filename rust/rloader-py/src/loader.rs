@@ -72,9 +72,8 @@ pub struct LoaderIter {
     pin: Option<Py<PyAny>>,
     /// `len(self)` is `len(length_of)`: the loader's index sampler, as in torch.
     length_of: Py<PyAny>,
-    num_yielded: usize,
-    /// For iterable datasets: the length `len(loader)` reported, to warn when exceeded.
-    reported_len: Option<usize>,
+    /// For iterable datasets whose `len(loader)` was asked: warns when it is exceeded.
+    len_warning: Option<LengthWarning>,
     index_buf: Vec<u64>,
     /// Cleared by the garbage collector: yields nothing more.
     cleared: bool,
@@ -105,6 +104,8 @@ impl LoaderIter {
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
     ) -> PyResult<Self> {
+        let len_warning =
+            LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
         let collate = Collate::new(collate_fn, default_collate);
         let (keys, fetcher) = match keys {
             Some(keys) => (
@@ -124,8 +125,7 @@ impl LoaderIter {
             fetcher,
             pin,
             length_of,
-            num_yielded: 0,
-            reported_len,
+            len_warning,
             index_buf: Vec::new(),
             cleared: false,
         })
@@ -139,6 +139,11 @@ impl LoaderIter {
         self.length_of.bind(py).len()
     }
 
+    /// Iterators do not pickle: torch's error.
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(not_picklable("LoaderIter"))
+    }
+
     // A dataset (or sampler) that refers to the iterator makes a cycle; the garbage collector
     // must see through the Rust side to free it, as it frees torch's pure-Python iterator.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -147,12 +152,16 @@ impl LoaderIter {
         }
         self.fetcher.traverse(&visit)?;
         visit.call(&self.pin)?;
+        if let Some(warning) = &self.len_warning {
+            warning.traverse(&visit)?;
+        }
         visit.call(&self.length_of)
     }
 
     fn __clear__(&mut self) {
         self.keys = None;
         self.pin = None;
+        self.len_warning = None;
         self.cleared = true;
     }
 
@@ -174,24 +183,69 @@ impl LoaderIter {
             Some(pin) => pin.bind(py).call1((batch,))?,
             None => batch,
         };
-        self.num_yielded += 1;
-        if let Some(reported) = self.reported_len {
-            if self.num_yielded > reported {
-                let msg = format!(
-                    "Length of IterableDataset {} was reported to be {}(when accessing len(dataloader)), \
-                     but {} samples have been fetched. ",
-                    self.fetcher.dataset().bind(py).str()?,
-                    reported,
-                    self.num_yielded
-                );
-                PyErr::warn(
-                    py,
-                    &py.get_type::<PyUserWarning>(),
-                    &std::ffi::CString::new(msg)?,
-                    1,
-                )?;
-            }
+        if let Some(warning) = &mut self.len_warning {
+            warning.yielded(py)?;
         }
         Ok(Some(batch))
+    }
+}
+
+/// The error torch's DataLoader iterators raise when pickled (its arguments as torch gives them).
+pub fn not_picklable(class: &str) -> PyErr {
+    pyo3::exceptions::PyNotImplementedError::new_err(("{} cannot be pickled", class.to_string()))
+}
+
+/// torch's warning when an IterableDataset yields more batches than `len(loader)` said it
+/// would: once per batch beyond it, from the iterator's `__next__`.
+pub struct LengthWarning {
+    dataset: Py<PyAny>,
+    reported: usize,
+    yielded: usize,
+    /// With workers, torch adds a hint about configuring each worker's replica.
+    workers: bool,
+}
+
+impl LengthWarning {
+    /// For `(dataset, len(loader) as reported)`, if `len(loader)` was called.
+    pub fn new(reported: Option<(Py<PyAny>, usize)>, workers: bool) -> Option<Self> {
+        reported.map(|(dataset, reported)| LengthWarning {
+            dataset,
+            reported,
+            yielded: 0,
+            workers,
+        })
+    }
+
+    /// Counts one batch handed out, and warns past the reported length.
+    pub fn yielded(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.yielded += 1;
+        if self.yielded <= self.reported {
+            return Ok(());
+        }
+        let mut msg = format!(
+            "Length of IterableDataset {} was reported to be {}(when accessing len(dataloader)), \
+             but {} samples have been fetched. ",
+            self.dataset.bind(py).str()?,
+            self.reported,
+            self.yielded
+        );
+        if self.workers {
+            msg.push_str(
+                "For multiprocessing data-loading, this could be caused by not properly \
+                 configuring the IterableDataset replica at each worker. Please see \
+                 https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for \
+                 examples.",
+            );
+        }
+        PyErr::warn(
+            py,
+            &py.get_type::<PyUserWarning>(),
+            &std::ffi::CString::new(msg)?,
+            1,
+        )
+    }
+
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.dataset)
     }
 }

@@ -39,6 +39,8 @@ use pyo3::{PyTraverseError, PyVisit};
 use rloader_queue::{Doorbell, QueueError, Ring, ShmRegion};
 use rloader_workers::{Next, Scheduler};
 
+use crate::loader::{not_picklable, LengthWarning};
+
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::loader::Keys;
 use crate::slots::{self, Arena, Lease, SLOT_SPAN};
@@ -473,6 +475,8 @@ pub struct PoolIter {
     pin: Option<Py<PyAny>>,
     /// What `len()` measures (None for the pin thread's PoolIter: `PinnedBatches` answers it).
     length_of: Option<Py<PyAny>>,
+    /// For an iterable dataset whose `len(loader)` was asked: warns when it is exceeded.
+    len_warning: Option<LengthWarning>,
     timeout: Option<Duration>,
     persistent: bool,
     stopped: bool,
@@ -497,7 +501,7 @@ pub struct PoolIter {
 impl PoolIter {
     #[new]
     #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
-                        length_of, hooks))]
+                        length_of, hooks, reported_len=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         region: Py<PoolRegion>,
@@ -509,6 +513,7 @@ impl PoolIter {
         pin: Option<Py<PyAny>>,
         length_of: Option<Py<PyAny>>,
         hooks: Py<PyAny>,
+        reported_len: Option<(Py<PyAny>, usize)>,
     ) -> PyResult<Self> {
         let pr = region.get();
         let (doorbell, to_workers, from_workers) = pr.prepare()?;
@@ -528,6 +533,7 @@ impl PoolIter {
             hooks,
             pin,
             length_of,
+            len_warning: LengthWarning::new(reported_len, true),
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             persistent,
             stopped: false,
@@ -553,6 +559,11 @@ impl PoolIter {
         slf
     }
 
+    /// Iterators do not pickle: torch's error.
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(not_picklable("PoolIter"))
+    }
+
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         match &self.length_of {
             Some(length_of) => length_of.bind(py).len(),
@@ -560,12 +571,30 @@ impl PoolIter {
         }
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        match self.next_batch(py, Instant::now(), None)? {
-            Polled::Batch(batch) => Ok(Some(match &self.pin {
-                Some(pin) => pin.bind(py).call1((batch,))?,
-                None => batch,
-            })),
+    fn __next__<'py>(mut slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let polled = match slf.next_batch(py, Instant::now(), None) {
+            Ok(polled) => polled,
+            Err(err) => {
+                // torch raises from Python frames that hold its iterator, so the workers
+                // outlive the exception and are stopped after the user has seen it (a stuck
+                // one is waited for for seconds). The exception holds this iterator likewise.
+                let this: Py<PoolIter> = slf.into();
+                let _ = err.value(py).setattr("_rloader_iterator", this);
+                return Err(err);
+            }
+        };
+        match polled {
+            Polled::Batch(batch) => {
+                let batch = match &slf.pin {
+                    Some(pin) => pin.bind(py).call1((batch,))?,
+                    None => batch,
+                };
+                if let Some(warning) = &mut slf.len_warning {
+                    warning.yielded(py)?;
+                }
+                Ok(Some(batch))
+            }
             Polled::Failed(err) => Err(err),
             Polled::Done | Polled::NotYet => Ok(None),
         }
@@ -594,7 +623,13 @@ impl PoolIter {
 
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
     /// iterable dataset, whose workers restart their iterators).
-    fn _reset(&mut self, py: Python<'_>, keys: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+    #[pyo3(signature = (keys, reported_len=None))]
+    fn _reset(
+        &mut self,
+        py: Python<'_>,
+        keys: Option<Bound<'_, PyAny>>,
+        reported_len: Option<(Py<PyAny>, usize)>,
+    ) -> PyResult<()> {
         if self.stopped {
             return Err(PyRuntimeError::new_err(
                 "this DataLoader's workers were stopped (after an error or a shutdown)",
@@ -616,6 +651,7 @@ impl PoolIter {
             }
         }
         self.scheduler.reset();
+        self.len_warning = LengthWarning::new(reported_len, true);
         self.waiting_since = None;
         self.end_tokens = 0;
         let source = keys
@@ -665,6 +701,9 @@ impl PoolIter {
         visit.call(&self.hooks)?;
         visit.call(&self.pin)?;
         visit.call(&self.length_of)?;
+        if let Some(warning) = &self.len_warning {
+            warning.traverse(&visit)?;
+        }
         for answer in self.scheduler.results() {
             match answer {
                 Answer::Batch(obj) | Answer::Error(obj) => visit.call(obj)?,
@@ -680,6 +719,7 @@ impl PoolIter {
         }
         self.pin = None;
         self.length_of = None;
+        self.len_warning = None;
         // Nothing more is sent or handed out (its finalizer still stops the workers).
         self.stopped = true;
     }
