@@ -243,3 +243,42 @@ def test_collating_a_tensor_with_an_int_fails_as_in_torch(num_workers):
     assert got[0] == expected[0]
     assert expected[1].splitlines()[:2] == got[1].splitlines()[:2]  # "Original Traceback" too
     assert expected[1].splitlines()[-1] == got[1].splitlines()[-1]
+
+
+def test_rloaders_names_check_objects_built_on_torchs_classes():
+    class TorchStream(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    class TorchMap(tud.Dataset):
+        def __getitem__(self, i):
+            return i
+
+    stream, mapping = TorchStream(), TorchMap()
+    assert isinstance(stream, rloader.IterableDataset) and isinstance(stream, rloader.Dataset)
+    assert not isinstance(mapping, rloader.IterableDataset) and isinstance(mapping, rloader.Dataset)
+    assert isinstance(tud.RandomSampler(range(3)), rloader.Sampler)
+    assert isinstance(tud.RandomSampler(range(3)), rloader.RandomSampler)
+    assert not isinstance(tud.SequentialSampler(range(3)), rloader.RandomSampler)
+    assert isinstance(tud.TensorDataset(torch.zeros(2)), rloader.TensorDataset)
+    assert isinstance(tud.DataLoader(range(3)), rloader.DataLoader)
+    assert isinstance(tud_distributed.DistributedSampler(range(4), 2, 0), rloader.distributed.DistributedSampler)
+    assert issubclass(TorchStream, rloader.IterableDataset) and not issubclass(TorchMap, rloader.IterableDataset)
+    # rloader's own objects still pass both libraries' checks.
+    assert isinstance(rloader.TensorDataset(torch.zeros(2)), tud.TensorDataset)
+    assert isinstance(rloader.TensorDataset(torch.zeros(2)), rloader.TensorDataset)
+
+
+def test_a_users_subclass_of_an_rloader_class_checks_as_any_class():
+    import abc
+
+    class Mine(rloader.Dataset, abc.ABC):  # an ABC mixed in, as users do with torch's Dataset
+        def __getitem__(self, i):
+            return i
+
+    class Other(tud.Dataset):
+        pass
+
+    assert isinstance(Mine(), Mine) and isinstance(Mine(), tud.Dataset)
+    assert not isinstance(Other(), Mine) and not issubclass(Other, Mine)
+    assert [b.tolist() for b in rloader.DataLoader(Mine(), sampler=[0, 1], batch_size=2)] == [[0, 1]]

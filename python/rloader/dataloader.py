@@ -21,7 +21,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _rloader, _workers
+from . import _rloader, _twin, _workers
 from ._collate import (
     _MAPS,
     _MAPS_SNAPSHOT,
@@ -64,7 +64,7 @@ def _default_collate_plan(collate_fn: Callable) -> Optional[tuple]:
     return None
 
 
-class DataLoader(tud.DataLoader[_T_co]):
+class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
     """Combines a dataset and a sampler, and provides an iterable over the dataset.
 
     The arguments, their defaults and their meaning are torch.utils.data.DataLoader's.
@@ -255,3 +255,6 @@ def _pin_plan(loader: DataLoader) -> Optional[Callable]:
         )
         return None
     return pin_batch
+
+
+_twin.pair((DataLoader, tud.DataLoader))

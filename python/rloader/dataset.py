@@ -22,7 +22,7 @@ from typing import TypeVar
 import torch.utils.data as _torch_data
 from torch import Generator, Tensor, default_generator
 
-from . import _rloader
+from . import _rloader, _twin
 from ._seed import draw_seed
 
 __all__ = [
@@ -51,7 +51,7 @@ def _has_batched_getitem(dataset: object) -> bool:
     return callable(getattr(dataset, "__getitems__", None))
 
 
-class Dataset(_torch_data.Dataset[T_co]):
+class Dataset(_torch_data.Dataset[T_co], metaclass=_twin.TorchTwin):
     """A map from keys (usually ``0 .. len-1``) to samples; subclasses define ``__getitem__``.
 
     There is deliberately no ``__getitems__`` here: the DataLoader's fetcher treats its mere
@@ -273,6 +273,17 @@ def _lengths_from_fractions(fractions: Sequence[float], total: int) -> list[int]
                 stacklevel=3,
             )
     return lengths
+
+
+_twin.pair(
+    (Dataset, _torch_data.Dataset),
+    (IterableDataset, _torch_data.IterableDataset),
+    (TensorDataset, _torch_data.TensorDataset),
+    (StackDataset, _torch_data.StackDataset),
+    (ConcatDataset, _torch_data.ConcatDataset),
+    (ChainDataset, _torch_data.ChainDataset),
+    (Subset, _torch_data.Subset),
+)
 
 
 def random_split(

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.data.distributed as tud_distributed
 
-from . import _rloader
+from . import _rloader, _twin
 from .sampler import Sampler, _register_native
 
 __all__ = ["DistributedSampler"]
@@ -116,3 +116,4 @@ class DistributedSampler(Sampler[_T_co], tud_distributed.DistributedSampler):
 
 
 _register_native(DistributedSampler)
+_twin.pair((DistributedSampler, tud_distributed.DistributedSampler))

@@ -16,7 +16,7 @@ from typing import Optional, TypeVar, Union
 import torch
 import torch.utils.data as tud
 
-from . import _rloader
+from . import _rloader, _twin
 from ._seed import draw_seed
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class Sampler(tud.Sampler[_T_co]):
+class Sampler(tud.Sampler[_T_co], metaclass=_twin.TorchTwin):
     """Base class for samplers: subclasses provide ``__iter__`` and, optionally, ``__len__``."""
 
 
@@ -308,3 +308,11 @@ def _register_native(*classes: type) -> None:
 
 _NATIVE_ITERS: set = set()
 _register_native(SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+_twin.pair(
+    (Sampler, tud.Sampler),
+    (SequentialSampler, tud.SequentialSampler),
+    (RandomSampler, tud.RandomSampler),
+    (SubsetRandomSampler, tud.SubsetRandomSampler),
+    (WeightedRandomSampler, tud.WeightedRandomSampler),
+    (BatchSampler, tud.BatchSampler),
+)
