@@ -7,12 +7,13 @@ import copy
 import queue
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
 import torch
 from torch._utils import ExceptionWrapper
+
+from . import _rloader
 
 __all__ = ["PinnedBatches", "pin_batch"]
 
@@ -61,6 +62,10 @@ def pin_batch(data: Any) -> Any:
 _POLL = 0.1
 
 
+def _len_warning(reported_len) -> "_rloader.LengthWarning | None":
+    return None if reported_len is None else _rloader.LengthWarning(*reported_len, True)
+
+
 class PinnedBatches:
     """Batches from worker processes, pinned on a thread of their own.
 
@@ -85,10 +90,9 @@ class PinnedBatches:
     def __init__(self, source, pin, length_of, timeout: float = 0, feed=None, drawn: int = 0,
                  new_feed=None, reported_len=None) -> None:
         self._source = source
-        # (dataset, len(loader)) when that was asked of an IterableDataset's loader: torch warns
-        # for each batch beyond it.
-        self._reported_len = reported_len
-        self._yielded = 0
+        # For (dataset, len(loader)) when that was asked of an IterableDataset's loader: torch
+        # warns for each batch beyond it.
+        self._len_warning = _len_warning(reported_len)
         self._pin = pin
         self._length_of = length_of
         # As torch's: how long ``__next__`` may wait for the thread (0: as long as it takes).
@@ -156,18 +160,8 @@ class PinnedBatches:
                 self._in_flight -= 1
                 self._in_flight += self._feed.draw(1)
             if kind == "batch":
-                self._yielded += 1
-                if self._reported_len is not None and self._yielded > self._reported_len[1]:
-                    dataset, reported = self._reported_len
-                    warnings.warn(
-                        f"Length of IterableDataset {dataset} was reported to be {reported}(when "
-                        f"accessing len(dataloader)), but {self._yielded} samples have been fetched. "
-                        "For multiprocessing data-loading, this could be caused by not properly "
-                        "configuring the IterableDataset replica at each worker. Please see "
-                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
-                        "for examples.",
-                        stacklevel=2,
-                    )
+                if self._len_warning is not None:
+                    self._len_warning.yielded()
                 return value
             if kind == "fatal":  # nothing more comes: the pool is stopped
                 self._ended = True
@@ -183,7 +177,7 @@ class PinnedBatches:
 
     def _reset(self, keys, reported_len=None) -> None:
         """A new epoch on persistent workers."""
-        self._reported_len, self._yielded = reported_len, 0
+        self._len_warning = _len_warning(reported_len)
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
         if self._new_feed is not None:  # keys is None for an iterable dataset: tokens

@@ -11,6 +11,7 @@ __all__ = [
     "__version__",
     "IndexChunks",
     "BatchStream",
+    "LengthWarning",
     "LoaderIter",
     "sequential",
     "random_indices",
@@ -126,6 +127,11 @@ class Message:
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class LengthWarning:
+    def __new__(cls, dataset: Any, reported: int, workers: bool) -> LengthWarning: ...
+    def yielded(self) -> None: ...
 
 @final
 class PoolIter:

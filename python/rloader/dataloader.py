@@ -25,6 +25,8 @@ from . import _rloader, _twin, _workers
 from ._collate import (
     _MAPS,
     _MAPS_SNAPSHOT,
+    _TORCH_MAP,
+    _TORCH_MAP_SNAPSHOT,
     _effective_map,
     collate,
     default_collate,
@@ -48,7 +50,6 @@ _T_co = TypeVar("_T_co", covariant=True)
 # torch's own default collate functions may be passed explicitly (Lightning re-creates loaders
 # from their attributes): they get the fast path too, while torch's map is unmodified.
 _TORCH_COLLATE = tud._utils.collate
-_TORCH_MAP_SNAPSHOT = dict(_TORCH_COLLATE.default_collate_fn_map)
 
 
 def _general_default_collate(batch: Any) -> Any:
@@ -60,7 +61,7 @@ def _default_collate_plan(collate_fn: Callable) -> Optional[tuple]:
     if collate_fn is default_collate:
         return (_general_default_collate, _MAPS, _MAPS_SNAPSHOT)
     if collate_fn is _TORCH_COLLATE.default_collate:
-        return (collate_fn, _TORCH_COLLATE.default_collate_fn_map, _TORCH_MAP_SNAPSHOT)
+        return (collate_fn, _TORCH_MAP, _TORCH_MAP_SNAPSHOT)
     return None
 
 

@@ -26,6 +26,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<streams::IndexChunks>()?;
     m.add_class::<streams::BatchStream>()?;
     m.add_class::<loader::LoaderIter>()?;
+    m.add_class::<loader::LengthWarning>()?;
     samplers::register(m)?;
     collate::register(m)?;
     workers::register(m)?;

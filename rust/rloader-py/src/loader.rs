@@ -196,7 +196,9 @@ pub fn not_picklable(class: &str) -> PyErr {
 }
 
 /// torch's warning when an IterableDataset yields more batches than `len(loader)` said it
-/// would: once per batch beyond it, from the iterator's `__next__`.
+/// would: once per batch beyond it, from the iterator's `__next__` (`LoaderIter`, `PoolIter`,
+/// and from Python, `PinnedBatches`).
+#[pyclass(module = "rloader._rloader")]
 pub struct LengthWarning {
     dataset: Py<PyAny>,
     reported: usize,
@@ -247,5 +249,28 @@ impl LengthWarning {
 
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.dataset)
+    }
+}
+
+#[pymethods]
+impl LengthWarning {
+    #[new]
+    fn py_new(dataset: Py<PyAny>, reported: usize, workers: bool) -> Self {
+        LengthWarning {
+            dataset,
+            reported,
+            yielded: 0,
+            workers,
+        }
+    }
+
+    /// Counts one batch handed out, and warns past the reported length.
+    #[pyo3(name = "yielded")]
+    fn py_yielded(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.yielded(py)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.traverse(&visit)
     }
 }
