@@ -382,3 +382,26 @@ def test_out_of_order_tokens_no_worker_may_take_are_dropped_as_torch_drops_them(
             row.append(before)
 
     assert produced_before_each_next(rloader, pin_memory=True) == produced_before_each_next(tud)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_iterable_length_warning_is_torchs_with_pinning_too(pinning, persistent):
+    import warnings
+
+    from test_torch_parity import ReportedFive
+
+    def warned(lib):
+        loader = lib.DataLoader(ReportedFive(), batch_size=1, num_workers=2, pin_memory=True,
+                                persistent_workers=persistent)
+        len(loader)
+        seen = []
+        for _epoch in range(2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                count = len(list(loader))
+            seen.append((count, [str(w.message) for w in caught if "IterableDataset" in str(w.message)]))
+        return seen
+
+    expected = warned(tud)  # torch warns the same with or without an accelerator to pin for
+    assert warned(rloader) == expected
+    assert pinning and expected[0][1]  # the batches went through the pin thread, and it warns
