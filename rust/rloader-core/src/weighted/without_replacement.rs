@@ -469,10 +469,12 @@ impl<'a> Keys<'a> {
     fn sampled_digit_counts(&self, digits: &FineDigits, packing: &Packing) -> Vec<usize> {
         let stride = (self.weights.len() / RANGE_SAMPLE).max(1);
         let mut rng = Rng::from_seed(self.seed ^ PLAN_SEED);
+        // At most one key per 8 weights: the sample must stay cheap beside the sort it plans.
+        let draws = PLAN_DRAWS.min((self.weights.len() / (8 * RANGE_SAMPLE)).max(1));
         let mut counts = vec![0; digits.count()];
         for &w in self.weights.iter().step_by(stride) {
             if w > 0.0 {
-                for _ in 0..PLAN_DRAWS {
+                for _ in 0..draws {
                     let key = self.key(exponential_of(rng.next_f64_nonzero()), w);
                     counts[digits.digit(packing.pack(0, key))] += 1;
                 }
@@ -607,7 +609,8 @@ impl FineDigits {
 const CHAIN_BLOCK: usize = 512;
 
 /// Keys [`Keys::sampled_digit_counts`] draws for each sampled weight: 16 for
-/// each of ~1,024 weights, about 30 a bucket when there are 512 buckets.
+/// each of ~1,024 weights, about 30 a bucket when there are 512 buckets (fewer
+/// below 128K weights, at most one per 8 weights).
 const PLAN_DRAWS: usize = 16;
 
 /// Mixed into the seed of the sample's own generator (any constant would do).
