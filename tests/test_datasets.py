@@ -2,9 +2,7 @@
 
 Each behaviour is built twice, once from torch's classes and once from rloader's, and the two
 must agree: the same items, lengths and attributes, the same exceptions (type and text), the
-same warnings. random_split's order is rloader's own (one draw from the generator, then
-``_rloader.permutation``), so for it the lengths and errors are compared with torch and the
-order is checked against its definition.
+same warnings; random_split makes torch's split for every seed.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rloader
-from rloader import _rloader
 from rloader import dataset as rl
-from rloader._seed import draw_seed
 
 from _compare import same
 
@@ -589,14 +585,14 @@ def test_random_split_lengths_match_torch_random(n, weights, as_fractions):
         lengths = [w / total for w in weights]
     else:
         lengths = weights
-    ours, _ = outcome(lambda: [len(p) for p in rl.random_split(range(n), lengths)])
-    theirs, _ = outcome(lambda: [len(p) for p in tud.random_split(range(n), lengths)])
-    if theirs[0] == "err" and theirs[2].startswith("randperm()"):
-        # a float total (e.g. [0.0] for an empty dataset) reaches torch.randperm, whose
-        # argument-parser text we don't copy; the type is the same
-        assert ours[:2] == theirs[:2]
-    else:
-        assert ours == theirs
+    seed = n * 1000 + len(weights)
+    ours, _ = outcome(
+        lambda: split_indices(rl.random_split(range(n), lengths, torch.Generator().manual_seed(seed)))
+    )
+    theirs, _ = outcome(
+        lambda: split_indices(tud.random_split(range(n), lengths, torch.Generator().manual_seed(seed)))
+    )
+    assert ours == theirs
 
 
 @pytest.mark.parametrize("n, lengths", [(0, [0.0]), (10, [5.0, 5.0]), (4, [0.0, 4.0])])
@@ -649,23 +645,33 @@ def test_random_split_is_a_disjoint_cover_of_subsets():
     assert [parts[0][k] for k in range(10)] == [i * i for i in parts[0].indices]
 
 
-def test_random_split_order_is_one_draw_then_rust_permutation():
-    parts = rl.random_split(range(20), [0.25, 0.75], generator=torch.Generator().manual_seed(9))
-    expected = _rloader.permutation(20, draw_seed(torch.Generator().manual_seed(9)))
-    assert split_indices(parts) == [expected[:5], expected[5:]]
+@pytest.mark.parametrize(
+    "n, lengths",
+    [(10, [3, 7]), (20, [0.25, 0.75]), (11, [0.1, 0.2, 0.3, 0.4]), (1000, [500, 300, 200]), (1, [1])],
+)
+@pytest.mark.parametrize("seed", [0, 1, 9, 2**40])
+def test_random_split_is_torchs_split_for_the_same_seed(n, lengths, seed):
+    ours_gen, theirs_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    got = split_indices(rl.random_split(range(n), lengths, generator=ours_gen))
+    assert got == split_indices(tud.random_split(range(n), lengths, generator=theirs_gen))
+    # ... and leaves the generator where torch's leaves it
+    assert torch.equal(ours_gen.get_state(), theirs_gen.get_state())
 
 
-def one_draw_state(seed):
-    g = torch.Generator().manual_seed(seed)
-    torch.empty((), dtype=torch.int64).random_(generator=g)
-    return g.get_state()
+def test_random_split_issue_example():
+    parts = rl.random_split(range(10), [3, 7], generator=torch.Generator().manual_seed(1))
+    assert split_indices(parts) == [[5, 6, 1], [2, 0, 8, 9, 3, 7, 4]]
 
 
-@pytest.mark.parametrize("n", [0, 1, 10, 1000])
-def test_random_split_takes_exactly_one_draw(n):
-    g = torch.Generator().manual_seed(11)
-    rl.random_split(range(n), [n], generator=g)
-    assert torch.equal(g.get_state(), one_draw_state(11))
+@pytest.mark.parametrize("generator", ["default", None])
+def test_random_split_with_the_global_rng_is_torchs(generator, restore_global_rng):
+    kwargs = {} if generator == "default" else {"generator": None}
+    torch.manual_seed(123)
+    got = split_indices(rl.random_split(range(50), [0.3, 0.7], **kwargs))
+    after_ours = torch.get_rng_state()
+    torch.manual_seed(123)
+    assert got == split_indices(tud.random_split(range(50), [0.3, 0.7], **kwargs))
+    assert torch.equal(after_ours, torch.get_rng_state())
 
 
 def test_random_split_reproducible_from_generator():
@@ -683,23 +689,6 @@ def restore_global_rng():
     state = torch.get_rng_state()
     yield
     torch.set_rng_state(state)
-
-
-def test_random_split_uses_torchs_global_rng_by_default(restore_global_rng):
-    def run(seed, **kwargs):
-        torch.manual_seed(seed)
-        parts = split_indices(rl.random_split(range(40), [10, 30], **kwargs))
-        state = torch.get_rng_state()
-        return parts, state
-
-    default_parts, default_state = run(4)
-    none_parts, none_state = run(4, generator=None)
-    assert default_parts == run(4)[0] == none_parts
-    assert default_parts != run(5)[0]
-    torch.manual_seed(4)
-    torch.empty((), dtype=torch.int64).random_()
-    assert torch.equal(default_state, torch.get_rng_state())
-    assert torch.equal(none_state, torch.get_rng_state())
 
 
 def test_random_split_of_torch_and_our_datasets():
