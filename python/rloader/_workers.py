@@ -66,20 +66,30 @@ def _rebuild_tensor(buffer, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
 
 
 class _BatchPickler(pickle.Pickler):
-    """Pickles plain CPU tensors as raw out-of-band buffers: no copy into the pickle stream."""
+    """Pickles plain CPU tensors as raw out-of-band buffers: no copy into the pickle stream.
+
+    Everything else (nested, sparse and quantized tensors, subclasses, tensors that need
+    autograd, numpy arrays, any picklable object) takes its own pickle reduction, whose parts
+    come back here: a nested or sparse tensor's component tensors still travel out of band.
+    """
 
     def reducer_override(self, obj):
         if (
             type(obj) is torch.Tensor
             and obj.layout == torch.strided
             and obj.device.type == "cpu"
+            and not obj.is_nested
             and not obj.requires_grad
             and not obj.is_conj()
             and not obj.is_neg()
             and not obj.is_quantized
         ):
-            flat = obj.contiguous().reshape(-1).view(torch.uint8)
-            return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), obj.dtype, tuple(obj.shape))
+            try:
+                flat = obj.contiguous().reshape(-1).view(torch.uint8)
+                data = flat.numpy()
+            except Exception:  # a kind of tensor this path does not know: the usual reduction
+                return NotImplemented
+            return _rebuild_tensor, (pickle.PickleBuffer(data), obj.dtype, tuple(obj.shape))
         return NotImplemented
 
 
@@ -106,12 +116,19 @@ def loads(message, lease, pickle_range: tuple, buffers: list) -> Any:
 
 
 def dump_error(worker_id: int, exc: BaseException, traceback=None) -> bytes:
-    """An exception raised in a worker, as torch's ExceptionWrapper names it, pickled."""
-    wrapper = ExceptionWrapper(
-        exc_info=(type(exc), exc, traceback or exc.__traceback__),
-        where=f"in DataLoader worker process {worker_id}",
-    )
-    return pickle.dumps(wrapper)
+    """An exception raised in a worker, as torch's ExceptionWrapper names it, pickled.
+
+    The wrapper holds the exception's type and its formatted traceback; a type that cannot be
+    pickled (a class local to a function, say) travels as a RuntimeError with the same text,
+    so the user still reads the worker's error rather than a worker's death.
+    """
+    where = f"in DataLoader worker process {worker_id}"
+    wrapper = ExceptionWrapper(exc_info=(type(exc), exc, traceback or exc.__traceback__), where=where)
+    try:
+        return pickle.dumps(wrapper)
+    except Exception:
+        wrapper.exc_type = RuntimeError  # (its text, the traceback, names the original type)
+        return pickle.dumps(wrapper)
 
 
 # ---------------------------------------------------------------- the worker process

@@ -234,6 +234,12 @@ impl Arena {
         Some(slot)
     }
 
+    /// Takes back a slot `finish` handed to the main process when the message naming it could
+    /// not be sent: the main process never learns of it, so the worker still owns its bytes.
+    pub fn unhold(&mut self, slot: usize) {
+        self.state(slot).store(FREE, Ordering::Relaxed);
+    }
+
     fn view_of(&self, ptr: *mut u8, len: usize) -> SlotView {
         let slot = self.current.expect("views are made of the current slot");
         self.live[slot].fetch_add(1, Ordering::AcqRel);

@@ -1281,12 +1281,14 @@ pub fn worker_loop(
                 1,
             )?;
         }
+        // A batch that cannot be encoded or sent (its pickling raises, say) is that batch's
+        // error, reported as any error of the dataset or collate_fn is: never a dead worker.
+        let result = result.and_then(|batch| match batch {
+            Some(batch) => encode_and_send(hooks, &send, worker_id, task, batch).map(Some),
+            None => Ok(None),
+        });
         let delivered = match result {
-            Ok(Some(batch)) => {
-                let encoded = hooks.call_method1("dumps", (batch,))?;
-                let (data, buffers): (Bound<'_, PyBytes>, Bound<'_, PyList>) = encoded.extract()?;
-                send_batch(&send, worker_id, task, &data, &buffers)?
-            }
+            Ok(Some(delivered)) => delivered,
             Ok(None) => {
                 slots::with_arena(|a| a.finish(false));
                 ended = true;
@@ -1307,17 +1309,32 @@ pub fn worker_loop(
     }
 }
 
+/// Encodes `batch` (the hooks' `dumps`) and sends it: Ok(false) when the main process closed
+/// the ring. On an error nothing was sent and no slot is left held (the caller's
+/// `finish(false)` ends the batch).
+fn encode_and_send(
+    hooks: &Bound<'_, PyAny>,
+    send: &dyn Fn(&[&[u8]]) -> PyResult<bool>,
+    worker_id: usize,
+    task: u64,
+    batch: Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    let encoded = hooks.call_method1("dumps", (batch,))?;
+    let (data, buffers): (Bound<'_, PyBytes>, Bound<'_, PyList>) = encoded.extract()?;
+    let views: Vec<pyo3::buffer::PyBuffer<u8>> = buffers
+        .iter()
+        .map(|b| pyo3::buffer::PyBuffer::<u8>::get(&b))
+        .collect::<PyResult<_>>()?;
+    send_batch(send, worker_id, task, &data, &views)
+}
+
 fn send_batch(
     send: &dyn Fn(&[&[u8]]) -> PyResult<bool>,
     worker_id: usize,
     task: u64,
     data: &Bound<'_, PyBytes>,
-    buffers: &Bound<'_, PyList>,
+    views: &[pyo3::buffer::PyBuffer<u8>],
 ) -> PyResult<bool> {
-    let views: Vec<pyo3::buffer::PyBuffer<u8>> = buffers
-        .iter()
-        .map(|b| pyo3::buffer::PyBuffer::<u8>::get(&b))
-        .collect::<PyResult<_>>()?;
     // SAFETY: each is a contiguous u8 buffer kept exported (and so alive and unmoved) by `views`
     // until this function returns; nothing in this process writes to it meanwhile.
     let bytes: Vec<&[u8]> = views
@@ -1356,7 +1373,12 @@ fn send_batch(
             parts.push(b);
         }
     }
-    send(&parts)
+    let sent = send(&parts);
+    if let (Err(_), Some(slot)) = (&sent, slot) {
+        // The message naming the slot never left: the slot is the worker's again.
+        slots::with_arena(|a| a.unhold(slot));
+    }
+    sent
 }
 
 /// The process that owns a worker's loader, watched from the worker.
