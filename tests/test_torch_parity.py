@@ -4,6 +4,8 @@ with torch directly: same results, same exception types and messages."""
 import gc
 import math
 import os
+import re
+import signal
 import time
 
 import pytest
@@ -282,3 +284,41 @@ def test_a_users_subclass_of_an_rloader_class_checks_as_any_class():
     assert isinstance(Mine(), Mine) and isinstance(Mine(), tud.Dataset)
     assert not isinstance(Other(), Mine) and not issubclass(Other, Mine)
     assert [b.tolist() for b in rloader.DataLoader(Mine(), sampler=[0, 1], batch_size=2)] == [[0, 1]]
+
+
+class DiesAtSample3(tud.Dataset):
+    def __init__(self, how):
+        self.how = how
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        if i == 3:
+            if self.how.startswith("exit"):
+                os._exit(int(self.how[4:]))
+            os.kill(os.getpid(), getattr(signal, self.how))
+            time.sleep(5)  # (a handled signal, as torch's workers handle SIGSEGV and SIGBUS)
+        return i
+
+
+def death(lib, how):
+    """The errors a worker's death raises, with each pid replaced by "PID"."""
+    with pytest.raises(RuntimeError) as err:
+        list(lib.DataLoader(DiesAtSample3(how), batch_size=1, num_workers=2))
+    cause = err.value.__cause__
+    strip = re.compile(r"pid(\(s\))? \d+")
+    return strip.sub(r"pid\1 PID", str(err.value)), strip.sub(r"pid\1 PID", str(cause))
+
+
+@pytest.mark.parametrize("how", ["exit3", "exit1", "SIGSEGV", "SIGKILL", "SIGBUS", "SIGTERM"])
+def test_a_dead_worker_is_reported_in_torchs_words(how):
+    ours, theirs = death(rloader, how), death(tud, how)
+    assert ours[0] == theirs[0]  # "DataLoader worker (pid(s) N) exited unexpectedly"
+    # torch's cause ("... is killed by signal: Segmentation fault. "), then rloader's help
+    assert ours[1].startswith(theirs[1]) and "rloader: that was worker" in ours[1]
+
+
+def test_a_worker_exiting_with_0_is_reported_in_torchs_words():
+    ours, theirs = death(rloader, "exit0"), death(tud, "exit0")
+    assert ours[0] == theirs[0]

@@ -307,14 +307,14 @@ class Dies(tud.Dataset):
         return i
 
 
-@pytest.mark.parametrize("how,expected", [("exit", "exited with code 3"), ("kill", r"killed by signal 9 \(SIGKILL\)")])
+@pytest.mark.parametrize("how,expected", [("exit", "exited unexpectedly with exit code 3"), ("kill", "is killed by signal: Killed")])
 def test_dead_worker_is_reported_quickly(how, expected):
     loader = rloader.DataLoader(Dies(how), batch_size=1, num_workers=2)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=expected) as err:
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
         list(loader)
     assert time.monotonic() - start < 10
-    assert "pid" in str(err.value)
+    assert expected in str(err.value.__cause__)
 
 
 class ExitsCleanly(tud.Dataset):
@@ -333,8 +333,9 @@ def test_worker_exiting_with_code_0_before_answering_is_reported():
     # The sampler is exhausted before sample 7, so the worker was already sent STOP: exiting
     # is expected of it then, but not with an answer still owed.
     loader = rloader.DataLoader(ExitsCleanly(), batch_size=1, num_workers=2)
-    with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) exited with code 0 unexpectedly"):
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
         list(loader)
+    assert "that was worker 1" in str(err.value.__cause__)
 
 
 def exit_with_3_when_done(worker_id):
@@ -732,5 +733,6 @@ def test_a_worker_dead_before_reading_a_streamed_task_is_reported():
     # 40,000 keys make a task larger than the task ring: it streams, while liveness is checked.
     loader = rloader.DataLoader(list(range(100_000)), batch_size=40_000, num_workers=1,
                                 worker_init_fn=_exit_at_start)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker 0 \(pid \d+\) exited with code 1"):
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
         list(loader)
+    assert "exited unexpectedly with exit code 1" in str(err.value.__cause__)

@@ -37,11 +37,13 @@ from typing import Any
 
 import torch
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
 
 from . import _rloader
 from ._pin import PinnedBatches
 from ._seed import draw_seed
+from .sampler import iter_keys
 
 # Each worker seeds numpy's global generator, as torch's do. numpy 2 imports numpy.random only
 # when it is first used, and in each new worker that import took 15-25 ms of the time to the
@@ -175,6 +177,9 @@ def _worker_main(spec: dict) -> None:
     worker_id = spec["worker_id"]
     # The main process handles Ctrl-C; a worker leaves when told to or when its parent dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # As torch's workers: a segfault, bus error or FPE prints what happened before the default
+    # action ends the process (and replaces a faulthandler inherited from the parent).
+    signal_handling._set_worker_signal_handlers()
     torch.set_num_threads(1)
     seed = spec["base_seed"] + worker_id
     random.seed(seed)
@@ -243,14 +248,42 @@ class _WorkerHooks:
 # ---------------------------------------------------------------- the main process
 
 
-def _describe_exit(pid: int, code: int) -> str:
+def _torch_exit_text(pid: int, code: int) -> str:
+    """What torch's SIGCHLD handler says of a worker that ended with ``code`` (a negative code:
+    killed by that signal), or "" for code 0, of which torch says nothing more."""
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown signal"
-        return f"was killed by signal {-code} ({name})"
-    return f"exited with code {code}"
+        text = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code)}. "
+        if -code == signal.SIGBUS:
+            text += (
+                "It is possible that dataloader's workers are out of shared memory. "
+                "Please try to raise your shared memory limit."
+            )
+        return text
+    if code > 0:
+        return (
+            f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. "
+            "Details are lost due to multiprocessing. Rerunning with num_workers=0 may give "
+            "better error trace."
+        )
+    return ""
+
+
+def worker_death(worker_id: int, pid: int, code: int) -> RuntimeError:
+    """The error for a worker that ended before its time, in torch's words: torch's
+    ``DataLoader worker (pid(s) N) exited unexpectedly``, caused by the error torch's SIGCHLD
+    handler raises for that exit (``... is killed by signal: Segmentation fault. ``), to which
+    rloader adds which worker it was and what to try."""
+    detail = _torch_exit_text(pid, code)
+    hint = (
+        f"(rloader: that was worker {worker_id}. If it was killed for memory, use fewer workers "
+        "or a smaller batch_size/prefetch_factor; a crash points at the dataset's or "
+        "collate_fn's code.)"
+    )
+    if not detail:
+        detail = f"DataLoader worker (pid {pid}) exited with code 0 before it answered."
+    error = RuntimeError(f"DataLoader worker (pid(s) {pid}) exited unexpectedly")
+    error.__cause__ = RuntimeError(f"{detail} {hint}")
+    return error
 
 
 class _RegionFd:
@@ -296,12 +329,7 @@ class _Pool:
 
     def death(self, worker_id: int, code: int) -> RuntimeError:
         """The error for a worker that ended before its time (the caller raises it)."""
-        pid = self.procs[worker_id].pid
-        return RuntimeError(
-            f"DataLoader worker {worker_id} (pid {pid}) {_describe_exit(pid, code)} "
-            "unexpectedly. If this was killed for memory, use fewer workers or a "
-            "smaller batch_size/prefetch_factor; a segfault points at the dataset's code."
-        )
+        return worker_death(worker_id, self.procs[worker_id].pid, code)
 
     def shutdown(self) -> None:
         if self.stopped:
@@ -336,7 +364,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     from .dataloader import _DatasetKind, _pin_plan
 
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter(loader._index_sampler)
+    keys = None if iterable else iter_keys(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
@@ -433,4 +461,4 @@ def reset_pool(it, loader) -> None:
     from .dataloader import _DatasetKind
 
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    it._reset(None if iterable else iter(loader._index_sampler), _reported_len(loader))
+    it._reset(None if iterable else iter_keys(loader._index_sampler), _reported_len(loader))
