@@ -15,12 +15,15 @@ PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.type
 .PHONY: bench test test-rust test-python build lint clean
 .DEFAULT_GOAL := test
 
+# lightning and accelerate: tests/test_lightning.py and tests/test_accelerate.py check what those
+# frameworks do with rloader's loaders.
 # --no-cache-dir: torch and its CUDA libraries are ~3 GB of downloads; a pip cache would hold a
 # second copy of them beside the installed ~5 GB, and CI machines can be short of disk.
 $(DEPS): Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --no-cache-dir --upgrade pip
-	$(PY) -m pip install -q --no-cache-dir torch numpy "maturin>=1.5,<2" pytest pytest-timeout hypothesis
+	$(PY) -m pip install -q --no-cache-dir torch numpy "maturin>=1.5,<2" pytest pytest-timeout hypothesis \
+		lightning accelerate
 	@touch $@
 
 # rloader is installed into the venv as a wheel, the way users get it.

@@ -36,11 +36,11 @@ from ._pin import pin_batch
 from ._seed import draw_seed
 from .dataset import Dataset
 from .sampler import (
-    BatchSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
     _InfiniteConstantSampler,
+    iter_keys,
 )
 
 __all__ = ["DataLoader"]
@@ -168,7 +168,10 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
             else:
                 sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
         if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+            # torch's own class, as torch makes it: frameworks that rebuild loaders
+            # (Lightning) check its exact type. rloader still cuts its batches in Rust
+            # (sampler.iter_keys).
+            batch_sampler = tud.BatchSampler(sampler, batch_size, drop_last)
 
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -211,7 +214,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         )
     pin = _pin_plan(loader)
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter(loader._index_sampler)
+    keys = None if iterable else iter_keys(loader._index_sampler)
     # torch draws a base seed for worker processes with every iterator, workers or not:
     # draw it too, so the generator (or global RNG) advances exactly as with torch.
     draw_seed(loader.generator)

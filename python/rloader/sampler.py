@@ -208,39 +208,32 @@ class WeightedRandomSampler(Sampler[int], tud.WeightedRandomSampler):
     def _index_stream(self) -> _rloader.IndexChunks:
         def start() -> _rloader.IndexChunks:
             weights = self.weights
-            if not isinstance(weights, torch.Tensor):  # reassigned: torch.multinomial's error
-                raise TypeError(
-                    "multinomial(): argument 'input' (position 1) must be Tensor, "
-                    f"not {type(weights).__name__}"
-                )
-            if weights.numel() == 0 and self.replacement:
-                raise RuntimeError(
-                    "aminmax(): cannot compute aminmax over an empty dimension as the operation "
-                    "has no identity."
-                    if self.num_samples == 1
-                    else "invalid multinomial distribution (sum of probabilities <= 0)"
-                )
+            if not isinstance(weights, torch.Tensor) or weights.numel() == 0:
+                _raise_torchs_error(weights, self.num_samples, self.replacement)
             array = weights.detach().to("cpu", torch.double).contiguous().numpy()
             seed = draw_seed(self.generator)
             try:
                 return _rloader.weighted_indices(array, self.num_samples, self.replacement, seed)
-            except RuntimeError as exc:
-                # With replacement and more than one sample, torch checks entry by entry.
-                if self.replacement and self.num_samples > 1 and "element < 0" in str(exc):
-                    raise RuntimeError(_entry_error(weights)) from None
+            except RuntimeError:
+                _raise_torchs_error(weights, self.num_samples, self.replacement)
                 raise
 
         return _rloader.IndexChunks.lazy(start)
 
 
-def _entry_error(weights: torch.Tensor) -> str:
-    """torch.multinomial's message, with replacement and more than one sample, for the first
-    weight that is negative, NaN or infinite (it checks ``w >= 0``, then finiteness)."""
-    w = weights.detach().to("cpu", torch.double)
-    first = w[torch.nonzero(~(w >= 0) | ~torch.isfinite(w))[0, 0]].item()
-    if not first >= 0:
-        return "invalid multinomial distribution (encountering probability entry < 0)"
-    return "invalid multinomial distribution (encountering probability entry = infinity or NaN)"
+def _raise_torchs_error(weights: object, num_samples: int, replacement: bool) -> None:
+    """Raises what ``torch.multinomial`` raises for these arguments, if it raises.
+
+    Invalid weights get the error torch's sampler gives, word for word in the user's torch
+    (whose texts change between versions); rloader's own validation decides only *whether*
+    it is an error. torch's limit of 2^24 categories is not one of rloader's, so that error is
+    not taken from it. The draw uses a generator of its own: the user's RNG is untouched.
+    """
+    try:
+        torch.multinomial(weights, num_samples, replacement, generator=torch.Generator())  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError) as exc:
+        if "categories cannot exceed" not in str(exc):
+            raise exc.with_traceback(None) from None
 
 
 class BatchSampler(Sampler[list[int]], tud.BatchSampler):
@@ -278,6 +271,19 @@ class BatchSampler(Sampler[list[int]], tud.BatchSampler):
         if self.drop_last:
             return len(self.sampler) // self.batch_size  # type: ignore[arg-type]
         return (len(self.sampler) + self.batch_size - 1) // self.batch_size  # type: ignore[arg-type]
+
+
+def iter_keys(index_sampler: object) -> Iterator:
+    """``iter(index_sampler)`` for a DataLoader's sampler or batch sampler, with torch's own
+    ``BatchSampler`` cut in Rust as rloader's is.
+
+    The DataLoader makes torch's ``BatchSampler`` itself, not rloader's: frameworks that rebuild
+    loaders (Lightning) take any other type for a user's custom batch sampler. Only that exact
+    type is read here; its subclasses may change ``__iter__``, so they are iterated as they are.
+    """
+    if type(index_sampler) is tud.BatchSampler:
+        return BatchSampler.__iter__(index_sampler)  # type: ignore[arg-type]
+    return iter(index_sampler)  # type: ignore[call-overload]
 
 
 class _InfiniteConstantSampler(Sampler[None]):
