@@ -20,7 +20,9 @@ PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.type
 # --no-cache-dir: torch and its CUDA libraries are ~3 GB of downloads; a pip cache would hold a
 # second copy of them beside the installed ~5 GB, and CI machines can be short of disk.
 $(DEPS): Makefile
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || { echo "== creating $(VENV)"; python3 -m venv $(VENV); }
+	@echo "== installing torch, numpy, maturin and the test tools into $(VENV)"
+	@echo "   (the first time: ~3 GB of downloads for torch, a few minutes, quiet until done)"
 	$(PY) -m pip install -q --no-cache-dir --upgrade pip
 	$(PY) -m pip install -q --no-cache-dir torch numpy "maturin>=1.5,<2" pytest pytest-timeout hypothesis \
 		lightning accelerate
@@ -28,6 +30,7 @@ $(DEPS): Makefile
 
 # rloader is installed into the venv as a wheel, the way users get it.
 $(WHEEL_STAMP): $(DEPS) $(RUST_SOURCES) $(PY_SOURCES)
+	@echo "== building rloader's wheel (release build of the Rust core) and installing it into $(VENV)"
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --interpreter $(PY) -o dist
 	$(PY) -m pip install -q --force-reinstall --no-deps dist/rloader-*.whl
@@ -41,9 +44,11 @@ bench: build
 test: test-rust test-python
 
 test-rust:
+	@echo "== Rust tests (cargo test --workspace --release)"
 	cargo test --workspace --release
 
 test-python: build
+	@echo "== Python tests (pytest; several minutes: many tests start worker processes)"
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # ruff checks the Python; mypy's stubtest checks the installed wheel's _rloader.pyi (a copy of

@@ -49,7 +49,7 @@ class Workload:
     unit: str  # what the throughput counts
     count: int  # how many units one run produces
     run: Callable[[object, object], object]  # run(lib, data), lib = torch namespace or rloader
-    target: str
+    target: float  # the ratio this row should reach (rloader/torch throughput)
     floor: Optional[Callable[[object], object]] = None  # floor(data)
     self_timed: bool = False  # run(lib) returns the seconds to count (it leaves out its cleanup)
     # Builds the workload's data before its runs; it is freed after them, so a row's forks do not
@@ -231,53 +231,53 @@ def workloads(quick: bool) -> list[Workload]:
 
     worker_loads = [
         Workload(f"2 workers: (float32[3,32,32], int) x {n_pairs:,}, batch 256", "samples",
-                 n_pairs, epoch, ">= 2x", data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
+                 n_pairs, epoch, 2, data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
         Workload(f"2 workers: uint8[3,224,224] numpy x {n_arrays:,}, batch 64", "bytes",
-                 n_arrays * 3 * 224 * 224, epoch, ">= 2x", lambda e: [a.copy() for a in e.dataset.images],
+                 n_arrays * 3 * 224 * 224, epoch, 2, lambda e: [a.copy() for a in e.dataset.images],
                  data=workers(lambda: ImageArrayDataset(n_arrays), 64)),
         Workload("2 workers: time from iter() to the first batch", "first batches", 1, first_batch,
-                 ">= 2x (time <= 0.5x)", two_forks, self_timed=True,
+                 2, two_forks, self_timed=True,
                  data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
         Workload(f"2 workers: pure-Python __getitem__ of ~50 us x {n_busy:,}", "samples", n_busy,
-                 epoch, ">= 0.95x", data=workers(lambda: BusyDataset(n_busy), 32)),
+                 epoch, 0.95, data=workers(lambda: BusyDataset(n_busy), 32)),
         Workload(f"2 workers: IterableDataset of {n_stream:,} small ints, batch 256",
-                 "samples", n_stream, epoch, ">= 1.5x", data=workers(lambda: IntStream(n_stream), 256)),
+                 "samples", n_stream, epoch, 1.5, data=workers(lambda: IntStream(n_stream), 256)),
         Workload(f"2 workers: sleeps 1 ms per sample x {n_sleepy:,}", "samples", n_sleepy,
-                 epoch, ">= 1x", data=workers(lambda: SleepyDataset(n_sleepy), 16)),
+                 epoch, 1, data=workers(lambda: SleepyDataset(n_sleepy), 16)),
     ]
 
     return [
         Workload(
             f"list(BatchSampler(RandomSampler({n_batch:,}), 1024, False))", "indices", n_batch,
             lambda lib, _d: list(lib.BatchSampler(lib.RandomSampler(range(n_batch)), 1024, False)),
-            ">= 4x", lambda _d: batched_ints(n_batch, 1024),
+            4, lambda _d: batched_ints(n_batch, 1024),
         ),
         Workload(
             f"list(WeightedRandomSampler({n_weights:,} weights, replacement=True))", "indices",
             n_weights,
             lambda lib, w: list(lib.WeightedRandomSampler(w, n_weights, replacement=True)),
-            ">= 4x", lambda _d: list(range(n_weights)), data=weights,
+            4, lambda _d: list(range(n_weights)), data=weights,
         ),
         Workload(
             f"list(WeightedRandomSampler({n_weights:,} weights, replacement=False))", "indices",
             n_weights,
             lambda lib, w: list(lib.WeightedRandomSampler(w, n_weights, replacement=False)),
-            ">= 2.5x", lambda _d: list(range(n_weights)), data=weights,
+            2.5, lambda _d: list(range(n_weights)), data=weights,
         ),
         Workload(
             f"list(DistributedSampler({n_dist:,}, num_replicas=8, rank=3))", "indices",
             n_dist // 8,
             lambda lib, _d: list(lib.DistributedSampler(range(n_dist), num_replicas=8, rank=3)),
-            ">= 5x", lambda _d: list(range(n_dist // 8)),
+            5, lambda _d: list(range(n_dist // 8)),
         ),
         Workload(
             f"DataLoader(int dataset of {n_ints:,}, batch_size=256, shuffle=True)", "samples",
-            n_ints, epoch, ">= 3x",
+            n_ints, epoch, 3,
             data=lambda: Epochs(IntDataset(n_ints), batch_size=256, shuffle=True, num_workers=0),
         ),
         Workload(
             f"DataLoader((float32[3,32,32], int) x {n_images:,}, batch_size=256, shuffle=True)",
-            "samples", n_images, epoch, ">= 1.5x", stack_only, data=image_epochs,
+            "samples", n_images, epoch, 1.5, stack_only, data=image_epochs,
         ),
         *worker_loads,
     ]
@@ -306,15 +306,25 @@ def timed(fn: Callable[[], object], self_timed: bool = False) -> float:
 
 
 class Progress:
+    """A progress bar on a terminal; one plain line per step otherwise (a log, CI)."""
+
     def __init__(self, total: int) -> None:
         self.total, self.done = total, 0
+        self.tty = sys.stderr.isatty()
 
     def step(self, label: str) -> None:
         self.done += 1
+        if not self.tty:
+            sys.stderr.write(f"[{self.done}/{self.total}] {label}\n")
+            sys.stderr.flush()
+            return
         width = 30
         filled = width * self.done // self.total
         bar = "#" * filled + "-" * (width - filled)
-        sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {label[:60]:<60}")
+        room = 60
+        if len(label) > room:  # cut at a word, and say so
+            label = label[: room - 3].rsplit(" ", 1)[0] + "..."
+        sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {label:<{room}}")
         sys.stderr.flush()
         if self.done == self.total:
             sys.stderr.write("\n")
@@ -356,23 +366,33 @@ def main() -> None:
         release_freed_memory()
         med = {k: statistics.median(v) for k, v in times.items() if v}
         ratio = med["torch"] / med["rloader"]
+        # Each run of rloader against the torch run beside it: how far one run can stray.
+        pairs = [t / r for t, r in zip(times["torch"], times["rloader"])]
+        spread = f"{min(pairs):.2f}-{max(pairs):.2f}x"
+        verdict = "met" if ratio >= w.target else "MISSED"
         floor = f"{med['torch'] / med['floor']:.2f}x" if "floor" in med else "-"
         if w.unit == "bytes":  # the floor here is a plain memcpy of the same bytes
             floor = f"memcpy {w.count / med['floor'] / 1e9:.1f} GB/s"
         if w.self_timed and "floor" in med:  # the first-batch row: two bare forks
             floor = f"2 forks {med['floor'] * 1e3:.0f} ms"
         rows.append((w.name, f"{human(w.count / med['torch'])}/s", f"{human(w.count / med['rloader'])}/s",
-                     f"{ratio:.2f}x", w.target, floor, w.unit))
+                     f"{ratio:.2f}x", spread, f">= {w.target:g}x", verdict, floor, w.unit))
 
-    headers = ("workload", "torch", "rloader", "ratio", "target", "floor", "unit")
+    headers = ("workload", "torch", "rloader", "ratio", "runs", "target", "", "floor", "unit")
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     line = "  ".join("-" * w for w in widths)
-    print(f"\nrloader {rloader.__version__} vs torch {torch.__version__}; median of {args.repeats} "
-          f"interleaved runs; ratio = rloader/torch throughput; floor = torch time / the unavoidable part (see --help)")
+    print(f"\nrloader {rloader.__version__} vs torch {torch.__version__}, {os.cpu_count()} cores, "
+          f"median of {args.repeats} interleaved runs.\n"
+          "ratio: rloader's throughput over torch's (medians); runs: the lowest and highest ratio "
+          "of one rloader run to the torch run beside it;\n"
+          "floor: torch's time over the part no implementation can avoid (see --help).\n")
+    missed = [r[0] for r in rows if r[6] != "met"]
+    summary = f"{len(rows) - len(missed)} of {len(rows)} targets met"
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
     print(line)
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print(f"\n{summary}" + (f"; missed: {'; '.join(missed)}" if missed else ""))
 
 
 if __name__ == "__main__":

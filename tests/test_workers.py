@@ -55,6 +55,8 @@ def test_same_batches_as_torch_under_each_start_method(context):
      dict(batch_size=2, num_workers=3, prefetch_factor=4), dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
      dict(batch_size=4, collate_fn=lambda b: [x["i"] for x in b])],
 )
+# More workers than this machine's cores, on purpose: torch's warning about it is expected.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_same_batches_as_torch(kwargs):
     kwargs = {"num_workers": 2, **kwargs}
     theirs, ours = both(Squares(), **kwargs)
@@ -129,6 +131,8 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
             assert stack and all(entry.startswith("  File ") and entry.count("\n") == 1 for entry in stack)
 
 
+# torch's iterator, failing in its __init__, fails again in its __del__: torch's noise.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_prefetch_factor_zero_fails_at_iter_like_torch():
     draws = []
     for lib in (tud, rloader):
@@ -180,6 +184,8 @@ def split_init_fn(worker_id):
     dataset.end = min(dataset.start + per_worker, overall_end)
 
 
+# More workers than this machine's cores, on purpose: torch's warning about it is expected.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 @pytest.mark.parametrize("workers", [0, 2, 12])
 def test_documented_iterable_examples(workers):
     ds = MyIterableDataset(start=3, end=7)
