@@ -68,7 +68,43 @@ def _default_collate_plan(collate_fn: Callable) -> Optional[tuple]:
 class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
     """Combines a dataset and a sampler, and provides an iterable over the dataset.
 
-    The arguments, their defaults and their meaning are torch.utils.data.DataLoader's.
+    A drop-in for ``torch.utils.data.DataLoader`` (and a subclass of it): the same arguments,
+    defaults, attributes, batches and exceptions. Only where the work runs differs: the
+    single-process loop and each worker's fetch-and-collate loop run in Rust, and batches cross
+    from workers through shared memory.
+
+    Args:
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``; ``__getitems__`` is used
+            to fetch a whole batch when present) or an ``IterableDataset``.
+        batch_size: samples per batch (default 1); ``None`` turns off automatic batching, so
+            each sample is converted by ``collate_fn`` on its own.
+        shuffle: reshuffle the data every epoch (a ``RandomSampler``). Not allowed with
+            ``sampler``, nor with an ``IterableDataset``.
+        sampler: yields the keys (indices) to load; any iterable with ``__len__`` works.
+        batch_sampler: yields lists of keys, one list per batch; excludes ``batch_size``,
+            ``shuffle``, ``sampler`` and ``drop_last``.
+        num_workers: worker processes to load with; 0 loads in the main process.
+        collate_fn: merges a list of samples into a batch (default: ``default_collate``, or
+            ``default_convert`` without automatic batching).
+        pin_memory: copy batches into page-locked memory before returning them (on a machine
+            with an accelerator; elsewhere it warns and does nothing, as torch does).
+        drop_last: drop the last batch when it is smaller than ``batch_size``.
+        timeout: seconds to wait for a batch from the workers before raising (0: no limit).
+        worker_init_fn: called in each worker with its id, after seeding, before loading.
+        multiprocessing_context: the start method (``"fork"``, ``"spawn"``,
+            ``"forkserver"``) or a context object.
+        generator: the ``torch.Generator`` the random sampler and the workers' base seed are
+            drawn from (torch's global RNG when ``None``).
+        prefetch_factor: batches loaded ahead per worker (default 2 with workers; must be
+            ``None`` without).
+        persistent_workers: keep the workers alive between epochs.
+        pin_memory_device: deprecated in torch; the current accelerator is used.
+        in_order: hand batches out in sampler order (``False``: as they are ready).
+
+    Differences from torch: random samplers give rloader's own random orders (same
+    distributions, reproducible from a seed or ``generator``); a worker's failure to hand a
+    batch over (a batch that will not pickle, say) is raised as that batch's error instead of
+    being dropped. See the README for the rest.
     """
 
     def __init__(

@@ -73,7 +73,11 @@ class IterableDataset(Dataset[T_co], _torch_data.IterableDataset[T_co]):
 
 
 class TensorDataset(Dataset[tuple[Tensor, ...]], _torch_data.TensorDataset):
-    """Sample ``i`` is ``tuple(t[i] for t in tensors)``; all tensors share their first dim."""
+    """Sample ``i`` is ``tuple(t[i] for t in tensors)``, as torch's.
+
+    Args:
+        *tensors: tensors of the same size in their first dimension (else ``AssertionError``).
+    """
 
     tensors: tuple[Tensor, ...]
 
@@ -92,7 +96,15 @@ class TensorDataset(Dataset[tuple[Tensor, ...]], _torch_data.TensorDataset):
 
 
 class StackDataset(Dataset[T_stack], _torch_data.StackDataset[T_stack]):
-    """Zip equally long datasets: positional ones give tuple samples, keyword ones dicts."""
+    """Zips equally long datasets: positional ones give tuple samples, keyword ones dicts.
+
+    Args:
+        *args: datasets whose samples make up a tuple sample, or
+        **kwargs: datasets whose samples make up a dict sample (not both).
+
+    Raises ``ValueError`` when the lengths differ. ``__getitems__`` fetches each part's column
+    in one call where the part has ``__getitems__`` itself.
+    """
 
     datasets: tuple | dict
 
@@ -146,7 +158,13 @@ class StackDataset(Dataset[T_stack], _torch_data.StackDataset[T_stack]):
 
 
 class ConcatDataset(Dataset[T_co], _torch_data.ConcatDataset[T_co]):
-    """Map-style datasets one after another; index ``i`` is looked up by cumulative length."""
+    """Map-style datasets one after another; index ``i`` is looked up by cumulative length.
+
+    Args:
+        datasets: a non-empty iterable of map-style datasets (no ``IterableDataset``).
+
+    ``cumulative_sizes`` holds the running totals; negative indices count from the end.
+    """
 
     datasets: list[_torch_data.Dataset[T_co]]
     cumulative_sizes: list[int]
@@ -194,7 +212,11 @@ class ConcatDataset(Dataset[T_co], _torch_data.ConcatDataset[T_co]):
 
 
 class ChainDataset(IterableDataset, _torch_data.ChainDataset):
-    """Iterable datasets streamed one after another; ``datasets`` is kept as given."""
+    """Iterable datasets streamed one after another, as torch's.
+
+    Args:
+        datasets: an iterable of ``IterableDataset`` (kept as given; checked as it is read).
+    """
 
     def __init__(self, datasets: Iterable[_torch_data.Dataset]) -> None:
         super(_torch_data.ChainDataset, self).__init__()  # see ConcatDataset.__init__
@@ -220,6 +242,10 @@ class ChainDataset(IterableDataset, _torch_data.ChainDataset):
 
 class Subset(Dataset[T_co], _torch_data.Subset[T_co]):
     """The samples of ``dataset`` at ``indices``, in that order.
+
+    Args:
+        dataset: the whole dataset.
+        indices: the indices of ``dataset`` this subset holds.
 
     A subclass that overrides ``__getitem__`` must override ``__getitems__`` too (the
     DataLoader calls the latter), so such a subclass is refused at construction, as in torch.

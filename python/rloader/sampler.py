@@ -41,7 +41,11 @@ def _chunks(stream: _rloader.IndexChunks) -> Iterator[int]:
 
 
 class SequentialSampler(Sampler[int], tud.SequentialSampler):
-    """Yields ``0, 1, ..., len(data_source) - 1``."""
+    """Yields ``0, 1, ..., len(data_source) - 1``, as torch's.
+
+    Args:
+        data_source: anything with ``__len__`` (read at each pass).
+    """
 
     data_source: Sized
 
@@ -61,7 +65,16 @@ class SequentialSampler(Sampler[int], tud.SequentialSampler):
 class RandomSampler(Sampler[int], tud.RandomSampler):
     """Yields a random permutation of the indices, or ``num_samples`` draws with replacement.
 
-    Each pass takes one 64-bit draw from ``generator`` (torch's global RNG when None).
+    Args:
+        data_source: anything with ``__len__``; indices run over ``range(len(data_source))``.
+        replacement: draw with replacement (independent uniform draws).
+        num_samples: how many indices a pass yields (default ``len(data_source)``); without
+            replacement, a count above the length takes several permutations back to back.
+        generator: where each pass's seed comes from (torch's global RNG when ``None``).
+
+    Differs from torch: the order is rloader's own (xoshiro256++ from one 64-bit draw of
+    ``generator`` per pass, Fisher-Yates permutations), with the same distribution; the
+    generator advances exactly as torch's sampler advances it.
     """
 
     data_source: Sized
@@ -125,7 +138,14 @@ def _plain_indices(indices: Sequence) -> Optional[list]:
 
 
 class SubsetRandomSampler(Sampler[int], tud.SubsetRandomSampler):
-    """Yields the given indices in a random order."""
+    """Yields the given indices in a random order (a new order every pass).
+
+    Args:
+        indices: the sequence of indices to permute; its elements are yielded as they are.
+        generator: where each pass's seed comes from (torch's global RNG when ``None``).
+
+    Differs from torch: the order is rloader's own (see ``RandomSampler``).
+    """
 
     indices: Sequence[int]
 
@@ -165,8 +185,18 @@ class SubsetRandomSampler(Sampler[int], tud.SubsetRandomSampler):
 class WeightedRandomSampler(Sampler[int], tud.WeightedRandomSampler):
     """Yields ``num_samples`` indices drawn with probabilities proportional to ``weights``.
 
-    With replacement each draw is O(1) (Vose's alias method); without, the order is that of
-    successive weighted draws (exponential keys), O(n log n). float64 weights, any count.
+    Args:
+        weights: a 1-d sequence of non-negative weights, not all zero (kept as a float64
+            tensor in ``self.weights``).
+        num_samples: how many indices a pass yields.
+        replacement: draw with replacement; without, an index is drawn at most once and
+            ``num_samples`` may not exceed the number of non-zero weights.
+        generator: where each pass's seed comes from (torch's global RNG when ``None``).
+
+    Differs from torch: the order is rloader's own, with the same distribution: with
+    replacement each draw is O(1) (Vose's alias method); without, the order is that of
+    successive weighted draws (exponential keys). torch's limit of 2^24 categories does not
+    apply. Invalid weights raise torch's exception, in the installed torch's words.
     """
 
     weights: torch.Tensor
@@ -239,8 +269,13 @@ def _raise_torchs_error(weights: object, num_samples: int, replacement: bool) ->
 class BatchSampler(Sampler[list[int]], tud.BatchSampler):
     """Groups the indices of ``sampler`` (any iterable) into lists of ``batch_size``.
 
-    Over an rloader sampler the batches are cut in Rust, without a Python object per index
-    until the list is made.
+    Args:
+        sampler: any iterable of indices (a sampler, a list, a range).
+        batch_size: indices per list, a positive int.
+        drop_last: drop the last list when it is shorter than ``batch_size``.
+
+    Over an rloader sampler (or torch's ``BatchSampler`` made by the DataLoader over one) the
+    batches are cut in Rust, without a Python object per index until the list is made.
     """
 
     def __init__(
