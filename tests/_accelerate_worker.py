@@ -39,19 +39,25 @@ class Stream(tud.IterableDataset):
 
 
 def cases():
-    """name -> (dispatch_batches, function building a loader with lib's DataLoader)."""
+    """name -> (accelerate's DataLoaderConfiguration options, a function building a loader with
+    lib's DataLoader)."""
 
     def sampler():
         return rloader.RandomSampler(range(N), generator=torch.Generator().manual_seed(1))
 
+    dispatch = {"dispatch_batches": True}
+    split_seedable = {"split_batches": True, "use_seedable_sampler": True, "data_seed": 7}
     return {
-        "sequential, 0 workers": (None, lambda lib: lib.DataLoader(Pairs(), batch_size=4)),
-        "sequential, 2 workers": (None, lambda lib: lib.DataLoader(Pairs(), batch_size=4, num_workers=2)),
+        "sequential, 0 workers": ({}, lambda lib: lib.DataLoader(Pairs(), batch_size=4)),
+        "sequential, 2 workers": ({}, lambda lib: lib.DataLoader(Pairs(), batch_size=4, num_workers=2)),
         "rloader's RandomSampler, 2 workers": (
-            None, lambda lib: lib.DataLoader(Pairs(), batch_size=4, sampler=sampler(), num_workers=2)),
-        "dispatch_batches, 0 workers": (True, lambda lib: lib.DataLoader(Pairs(), batch_size=4)),
+            {}, lambda lib: lib.DataLoader(Pairs(), batch_size=4, sampler=sampler(), num_workers=2)),
+        "dispatch_batches, 0 workers": (dispatch, lambda lib: lib.DataLoader(Pairs(), batch_size=4)),
         "IterableDataset (dispatched), 2 workers": (
-            None, lambda lib: lib.DataLoader(Stream(), batch_size=4, num_workers=2)),
+            {}, lambda lib: lib.DataLoader(Stream(), batch_size=4, num_workers=2)),
+        # batches of 8 split in 4 + 4; accelerate replaces the RandomSampler by its own
+        "split_batches, seedable sampler, shuffle, 0 workers": (
+            split_seedable, lambda lib: lib.DataLoader(Pairs(), batch_size=8, shuffle=True)),
     }
 
 
@@ -63,15 +69,13 @@ def main(out_dir: str) -> None:
     signal.alarm(180)  # ends this process if anything hangs, whatever torchrun does
     rloader.integrations.accelerate.install()
     handlers = [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))]
-    accelerators = {
-        dispatch: Accelerator(cpu=True, kwargs_handlers=handlers,
-                              dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
-        for dispatch in (None, True)
-    }
-    acc = accelerators[None]
+    acc = Accelerator(cpu=True, kwargs_handlers=handlers)
     report = {"rank": acc.process_index, "world": acc.num_processes, "cases": {}}
-    for name, (dispatch, build) in cases().items():
-        prepared = {lib.__name__: accelerators[dispatch].prepare(build(lib)) for lib in (tud, rloader)}
+    for name, (config, build) in cases().items():
+        if config:
+            acc = Accelerator(cpu=True, kwargs_handlers=handlers,
+                              dataloader_config=DataLoaderConfiguration(**config))
+        prepared = {lib.__name__: acc.prepare(build(lib)) for lib in (tud, rloader)}
         epochs = {lib: [list(loader) for _ in range(2)] for lib, loader in prepared.items()}
         ours, theirs = prepared["rloader"], prepared["torch.utils.data"]
         report["cases"][name] = {

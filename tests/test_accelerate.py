@@ -118,6 +118,15 @@ def test_shuffled_like_the_same_rloader_loader_unprepared(acc, installed, num_wo
     assert same(epochs(ours), epochs(loader()))
 
 
+def test_persistent_workers_across_epochs(acc, installed):
+    def loader(lib):
+        return lib.DataLoader(Pairs(), batch_size=4, num_workers=2, persistent_workers=True)
+
+    theirs, ours = acc.prepare(loader(tud)), acc.prepare(loader(rloader))
+    assert is_ours(base_of(ours))
+    assert same(epochs(ours, 3), epochs(theirs, 3))
+
+
 @pytest.mark.parametrize("num_workers", WORKERS)
 def test_dispatched_batches_as_torch_dispatched(installed, num_workers):
     dispatcher = dispatching()
@@ -252,7 +261,7 @@ def test_two_processes_under_torchrun(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
     names = ranks[0]["cases"].keys()
-    assert len(names) == 5
+    assert len(names) == 6
     for name in names:
         cases = [r["cases"][name] for r in ranks]
         for case in cases:
@@ -262,11 +271,12 @@ def test_two_processes_under_torchrun(tmp_path):
             assert case["wrapper"] == case["torch_wrapper"], name
         expected = "DataLoaderDispatcher" if "dispatch" in name else "DataLoaderShard"
         assert cases[0]["wrapper"] == expected, name
-        # The processes share the data: 103 samples, batch 4 each, padded from the start.
+        # The processes share the data: 103 samples, 4 per batch each, padded from the start.
         for epoch in range(2):
             seen = [[i for batch in case["batches"][epoch] for i in batch[1]] for case in cases]
             assert len(seen[0]) == len(seen[1]) == 52, name
             assert set(seen[0]) | set(seen[1]) == set(range(103)), name
             assert len(set(seen[0]) & set(seen[1])) <= 1, name
-    shuffled = ranks[0]["cases"]["rloader's RandomSampler, 2 workers"]["batches"]
-    assert shuffled[0] != shuffled[1]
+    for name in ("rloader's RandomSampler, 2 workers", "split_batches, seedable sampler, shuffle, 0 workers"):
+        shuffled = ranks[0]["cases"][name]["batches"]
+        assert shuffled[0] != shuffled[1], name  # a new order each epoch
