@@ -118,6 +118,52 @@ def test_shuffled_like_the_same_rloader_loader_unprepared(acc, installed, num_wo
     assert same(epochs(ours), epochs(loader()))
 
 
+class Rows(tud.Dataset):
+    """Indexed by lists of indices: for a BatchSampler given as the sampler."""
+
+    def __len__(self):
+        return 37
+
+    def __getitem__(self, rows):
+        return torch.tensor(rows) * 10
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [lambda: dict(batch_size=4), lambda: dict(batch_size=4, drop_last=True),
+     lambda: dict(batch_sampler=tud.BatchSampler(range(37), 6, False)),
+     lambda: dict(batch_size=4, sampler=rloader.RandomSampler(
+         range(37), generator=torch.Generator().manual_seed(9)))],
+    ids=["batch_size", "drop_last", "batch_sampler", "sampler"],
+)
+@pytest.mark.parametrize("split_batches", [False, True])
+@pytest.mark.parametrize("even_batches", [True, False])
+def test_each_shard_as_torch_prepared(installed, kwargs, split_batches, even_batches):
+    # prepare_data_loader shards for the process it is told it is, without a process group.
+    for rank in range(2):
+        theirs, ours = (
+            accelerate.data_loader.prepare_data_loader(
+                lib.DataLoader(Pairs(), **kwargs()), num_processes=2, process_index=rank,
+                split_batches=split_batches, even_batches=even_batches)
+            for lib in (tud, rloader))
+        assert is_ours(base_of(ours))
+        assert type(base_of(theirs)) is tud.DataLoader
+        assert same(list(ours), list(theirs))
+
+
+def test_batch_sampler_as_sampler_shard_as_torch_prepared(installed):
+    for rank in range(2):
+        theirs, ours = (
+            accelerate.data_loader.prepare_data_loader(
+                lib.DataLoader(Rows(), sampler=tud.BatchSampler(range(37), 4, False), batch_size=None),
+                num_processes=2, process_index=rank)
+            for lib in (tud, rloader))
+        assert is_ours(base_of(ours))
+        got = list(ours)
+        assert same(got, list(theirs))
+        assert len(got) == 5
+
+
 def test_persistent_workers_across_epochs(acc, installed):
     def loader(lib):
         return lib.DataLoader(Pairs(), batch_size=4, num_workers=2, persistent_workers=True)
