@@ -1,10 +1,13 @@
 """Hugging Face accelerate: ``Accelerator.prepare()`` keeps rloader's engine.
 
+    from accelerate import Accelerator
+
     import rloader
     import rloader.integrations.accelerate
 
     rloader.integrations.accelerate.install()  # once, before prepare()
-    loader = rloader.DataLoader(dataset, batch_size=256, num_workers=2)
+    accelerator = Accelerator()
+    loader = rloader.DataLoader(dataset, batch_size=256, shuffle=True, num_workers=2)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
 Why it is needed: ``prepare()`` does not keep the loader it is given. accelerate's
@@ -39,9 +42,10 @@ torch, and each process gets the batches torch's prepared loader would give it. 
 - ``uninstall()`` puts accelerate's functions back; loaders already prepared keep their base.
   ``install()`` and ``uninstall()`` may be called any number of times.
 
-Code that imported ``prepare_data_loader`` or ``skip_first_batches`` by name before
-``install()`` holds accelerate's own functions: call ``install()`` first (``Accelerator``'s
-methods look the names up when they are called, so they are always covered).
+Needs accelerate 1.0 or later (tested with 1.15). Code that imported ``prepare_data_loader`` or
+``skip_first_batches`` by name before ``install()`` holds accelerate's own functions: call
+``install()`` first (``Accelerator``'s methods look the names up when they are called, so they
+are always covered).
 """
 
 from __future__ import annotations
@@ -91,6 +95,12 @@ _STATEFUL_WARNING = (
 def install() -> None:
     """Makes accelerate's ``prepare()`` (and ``skip_first_batches``) keep rloader's engine for
     rloader's loaders. Idempotent."""
+    if not hasattr(_acc_data_loader, "DataLoaderAdapter"):
+        # Older releases made DataLoaderShard a torch DataLoader subclass, with no base loader.
+        raise ImportError(
+            "rloader.integrations.accelerate needs accelerate>=1.0, whose prepared loaders wrap "
+            f"a base_dataloader (DataLoaderAdapter); accelerate {_acc_version()} is installed"
+        )
     for name, modules in _TARGETS.items():
         original = getattr(_acc_data_loader, name)
         if _is_ours(original):
@@ -115,6 +125,10 @@ def uninstall() -> None:
 def is_installed() -> bool:
     """Whether ``install()`` is in effect."""
     return _is_ours(_acc_data_loader.prepare_data_loader)
+
+
+def _acc_version() -> str:
+    return getattr(importlib.import_module("accelerate"), "__version__", "?")
 
 
 def _is_ours(fn: object) -> bool:
