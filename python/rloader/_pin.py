@@ -105,6 +105,7 @@ class PinnedBatches:
         self._new_feed = new_feed
         self._in_flight = drawn
         self._rloader_pool = source._rloader_pool
+        self._taken, self._finished = 0, False
         self._start()
 
     def _start(self) -> None:
@@ -160,15 +161,23 @@ class PinnedBatches:
                 self._in_flight -= 1
                 self._in_flight += self._feed.draw(1)
             if kind == "batch":
+                self._taken += 1
                 if self._len_warning is not None:
                     self._len_warning.yielded()
                 return value
             if kind == "fatal":  # nothing more comes: the pool is stopped
                 self._ended = True
+            if kind == "error":
+                self._taken += 1  # a batch handed out as its error
             if kind in ("error", "fatal"):
                 raise value
-            self._ended = True
+            self._ended = self._finished = True
             raise StopIteration
+
+    @property
+    def _progress(self) -> tuple:
+        """(batches handed out this epoch, whether it ended), as ``PoolIter._progress``."""
+        return (self._taken, self._finished)
 
     def _halt(self) -> None:
         """Stops the thread (again, if need be): afterwards ``source`` is free to use."""
@@ -180,6 +189,7 @@ class PinnedBatches:
         self._len_warning = _len_warning(reported_len)
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
+        self._taken, self._finished = 0, False
         if self._new_feed is not None:  # keys is None for an iterable dataset: tokens
             self._in_flight = 0
             self._feed, self._in_flight = self._new_feed(keys)

@@ -366,6 +366,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
+    keys = loader._rloader_epoch.keys(keys)  # NOTE [Resume]
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
     pin = _pin_plan(loader)
@@ -461,4 +462,5 @@ def reset_pool(it, loader) -> None:
     from .dataloader import _DatasetKind
 
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    it._reset(None if iterable else iter_keys(loader._index_sampler), _reported_len(loader))
+    keys = None if iterable else iter_keys(loader._index_sampler)
+    it._reset(loader._rloader_epoch.keys(keys), _reported_len(loader))

@@ -21,7 +21,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _rloader, _twin, _workers
+from . import _resume, _rloader, _twin, _workers
 from ._collate import (
     _MAPS,
     _MAPS_SNAPSHOT,
@@ -231,14 +231,46 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         return _workers.start_pool(self)
 
     def __iter__(self):
-        if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is None or self._iterator._rloader_pool.stopped:
-                # (workers stopped by an error, a dead one say, are started anew)
-                self._iterator = self._get_iterator()
+        persistent = self.persistent_workers and self.num_workers > 0
+        fresh = not persistent or self._iterator is None or self._iterator._rloader_pool.stopped
+        epoch = _resume.Epoch.begin(self, draws_base_seed=fresh)  # NOTE [Resume]
+        try:
+            if persistent:
+                if fresh:
+                    # (workers stopped by an error, a dead one say, are started anew)
+                    self._iterator = self._get_iterator()
+                else:
+                    _workers.reset_pool(self._iterator, self)
+                it = self._iterator
             else:
-                _workers.reset_pool(self._iterator, self)
-            return self._iterator
-        return self._get_iterator()
+                it = self._get_iterator()
+        finally:
+            epoch.end_window()
+        epoch.bind(it)
+        return it
+
+    def state_dict(self) -> dict:
+        """Where this loader is: a small dict of plain values (``torch.save`` and
+        ``torch.load(weights_only=True)`` round-trip it) that ``load_state_dict`` resumes from.
+
+        It may be taken at any time: before ``iter()``, between batches, after an epoch. Mid-epoch
+        it holds the random generators' states at the epoch's start and the number of batches
+        handed out since (batches workers loaded ahead are not counted: they come again after a
+        resume). An extension of torch's DataLoader, with torchdata ``StatefulDataLoader``'s
+        method names.
+        """
+        return _resume.state_dict(self)
+
+    def load_state_dict(self, state) -> None:
+        """Resume from ``state_dict()``: the next ``iter()`` yields exactly the batches the saved
+        loader had not handed out yet, then later epochs are those of an uninterrupted run.
+
+        Build the loader with the same arguments (``num_workers`` may differ). The saved order
+        travels in the state, whatever generator this loader has. ``state`` may also be a list
+        of the states of every rank of a job over a ``DistributedSampler``: the samples of that
+        epoch no rank handed out are then shared by this job's ranks (see the README).
+        """
+        _resume.load_state_dict(self, state)
 
 
 def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
@@ -254,6 +286,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
     # torch draws a base seed for worker processes with every iterator, workers or not:
     # draw it too, so the generator (or global RNG) advances exactly as with torch.
     draw_seed(loader.generator)
+    keys = loader._rloader_epoch.keys(keys)
     collate_fn = loader.collate_fn
     return _rloader.LoaderIter(
         dataset=loader.dataset,

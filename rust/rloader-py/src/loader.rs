@@ -63,7 +63,7 @@ impl Keys {
 }
 
 /// The iterator `iter(DataLoader(..., num_workers=0))` returns.
-#[pyclass(module = "rloader._rloader")]
+#[pyclass(module = "rloader._rloader", weakref)]
 pub struct LoaderIter {
     /// None for an iterable-style dataset.
     keys: Option<Keys>,
@@ -77,6 +77,9 @@ pub struct LoaderIter {
     index_buf: Vec<u64>,
     /// Cleared by the garbage collector: yields nothing more.
     cleared: bool,
+    /// Batches handed out this epoch (as batches or as their errors), and whether it ended.
+    taken: u64,
+    finished: bool,
 }
 
 #[pymethods]
@@ -128,7 +131,16 @@ impl LoaderIter {
             len_warning,
             index_buf: Vec::new(),
             cleared: false,
+            taken: 0,
+            finished: false,
         })
+    }
+
+    /// (batches of keys taken from the sampler, whether the epoch has ended): a batch whose
+    /// fetch failed was handed out too, as an exception. `DataLoader.state_dict()` reads it.
+    #[getter]
+    fn _progress(&self) -> (u64, bool) {
+        (self.taken, self.finished)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -171,12 +183,24 @@ impl LoaderIter {
         }
         let batch = match &self.keys {
             Some(keys) => match keys.next(py, &mut self.index_buf)? {
-                None => return Ok(None),
-                Some(k) => self.fetcher.fetch_keys(py, k, &mut self.index_buf)?,
+                None => {
+                    self.finished = true;
+                    return Ok(None);
+                }
+                Some(k) => {
+                    self.taken += 1;
+                    self.fetcher.fetch_keys(py, k, &mut self.index_buf)?
+                }
             },
             None => match self.fetcher.fetch_next(py)? {
-                None => return Ok(None),
-                Some(b) => b,
+                None => {
+                    self.finished = true;
+                    return Ok(None);
+                }
+                Some(b) => {
+                    self.taken += 1;
+                    b
+                }
             },
         };
         let batch = match &self.pin {

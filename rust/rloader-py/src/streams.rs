@@ -29,6 +29,24 @@ pub trait IndexSource: Send + Sync {
     }
 }
 
+/// Discards the next `n` indices of `it` (fewer if it ends first), without the GIL: the draws
+/// happen as if they were handed out, so what follows is what would have followed.
+fn skip_in(py: Python<'_>, it: &mut Indices, n: u64) {
+    py.detach(|| {
+        let mut scratch = Vec::with_capacity(CHUNK);
+        let mut left = n;
+        while left > 0 {
+            scratch.clear();
+            let want = usize::try_from(left).unwrap_or(usize::MAX).min(CHUNK);
+            it.fill(&mut scratch, want);
+            if scratch.is_empty() {
+                break;
+            }
+            left -= scratch.len() as u64;
+        }
+    });
+}
+
 /// Fills `out` from `it`, without the GIL when the fill may wait.
 fn fill_from(py: Python<'_>, it: &mut Indices, out: &mut Vec<u64>, max: usize) {
     if it.may_wait() {
@@ -220,6 +238,32 @@ impl BatchStream {
 
 #[pymethods]
 impl BatchStream {
+    /// Discards the next `batches` batches as if they had been handed out (the sampler's seed
+    /// is drawn now if it was not yet, even for 0): a resumed epoch starts where it stopped.
+    /// Indices made in Rust are skipped without a Python object each; keys of a Python
+    /// sampler are drawn and dropped.
+    fn skip(&mut self, py: Python<'_>, batches: u64) -> PyResult<()> {
+        match &mut self.source {
+            BatchSource::Rust(src) => {
+                let it = src.ready(py)?;
+                skip_in(py, it, batches.saturating_mul(self.batch_size as u64));
+            }
+            _ => {
+                let mut buf = Vec::new();
+                if let BatchSource::PythonPending(iterable) = &self.source {
+                    let iter = iterable.bind(py).try_iter()?.unbind();
+                    self.source = BatchSource::Python(iter);
+                }
+                for _ in 0..batches {
+                    if self.next_batch(py, &mut buf)?.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Batches of a Rust index stream (`IndexChunks`, started or not).
     #[staticmethod]
     fn from_indices(

@@ -495,6 +495,10 @@ pub struct PoolIter {
     /// Tensor buffers received in slots and inline (for tests and debugging).
     buffers_in_slots: u64,
     buffers_inline: u64,
+    /// Batches handed out by `__next__` this epoch (as batches or as their errors), and
+    /// whether it ended: what `DataLoader.state_dict()` counts as consumed.
+    taken: u64,
+    finished: bool,
 }
 
 #[pymethods]
@@ -546,7 +550,15 @@ impl PoolIter {
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
             buffers_inline: 0,
+            taken: 0,
+            finished: false,
         })
+    }
+
+    /// (batches handed out this epoch, whether the epoch ended); see `taken`.
+    #[getter]
+    fn _progress(&self) -> (u64, bool) {
+        (self.taken, self.finished)
     }
 
     /// (tensor buffers received in shared-memory slots, received inline and copied).
@@ -584,6 +596,11 @@ impl PoolIter {
                 return Err(err);
             }
         };
+        match polled {
+            Polled::Batch(_) | Polled::Failed(_) => slf.taken += 1,
+            Polled::Done => slf.finished = true,
+            Polled::NotYet => {}
+        }
         match polled {
             Polled::Batch(batch) => {
                 let batch = match &slf.pin {
@@ -651,6 +668,8 @@ impl PoolIter {
             }
         }
         self.scheduler.reset();
+        self.taken = 0;
+        self.finished = false;
         self.len_warning = LengthWarning::new(reported_len, true);
         self.waiting_since = None;
         self.end_tokens = 0;

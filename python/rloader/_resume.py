@@ -1,0 +1,361 @@
+"""Exact mid-epoch resume: ``DataLoader.state_dict()`` and ``load_state_dict()``.
+
+NOTE [Resume]: an epoch's order is a function of the random generators' states when it starts
+(rloader's samplers take one seed per pass from them; so do torch's, and the workers' base
+seed), so a position in an epoch is (those states, batches handed out). Each ``iter()`` records
+the states before its first draw (``Epoch.begin``); ``state_dict()`` saves them with the count
+of batches the iterator has handed out (batches loaded ahead by workers but not handed out
+are not counted: they are produced again after a resume). ``load_state_dict()`` leaves a
+pending resume that the next ``iter()`` applies: the generators are put back in their saved
+states, the epoch's draws happen in the usual order (base seed, then the sampler's seed at its
+first pull), and the first ``k`` batches of keys are skipped. Keys made in Rust are skipped
+without Python objects (``BatchStream.skip``); keys of another sampler are drawn and dropped.
+
+A generator the loader was given (``generator=``, or a sampler's ``generator``) takes the saved
+state and keeps it: later epochs are the uninterrupted run's. torch's global RNG is only
+borrowed for the resumed epoch's draws and put back as it was: it belongs to the user, who
+restores it with the rest of a checkpoint.
+
+Between epochs (before the first ``iter()``, or once an epoch has ended) the state holds the
+generators' current states instead, and the next ``iter()`` starts a fresh epoch from them.
+
+Elastic resume (``load_state_dict([state of rank 0, ..., state of rank N-1])`` on a loader
+over a ``DistributedSampler`` with M ranks): the samples of the saved epoch that no old rank
+handed out, in the epoch's order, are split as ``DistributedSampler`` splits a dataset (padded
+by repeating the start, or trimmed with ``drop_last``), one share per new rank; later epochs
+are the new world's normal ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+import weakref
+import zlib
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from ._seed import draw_seed
+from .sampler import _InfiniteConstantSampler
+
+FORMAT = "rloader.DataLoader/1"
+
+
+def _pack(generator: Optional[torch.Generator]) -> bytes:
+    """A generator's state, small: a CPU generator's Mersenne Twister words are stored as
+    64-bit integers whose upper halves are zero, so the halves are split before compressing
+    (about 2.5 KB instead of 5 KB)."""
+    raw = (generator if generator is not None else torch.default_generator).get_state().numpy()
+    if raw.size % 8:
+        return b"\0" + zlib.compress(raw.tobytes(), 9)
+    words = raw.view(np.uint32)
+    return b"\1" + zlib.compress(np.concatenate([words[0::2], words[1::2]]).tobytes(), 9)
+
+
+def _unpack(blob: bytes) -> torch.Tensor:
+    data = np.frombuffer(zlib.decompress(blob[1:]), dtype=np.uint8)
+    if blob[:1] == b"\1":
+        halves = data.view(np.uint32)
+        words = np.empty_like(halves)
+        words[0::2], words[1::2] = halves[: halves.size // 2], halves[halves.size // 2 :]
+        data = words.view(np.uint8)
+    return torch.from_numpy(data.copy())
+
+
+def _drawing_sampler(loader) -> Optional[Any]:
+    """The sampler whose draws order the epoch: the one the batch sampler wraps (or a batch
+    sampler of the user's, which draws itself), else the loader's sampler."""
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is not None:
+        return getattr(batch_sampler, "sampler", batch_sampler)
+    if isinstance(loader.sampler, _InfiniteConstantSampler):
+        return None
+    return loader.sampler
+
+
+def _generators(loader) -> dict:
+    """The generators an epoch draws from, by role: "loader" (its ``generator``, None for
+    torch's global RNG) and "sampler" (the drawing sampler's ``generator``, if it has one and
+    it is another generator)."""
+    roles: dict = {"loader": loader.generator}
+    sampler = _drawing_sampler(loader)
+    gen = getattr(sampler, "generator", None) if sampler is not None else None
+    if sampler is not None and hasattr(sampler, "generator") and (
+        gen is None or isinstance(gen, torch.Generator)
+    ):
+        if gen is not loader.generator:
+            roles["sampler"] = gen
+    return roles
+
+
+def _sampler_state(sampler) -> Optional[dict]:
+    state: dict = {}
+    if callable(getattr(sampler, "state_dict", None)) and callable(
+        getattr(sampler, "load_state_dict", None)
+    ):
+        state["state_dict"] = sampler.state_dict()
+    if isinstance(sampler, tud.distributed.DistributedSampler):
+        state["distributed"] = dict(
+            epoch=int(sampler.epoch), seed=int(sampler.seed), num_replicas=int(sampler.num_replicas),
+            rank=int(sampler.rank), shuffle=bool(sampler.shuffle), drop_last=bool(sampler.drop_last),
+            length=len(sampler.dataset),
+        )
+    return state or None
+
+
+class Epoch:
+    """One ``iter()`` of a loader: the generator states before its draws, and the iterator."""
+
+    def __init__(self, loader) -> None:
+        self.generators = {role: _pack(gen) for role, gen in _generators(loader).items()}
+        self.sampler = _sampler_state(_drawing_sampler(loader))
+        self.iterable = isinstance(loader.dataset, tud.IterableDataset)
+        # Whether iter() itself pulls the sampler's first keys (workers get tasks in iter()).
+        self.pulls_in_iter = loader.num_workers > 0
+        self.skipped = 0
+        self._iterator: Optional[weakref.ref] = None
+        self.elastic_from: Optional[list] = None
+        self._plan: Optional[dict] = None
+        self._borrowed: Optional[torch.Tensor] = None
+        self._applied = False
+        self._loader: Any = None
+        self.base_drawn = True
+
+    @classmethod
+    def begin(cls, loader, draws_base_seed: bool) -> "Epoch":
+        """Starts an ``iter()`` (which draws the workers' base seed unless it resets persistent
+        workers): records the states, and applies a pending resume."""
+        pending = loader.__dict__.pop("_rloader_resume", None)
+        if pending is not None and pending["position"] is None:
+            _set_generators(loader, pending["generators"], borrow_global=False)
+            saved = pending["sampler"] or {}
+            if "state_dict" in saved:
+                _drawing_sampler(loader).load_state_dict(saved["state_dict"])
+            pending = None
+        epoch = cls(loader)
+        epoch.base_drawn = draws_base_seed
+        if pending is not None:
+            epoch._plan = pending
+            epoch.elastic_from = pending.get("elastic_from")
+            epoch.generators = pending["generators"]
+            epoch.sampler = pending["sampler"]
+            epoch.skipped = pending["position"]
+            epoch._loader = loader
+            # The saved epoch's draws come from the saved states in their order: when only one
+            # of the two epochs draws a base seed, the states are set after that draw, or a
+            # draw stands in for it (see Epoch.keys).
+            if pending.get("base_drawn", True) or not draws_base_seed:
+                epoch._apply()
+            sampler = _drawing_sampler(loader)
+            saved = pending["sampler"] or {}
+            if "state_dict" in saved:
+                sampler.load_state_dict(saved["state_dict"])
+            if "distributed" in saved:
+                sampler.epoch = saved["distributed"]["epoch"]
+        loader.__dict__["_rloader_epoch"] = epoch
+        return epoch
+
+    def _apply(self) -> None:
+        if not self._applied:
+            self._applied = True
+            self._borrowed = _set_generators(self._loader, self._plan["generators"], borrow_global=True)
+
+    def keys(self, keys):
+        """The epoch's keys (``iter`` of the index sampler, after the base seed's draw), with
+        the batches a resumed epoch already handed out skipped. The window in which saved
+        generator states stand in for torch's global RNG ends here."""
+        if self._plan is None:
+            return keys
+        if not self._applied:  # the saved epoch drew no base seed; this one just did
+            self._apply()
+        elif self._plan.get("base_drawn", True) and not self.base_drawn:
+            draw_seed(self._loader.generator)  # the base seed the saved epoch drew here
+        if self._plan.get("elastic") is not None:
+            return self._plan["elastic"](keys)
+        if self.iterable:
+            return keys  # an iterable dataset's batches are skipped by the iterator (fetched)
+        if not self._plan.get("pulled", True):
+            # Saved before the sampler's first draw: it draws later, as it did, from the
+            # generator as it is then (the user's global RNG, restored with their checkpoint).
+            self.end_window()
+            return keys
+        skip = getattr(keys, "skip", None)
+        if callable(skip):  # an rloader BatchStream: skipped in Rust
+            skip(self.skipped)
+        else:
+            keys = iter(keys)
+            for _ in range(self.skipped):
+                if next(keys, _END) is _END:
+                    break
+            first = next(keys, _END)  # the sampler's first draw, now (see NOTE [Resume])
+            keys = iter(()) if first is _END else itertools.chain([first], keys)
+        self.end_window()
+        return keys
+
+    def end_window(self) -> None:
+        """After ``iter()``'s draws: torch's global RNG, if borrowed, is the user's again."""
+        if self._borrowed is not None:
+            torch.set_rng_state(self._borrowed)
+            self._borrowed = None
+
+    def bind(self, iterator) -> None:
+        self._iterator = weakref.ref(iterator)
+        if self._plan is not None and self.iterable and self.skipped:
+            warnings.warn(
+                f"resuming an IterableDataset by fetching and dropping the {self.skipped} "
+                "batches handed out before the checkpoint (it cannot skip them any faster)",
+                stacklevel=3,
+            )
+            for _ in range(self.skipped):
+                if next(iterator, _END) is _END:
+                    break
+        self._plan = None
+
+    def progress(self) -> Optional[tuple]:
+        """(batches handed out, whether the epoch ended), or None once the iterator is gone.
+
+        For a map-style dataset the iterator counts from the resumed position; an iterable
+        dataset's iterator fetched the skipped batches itself, so they are in its count."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is None:
+            return None
+        taken, finished = iterator._progress
+        return (taken if self.iterable else self.skipped + taken), finished
+
+
+_END = object()
+
+
+def _set_generators(loader, packed: dict, borrow_global: bool) -> Optional[torch.Tensor]:
+    """Puts the loader's generators in the saved states. torch's global RNG is set only when
+    ``borrow_global`` (then its state before is returned, for ``end_window``)."""
+    borrowed = None
+    current = _generators(loader)
+    for role, blob in packed.items():
+        gen = current.get(role, loader.generator if role == "sampler" else None)
+        state = _unpack(blob)
+        if gen is not None:
+            gen.set_state(state)
+        elif borrow_global:
+            if borrowed is None:
+                borrowed = torch.get_rng_state()
+            torch.set_rng_state(state)
+    return borrowed
+
+
+def state_dict(loader) -> dict:
+    pending = loader.__dict__.get("_rloader_resume")
+    if pending is not None:  # loaded, not yet iterated: the same position
+        return {k: v for k, v in pending.items() if k != "elastic"}
+    state = dict(format=FORMAT, position=None, sampler=None, in_order=bool(loader.in_order))
+    epoch = loader.__dict__.get("_rloader_epoch")
+    progress = epoch.progress() if epoch is not None else None
+    if progress is not None and not progress[1]:
+        if epoch.elastic_from is not None:
+            return dict(state, position=int(progress[0]), generators={}, elastic_from=epoch.elastic_from)
+        position = int(progress[0])
+        return dict(state, position=position, generators=dict(epoch.generators),
+                    sampler=epoch.sampler, pulled=position > 0 or epoch.pulls_in_iter,
+                    base_drawn=epoch.base_drawn)
+    state["generators"] = {role: _pack(gen) for role, gen in _generators(loader).items()}
+    state["sampler"] = _sampler_state(_drawing_sampler(loader))
+    return state
+
+
+def load_state_dict(loader, state) -> None:
+    if isinstance(state, (list, tuple)):
+        loader.__dict__["_rloader_resume"] = _elastic_plan(loader, list(state), 0)
+        return
+    if isinstance(state, dict) and state.get("elastic_from") is not None:
+        # Saved during an epoch resumed from another world size: that epoch again, from here.
+        plan = _elastic_plan(loader, list(state["elastic_from"]), state["position"])
+        loader.__dict__["_rloader_resume"] = plan
+        return
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(
+            "load_state_dict() expects what rloader.DataLoader.state_dict() returned (a dict "
+            f"with format={FORMAT!r}), or a list of them, one per rank of the saved job"
+        )
+    if state["position"] is not None and loader.num_workers > 0 and not loader.in_order:
+        warnings.warn(
+            "resuming a DataLoader with in_order=False: the batches handed out before the "
+            "checkpoint are taken to be the first ones of the epoch, which with workers out of "
+            "order they may not have been",
+            stacklevel=3,
+        )
+    loader.__dict__["_rloader_resume"] = dict(state)
+
+
+def _elastic_plan(loader, states: list, position: int) -> dict:
+    from . import _rloader
+
+    if not states:
+        raise ValueError("load_state_dict() was given an empty list of rank states")
+    sampler = _drawing_sampler(loader)
+    if not isinstance(sampler, tud.distributed.DistributedSampler):
+        raise ValueError(
+            "load_state_dict() with one state per rank needs a DataLoader over a "
+            "DistributedSampler (the new world's rank and size)"
+        )
+    saved = []
+    for state in states:
+        info = (state.get("sampler") or {}).get("distributed") if isinstance(state, dict) else None
+        if info is None:
+            raise ValueError("each rank's state must come from a loader over a DistributedSampler")
+        saved.append((info, state))
+    infos = [info for info, _ in saved]
+    first = infos[0]
+    world = first["num_replicas"]
+    if sorted(info["rank"] for info in infos) != list(range(world)) or any(
+        (i["num_replicas"], i["epoch"], i["seed"], i["shuffle"], i["drop_last"], i["length"])
+        != (world, first["epoch"], first["seed"], first["shuffle"], first["drop_last"], first["length"])
+        for i in infos
+    ):
+        raise ValueError(
+            "load_state_dict() needs the states of every rank of one saved job and epoch "
+            f"(ranks 0..num_replicas-1 of the same sampler): got ranks {[i['rank'] for i in infos]}"
+        )
+    if any(state["position"] is None for _, state in saved):
+        # Between epochs on the old world: the new world starts its next epoch normally.
+        return dict(format=FORMAT, position=None, sampler=None, generators={})
+    n = first["length"]
+    if n != len(sampler.dataset):
+        raise ValueError(f"the saved job's dataset had {n} samples, this one has {len(sampler.dataset)}")
+    num_samples = (
+        math.ceil((n - world) / world) if first["drop_last"] and n % world else math.ceil(n / world)
+    )
+    batch_size = loader.batch_size or 1
+    consumed: set = set()
+    order: list = [None] * (num_samples * world)
+    for info, state in saved:
+        shard = _rloader.distributed_indices(
+            n, world, info["rank"], info["shuffle"], info["seed"] & (2**64 - 1),
+            info["epoch"] & (2**64 - 1), num_samples,
+        )
+        order[info["rank"] :: world] = shard
+        consumed.update(shard[: state["position"] * batch_size])
+    limit = min(n, num_samples * world)
+    left = [i for i in order[:limit] if i not in consumed]
+    new_world, rank = sampler.num_replicas, sampler.rank
+    if sampler.drop_last:
+        left = left[: len(left) - len(left) % new_world]
+    elif left and len(left) % new_world:
+        padding = new_world - len(left) % new_world
+        left += (left * math.ceil(padding / len(left)))[:padding]
+    mine = left[rank::new_world]
+
+    def keys(_ignored):
+        batches = (
+            tud.BatchSampler(mine, loader.batch_size, loader.drop_last)
+            if loader.batch_size is not None
+            else mine
+        )
+        return itertools.islice(iter(batches), position, None)
+
+    sampler.epoch = first["epoch"]
+    return dict(format=FORMAT, position=position, sampler=None, generators={}, elastic=keys,
+                elastic_from=states)

@@ -1,0 +1,264 @@
+"""DataLoader.state_dict() / load_state_dict(): a resumed loader yields exactly what an
+uninterrupted run would have, compared with that run in the same test (NOTE [Resume])."""
+
+import io
+import pickle
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+
+N = 37  # samples: batches of 4 leave a short last batch
+
+
+class CountingSampler(rloader.Sampler):
+    """A user's sampler with its own state: it walks the data with a stride that changes each
+    epoch, and says where it is through state_dict()/load_state_dict()."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def __iter__(self):
+        self.epoch += 1
+        stride = [1, 3, 5, 7][self.epoch % 4]
+        return iter([(i * stride) % self.n for i in range(self.n)])
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]
+
+
+def loaders():
+    """name -> factory(num_workers, generator) of a loader; each draws its order differently."""
+    data = list(range(N))
+    weights = [float(i % 5 + 1) for i in range(N)]
+    return {
+        "sequential": lambda nw, g: rloader.DataLoader(data, batch_size=4, num_workers=nw),
+        "shuffle": lambda nw, g: rloader.DataLoader(data, batch_size=4, shuffle=True, num_workers=nw,
+                                                    generator=g),
+        "random with replacement": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, generator=g,
+            sampler=rloader.RandomSampler(data, replacement=True, num_samples=30, generator=g)),
+        "subset random": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, sampler=rloader.SubsetRandomSampler(range(3, 33), g)),
+        "weighted": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, sampler=rloader.WeightedRandomSampler(weights, 40, generator=g)),
+        "weighted without replacement": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw,
+            sampler=rloader.WeightedRandomSampler(weights, 30, replacement=False, generator=g)),
+        "batch sampler": lambda nw, g: rloader.DataLoader(
+            data, num_workers=nw,
+            batch_sampler=rloader.BatchSampler(rloader.RandomSampler(data, generator=g), 5, True)),
+        "torch's random sampler": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, sampler=tud.RandomSampler(data, generator=g)),
+        "user's stateful sampler": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, sampler=CountingSampler(N)),
+        "no auto-batching": lambda nw, g: rloader.DataLoader(
+            data, batch_size=None, shuffle=True, num_workers=nw, generator=g),
+    }
+
+
+def as_lists(batch):
+    return batch.tolist() if isinstance(batch, torch.Tensor) else batch
+
+
+def epochs_of(loader, count):
+    return [[as_lists(b) for b in loader] for _ in range(count)]
+
+
+def checkpointed(state):
+    """What a checkpoint gives back: torch.save, then torch.load with weights_only."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def interrupted(make, save_workers, load_workers, epoch, batch, total, explicit):
+    """Epochs of a run stopped at `batch` of `epoch` (None: after the epoch ended), saved, and
+    continued by a new loader, as a restarted job would. With the global RNG, the checkpoint
+    holds its state too, as a training loop's would."""
+    g = torch.Generator().manual_seed(11) if explicit else None
+    torch.manual_seed(3)
+    loader = make(save_workers, g)
+    seen = epochs_of(loader, epoch)
+    it = iter(loader)
+    current = []
+    if batch is None:
+        current = [as_lists(b) for b in it]
+    else:
+        current = [as_lists(next(it)) for _ in range(len(loader) if batch == "all" else batch)]
+    state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
+    del it, loader
+    torch.manual_seed(12345)  # a restarted process: its own seeds, until the checkpoint is loaded
+    g2 = torch.Generator().manual_seed(999) if explicit else None
+    resumed = make(load_workers, g2)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    if batch is None:
+        seen.append(current)
+    else:
+        seen.append(current + [as_lists(b) for b in resumed])
+    return seen + epochs_of(resumed, total - len(seen))
+
+
+def uninterrupted(make, workers, total, explicit):
+    g = torch.Generator().manual_seed(11) if explicit else None
+    torch.manual_seed(3)
+    return epochs_of(make(workers, g), total)
+
+
+# (epoch, batches taken before the save): "all" takes every batch without ending the epoch.
+POINTS = {"start": (0, 0), "middle": (0, 4), "last batch": (1, "all"), "epoch end": (0, None)}
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("name", loaders())
+def test_resume_is_the_uninterrupted_run(name, point):
+    make = loaders()[name]
+    epoch, batch = POINTS[point]
+    for explicit in (True, False):
+        expected = uninterrupted(make, 0, 3, explicit)
+        assert interrupted(make, 0, 0, epoch, batch, 3, explicit) == expected
+
+
+@pytest.mark.parametrize("point", ["start", "middle", "epoch end"])
+@pytest.mark.parametrize("name", ["shuffle", "weighted", "batch sampler", "torch's random sampler"])
+@pytest.mark.parametrize("workers", [(2, 2), (2, 0), (0, 2)])
+def test_resume_with_workers_and_another_worker_count(name, point, workers):
+    make = loaders()[name]
+    epoch, batch = POINTS[point]
+    expected = uninterrupted(make, 0, 2, explicit=True)
+    assert interrupted(make, *workers, epoch, batch, 2, explicit=True) == expected
+
+
+def test_resume_with_persistent_workers():
+    def make(nw, g):
+        return rloader.DataLoader(list(range(N)), batch_size=4, shuffle=True, num_workers=2,
+                                  persistent_workers=True, generator=g)
+
+    assert interrupted(make, 2, 2, 1, 3, 3, True) == uninterrupted(make, 2, 3, True)
+
+
+def test_the_saved_order_travels_with_the_state():
+    # The resumed epoch is the saved one whatever generator the new loader has (or none).
+    g = torch.Generator().manual_seed(5)
+    loader = rloader.DataLoader(range(100), batch_size=10, shuffle=True, generator=g)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    rest = [b.tolist() for b in it]
+    it = iter(rloader.DataLoader(range(100), batch_size=10, shuffle=True,
+                                 generator=torch.Generator().manual_seed(5)))
+    for _ in range(3):
+        next(it)
+    fresh_gen = torch.Generator().manual_seed(5)
+    saver = rloader.DataLoader(range(100), batch_size=10, shuffle=True, generator=fresh_gen)
+    it = iter(saver)
+    assert [next(it).tolist() for _ in range(3)] == head
+    state = saver.state_dict()
+    for generator in (None, torch.Generator().manual_seed(77)):
+        other = rloader.DataLoader(range(100), batch_size=10, shuffle=True, generator=generator)
+        other.load_state_dict(state)
+        assert [b.tolist() for b in other] == rest
+
+
+def test_dataset_state_is_small_and_plain():
+    loader = rloader.DataLoader(range(50_000_000), batch_size=256, shuffle=True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert len(pickle.dumps(state)) < 4096
+    assert checkpointed(state) == state
+
+
+def test_state_before_iter_and_between_epochs():
+    make = loaders()["shuffle"]
+    g = torch.Generator().manual_seed(11)
+    expected = epochs_of(make(0, g), 2)
+    g = torch.Generator().manual_seed(11)
+    fresh = make(0, g)
+    state = fresh.state_dict()  # before any iter()
+    resumed = make(0, torch.Generator().manual_seed(4))
+    resumed.load_state_dict(state)
+    assert epochs_of(resumed, 2) == expected
+
+
+def test_state_dict_after_load_is_the_loaded_one():
+    loader = loaders()["shuffle"](0, torch.Generator().manual_seed(1))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    other = loaders()["shuffle"](0, None)
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+def test_load_state_dict_rejects_what_it_cannot_read():
+    loader = rloader.DataLoader(range(10))
+    with pytest.raises(ValueError, match="expects what rloader.DataLoader.state_dict"):
+        loader.load_state_dict({"something": "else"})
+
+
+# ---------------------------------------------------------------- another world size
+
+
+def rank_loader(world, rank, drop_last=False, batch_size=3):
+    sampler = rloader.DistributedSampler(range(N), num_replicas=world, rank=rank, seed=4,
+                                         drop_last=drop_last)
+    return rloader.DataLoader(list(range(N)), batch_size=batch_size, sampler=sampler), sampler
+
+
+@pytest.mark.parametrize("old,new", [(2, 4), (4, 2), (3, 3), (2, 3)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_elastic_resume_covers_what_no_old_rank_yielded(old, new, drop_last):
+    states, consumed = [], []
+    for rank in range(old):
+        loader, sampler = rank_loader(old, rank, drop_last)
+        sampler.set_epoch(1)
+        it = iter(loader)
+        for _ in range(min(rank + 1, len(loader) - 1)):  # each old rank got as far as it got
+            consumed += next(it).tolist()
+        states.append(checkpointed(loader.state_dict()))
+    epoch_samples = set()
+    for rank in range(old):
+        _, sampler = rank_loader(old, rank, drop_last)
+        sampler.set_epoch(1)
+        epoch_samples |= set(sampler)
+    left = epoch_samples - set(consumed)
+    shares = []
+    for rank in range(new):
+        loader, sampler = rank_loader(new, rank, drop_last)
+        loader.load_state_dict(states)
+        shares.append([x for b in loader for x in b.tolist()])
+        # then the new world's next epoch, as without a resume
+        sampler.set_epoch(2)
+        plain, plain_sampler = rank_loader(new, rank, drop_last)
+        plain_sampler.set_epoch(2)
+        assert [b.tolist() for b in loader] == [b.tolist() for b in plain]
+    flat = [x for share in shares for x in share]
+    assert set(flat) <= left
+    lengths = {len(share) for share in shares}
+    assert len(lengths) == 1  # equal shares, as DistributedSampler makes them
+    if drop_last:
+        assert len(flat) == len(set(flat)) and len(left) - len(flat) < new
+    else:
+        assert set(flat) == left and len(flat) - len(left) < new  # padding only as it pads
+
+
+def test_elastic_states_must_be_a_whole_job():
+    states = []
+    for rank in range(2):
+        loader, _ = rank_loader(2, rank)
+        it = iter(loader)
+        next(it)
+        states.append(loader.state_dict())
+    loader, _ = rank_loader(4, 0)
+    with pytest.raises(ValueError, match="every rank"):
+        loader.load_state_dict(states[:1] + states[:1])
