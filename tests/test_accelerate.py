@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-accelerate = pytest.importorskip("accelerate")
+pytest.importorskip("accelerate")
 
 import accelerate.accelerator  # noqa: E402
 import accelerate.data_loader  # noqa: E402
