@@ -12,7 +12,7 @@ WHEEL_STAMP := $(VENV)/.rloader-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.typed) pyproject.toml
 
-.PHONY: bench test test-rust test-python build lint clean
+.PHONY: bench bench-resume test test-rust test-python build lint clean
 .DEFAULT_GOAL := test
 
 # lightning and accelerate: tests/test_lightning.py and tests/test_accelerate.py check what those
@@ -40,6 +40,12 @@ build: $(WHEEL_STAMP)
 
 bench: build
 	$(PY) benches/side_by_side.py
+
+# Resuming 90% into a 50M-sample epoch, against torchdata's StatefulDataLoader (installed here
+# without its dependencies, which the venv already has: torchdata is only this bench's baseline).
+bench-resume: build
+	$(PY) -m pip install -q --no-cache-dir --no-deps "torchdata==0.11.0"
+	$(PY) benches/resume.py
 
 test: test-rust test-python
 
