@@ -12,7 +12,7 @@ WHEEL_STAMP := $(VENV)/.rloader-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.typed) pyproject.toml
 
-.PHONY: bench bench-resume test test-rust test-python build lint clean
+.PHONY: bench bench-resume test test-rust test-python test-oldest-torch build lint clean
 .DEFAULT_GOAL := test
 
 # lightning and accelerate: tests/test_lightning.py and tests/test_accelerate.py check what those
@@ -56,6 +56,18 @@ test-rust:
 test-python: build
 	@echo "== Python tests (pytest; several minutes: many tests start worker processes)"
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The same Python tests against the oldest torch pyproject.toml claims, in a venv of its own
+# (another ~5 GB; not part of `make test`, run before a release).
+OLDEST_TORCH := 2.6.0
+OLDEST_VENV := .venv-torch$(OLDEST_TORCH)
+test-oldest-torch: build
+	@test -x $(OLDEST_VENV)/bin/python || { echo "== creating $(OLDEST_VENV)"; python3 -m venv $(OLDEST_VENV); }
+	@echo "== installing torch $(OLDEST_TORCH) and the test tools into $(OLDEST_VENV)"
+	$(OLDEST_VENV)/bin/python -m pip install -q --no-cache-dir "torch==$(OLDEST_TORCH)" numpy \
+		pytest pytest-timeout hypothesis lightning accelerate
+	$(OLDEST_VENV)/bin/python -m pip install -q --force-reinstall --no-deps dist/rloader-*.whl
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 # ruff checks the Python; mypy's stubtest checks the installed wheel's _rloader.pyi (a copy of
 # python/rloader/_rloader.pyi, hence `build`) against its native module. It reads the installed

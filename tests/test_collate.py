@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 # (not `from rloader import collate`: the package re-exports the function `collate`, which
 # shadows the submodule of the same name as a package attribute)
 rl = importlib.import_module("rloader._collate")
+_compat = importlib.import_module("rloader._compat")
 
 Point = namedtuple("Point", ["x", "y"])
 Triple = namedtuple("Triple", ["a", "b", "c"])
@@ -243,7 +244,10 @@ def test_numpy_scalars_of_mixed_dtypes(batch):
     ],
 )
 def test_number_batches(batch):
-    assert check_collate(batch)[0] == "ok"
+    outcome = check_collate(batch)  # the same outcome as torch's
+    # torch 2.6 with numpy 2 cannot collate numpy bools (its own error, which rloader gives too)
+    if not (_compat.TORCH < "2.7" and isinstance(batch[0], np.bool_)):
+        assert outcome[0] == "ok"
 
 
 def test_int_and_float_dtypes_are_torchs():

@@ -18,6 +18,7 @@ import torch.utils.data as tud
 from _samplers import CountingSampler, FailingSampler, read_past_errors
 
 import rloader
+from rloader import _compat
 
 from _compare import same
 
@@ -134,14 +135,18 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
 # torch's iterator, failing in its __init__, fails again in its __del__: torch's noise.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_prefetch_factor_zero_fails_at_iter_like_torch():
-    draws = []
+    draws, texts = [], []
     for lib in (tud, rloader):
         loader = lib.DataLoader(list(range(4)), batch_size=2, num_workers=1, prefetch_factor=0)
         torch.manual_seed(5)
-        with pytest.raises(AssertionError, match="^prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter$"):
+        with pytest.raises(AssertionError) as err:
             iter(loader)
+        texts.append(str(err.value))
         draws.append(float(torch.rand(())))  # the seed was drawn before the check, with both
     assert draws[0] == draws[1]
+    assert texts[0] == texts[1]  # torch's text (none before torch 2.10)
+    if _compat.TORCH >= "2.10":
+        assert texts[1] == "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
 
 
 def test_get_worker_info_is_none_in_the_main_process():
@@ -410,6 +415,7 @@ def settled_resources():
     history = []
     for _ in range(50):
         gc.collect()
+        multiprocessing.active_children()  # reaps children others terminated without a join
         history.append(count_resources())
         if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
             break
@@ -710,6 +716,8 @@ class OneSlowSample(tud.Dataset):
         return i
 
 
+@pytest.mark.skipif(_compat.TORCH < "2.7", reason="torch before 2.7 hands in_order=False tasks "
+                    "round-robin; rloader keeps the newer rule (in_order=False promises no order)")
 def test_out_of_order_a_slow_worker_holds_only_its_share():
     # torch: with in_order=False a task skips a worker already holding prefetch_factor tasks,
     # so while worker 0 sleeps on sample 0 (holding tasks 0 and 2) worker 1 does all the rest.

@@ -40,7 +40,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
 
-from . import _rloader
+from . import _compat, _rloader
 from ._pin import PinnedBatches
 from ._seed import draw_seed
 from .sampler import iter_keys
@@ -368,7 +368,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     base_seed = draw_seed(loader.generator)
     keys = loader._rloader_epoch.keys(keys)  # NOTE [Resume]
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
-        raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
+        raise _compat.assertion("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
     pin = _pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
     region = _REGIONS.pop(loader, None)

@@ -21,7 +21,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _resume, _rloader, _twin, _workers
+from . import _compat, _resume, _rloader, _twin, _workers
 from ._collate import (
     _MAPS,
     _MAPS_SNAPSHOT,
@@ -303,29 +303,16 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
 
 
 def _pin_plan(loader: DataLoader) -> Optional[Callable]:
-    """``pin_batch`` when batches should be pinned; warns as torch does when they can't be."""
+    """``pin_batch`` when batches should be pinned; warns as the user's torch does (its texts
+    and conditions differ between versions: ``_compat.pin_memory_warnings``)."""
     if not loader.pin_memory:
         return None
-    if loader.pin_memory_device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
-            f"ignore pin_memory_device='{loader.pin_memory_device}'.",
-            stacklevel=4,
-        )
+    for category, text in _compat.pin_memory_warnings(loader.pin_memory_device):
+        warnings.warn(text, category, stacklevel=4)
     if not torch.accelerator.is_available():
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=4,
-        )
         return None
     accelerator = torch.accelerator.current_accelerator()
     if accelerator is not None and accelerator.type == "mps":
-        warnings.warn(
-            "'pin_memory' argument is set as true but not supported on MPS now, "
-            "device pinned memory won't be used.",
-            stacklevel=4,
-        )
         return None
     return pin_batch
 

@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch.utils.data as _torch_data
 from torch import Generator, Tensor, default_generator, randperm
 
-from . import _twin
+from . import _compat, _twin
 
 __all__ = [
     "Dataset",
@@ -258,7 +258,11 @@ class Subset(Dataset[T_co], _torch_data.Subset[T_co]):
         self.dataset = dataset
         self.indices = indices
         cls = type(self)
-        if cls.__getitem__ is not Subset.__getitem__ and cls.__getitems__ is Subset.__getitems__:
+        if (
+            _compat.SUBSET_REQUIRES_GETITEMS
+            and cls.__getitem__ is not Subset.__getitem__
+            and cls.__getitems__ is Subset.__getitems__
+        ):
             raise NotImplementedError(
                 f"{cls.__name__} overrides __getitem__ but not __getitems__. "
                 "When subclassing Subset and overriding __getitem__, you must also override "

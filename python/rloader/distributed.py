@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.data.distributed as tud_distributed
 
-from . import _rloader, _twin
+from . import _compat, _rloader, _twin
 from .sampler import Sampler, _register_native
 
 __all__ = ["DistributedSampler"]
@@ -82,12 +82,12 @@ class DistributedSampler(Sampler[_T_co], tud_distributed.DistributedSampler):
             else:
                 length = n + len(range(n)[:padding])
         if length != total_size:
-            raise AssertionError(
+            raise _compat.assertion(
                 f"Number of indices ({length}) does not match total_size ({total_size})"
             )
         subsampled = len(range(self.rank, total_size, self.num_replicas))
         if subsampled != num_samples:
-            raise AssertionError(
+            raise _compat.assertion(
                 f"Number of subsampled indices ({subsampled}) does not match num_samples "
                 f"({num_samples})"
             )
