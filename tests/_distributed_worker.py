@@ -20,11 +20,31 @@ def main(out_dir: str) -> None:
     loader = rloader.DataLoader(list(range(50)), batch_size=4,
                                 sampler=rloader.DistributedSampler(range(50), shuffle=False))
     batches = [b.tolist() for b in loader]
+    resume = resumed(rank, world)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world": world, "num_replicas": sampler.num_replicas,
-                   "epochs": epochs, "batches": batches}, f)
+                   "epochs": epochs, "batches": batches, "resume": resume}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def resumed(rank: int, world: int) -> dict:
+    """Each rank takes rank + 2 batches of a shuffled epoch and saves its state; the states are
+    gathered over the process group, as a checkpoint would hold them; each rank then resumes
+    from the list (the rule for another world size, here the same one) and takes the rest."""
+    def loader():
+        sampler = rloader.DistributedSampler(range(61), seed=9)
+        sampler.set_epoch(3)
+        return rloader.DataLoader(list(range(61)), batch_size=3, sampler=sampler)
+
+    first = loader()
+    it = iter(first)
+    before = [x for _ in range(rank + 2) for x in next(it).tolist()]
+    states = [None] * world
+    dist.all_gather_object(states, first.state_dict())
+    again = loader()
+    again.load_state_dict(states)
+    return {"before": before, "after": [x for b in again for x in b.tolist()]}
 
 
 if __name__ == "__main__":

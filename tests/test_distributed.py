@@ -30,6 +30,12 @@ def test_two_ranks_under_torchrun(tmp_path):
         assert set(a) | set(b) == set(range(103))
         assert len(set(a) & set(b)) <= 1
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]  # set_epoch changes the order
+    # Resumed from every rank's state, gathered over gloo: what no rank had taken, once each
+    # (61 samples over 2 ranks: one padding sample).
+    before = {x for r in ranks for x in r["resume"]["before"]}
+    after = [x for r in ranks for x in r["resume"]["after"]]
+    assert set(after) == set(range(61)) - before and len(after) - len(set(after)) <= 1
+    assert len(ranks[0]["resume"]["after"]) == len(ranks[1]["resume"]["after"])
     # Without shuffling, each rank's batches are exactly what torch's sampler gives that rank.
     for r in ranks:
         theirs = list(tud_distributed.DistributedSampler(range(50), 2, r["rank"], shuffle=False))
