@@ -3,6 +3,7 @@ uninterrupted run would have, compared with that run in the same test (NOTE [Res
 
 import io
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -262,3 +263,48 @@ def test_elastic_states_must_be_a_whole_job():
     loader, _ = rank_loader(4, 0)
     with pytest.raises(ValueError, match="every rank"):
         loader.load_state_dict(states[:1] + states[:1])
+
+
+class StatefulStream(rloader.IterableDataset):
+    """An IterableDataset that says where it is, as torchdata's stateful datasets do."""
+
+    def __init__(self, n):
+        self.n, self.next = n, 0
+
+    def __iter__(self):
+        while self.next < self.n:
+            self.next += 1
+            yield self.next - 1
+        self.next = 0
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+class PlainStream(rloader.IterableDataset):
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, N, step))
+
+
+def test_a_stateful_iterable_dataset_resumes_from_its_own_state():
+    def make(nw, g):
+        return rloader.DataLoader(StatefulStream(N), batch_size=4)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # restored from its state: nothing fetched again
+        assert interrupted(make, 0, 0, 0, 3, 2, True) == uninterrupted(make, 0, 2, True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterable_dataset_without_state_is_resumed_by_fetching(workers):
+    def make(nw, g):
+        return rloader.DataLoader(PlainStream(), batch_size=4, num_workers=nw)
+
+    with pytest.warns(UserWarning, match="fetching and dropping the 3 batches"):
+        got = interrupted(make, workers, workers, 0, 3, 2, True)
+    assert got == uninterrupted(make, workers, 2, True)

@@ -123,6 +123,7 @@ class Epoch:
         self._borrowed: Optional[torch.Tensor] = None
         self._applied = False
         self._loader: Any = None
+        self.restored_stream = False
         self.base_drawn = True
 
     @classmethod
@@ -150,6 +151,9 @@ class Epoch:
             # draw stands in for it (see Epoch.keys).
             if pending.get("base_drawn", True) or not draws_base_seed:
                 epoch._apply()
+            if "dataset" in pending and _stateful_stream(loader):
+                loader.dataset.load_state_dict(pending["dataset"])  # it goes on from there
+                epoch.restored_stream = True
             sampler = _drawing_sampler(loader)
             saved = pending["sampler"] or {}
             if "state_dict" in saved:
@@ -204,7 +208,7 @@ class Epoch:
 
     def bind(self, iterator) -> None:
         self._iterator = weakref.ref(iterator)
-        if self._plan is not None and self.iterable and self.skipped:
+        if self._plan is not None and self.iterable and self.skipped and not self.restored_stream:
             warnings.warn(
                 f"resuming an IterableDataset by fetching and dropping the {self.skipped} "
                 "batches handed out before the checkpoint (it cannot skip them any faster)",
@@ -224,7 +228,8 @@ class Epoch:
         if iterator is None:
             return None
         taken, finished = iterator._progress
-        return (taken if self.iterable else self.skipped + taken), finished
+        fetched_again = self.iterable and not self.restored_stream
+        return (taken if fetched_again else self.skipped + taken), finished
 
 
 _END = object()
@@ -258,12 +263,28 @@ def state_dict(loader) -> dict:
         if epoch.elastic_from is not None:
             return dict(state, position=int(progress[0]), generators={}, elastic_from=epoch.elastic_from)
         position = int(progress[0])
-        return dict(state, position=position, generators=dict(epoch.generators),
-                    sampler=epoch.sampler, pulled=position > 0 or epoch.pulls_in_iter,
-                    base_drawn=epoch.base_drawn)
+        state = dict(state, position=position, generators=dict(epoch.generators),
+                     sampler=epoch.sampler, pulled=position > 0 or epoch.pulls_in_iter,
+                     base_drawn=epoch.base_drawn)
+        if _stateful_stream(loader):
+            state["dataset"] = loader.dataset.state_dict()
+        return state
     state["generators"] = {role: _pack(gen) for role, gen in _generators(loader).items()}
     state["sampler"] = _sampler_state(_drawing_sampler(loader))
     return state
+
+
+def _stateful_stream(loader) -> bool:
+    """An IterableDataset that says where it is (``state_dict``/``load_state_dict``), read in
+    the main process: its state is exact there (with workers each holds its own copy, whose
+    states are not gathered yet; such a dataset is resumed by fetching and dropping)."""
+    dataset = loader.dataset
+    return (
+        isinstance(dataset, tud.IterableDataset)
+        and loader.num_workers == 0
+        and callable(getattr(dataset, "state_dict", None))
+        and callable(getattr(dataset, "load_state_dict", None))
+    )
 
 
 def load_state_dict(loader, state) -> None:
