@@ -203,9 +203,7 @@ impl PoolRegion {
     /// The descriptor workers map the region through.
     #[getter]
     fn fd(&self) -> i32 {
-        self.shm
-            .fd()
-            .expect("an anonymous region keeps its descriptor")
+        self.shm.fd()
     }
 
     /// Whether a pool of this shape can use the region.
