@@ -176,8 +176,8 @@ def collate_tensor_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
         # As torch's collate in a worker: stack into an output of the first element's dtype.
         # In rloader's workers it is in the batch's shared-memory slot when there is one, so the
         # batch reaches the main process without another copy (NOTE [Slots] in
-        # rust/rloader-py/src/slots.rs). In torch's workers it is in shared memory of its own, as
-        # torch's collate makes it, which torch's transport passes on without a copy.
+        # rust/rloader-workers/src/slots.rs). In torch's workers it is in shared memory of its
+        # own, as torch's collate makes it, which torch's transport passes on without a copy.
         if not all(isinstance(t, torch.Tensor) for t in batch):
             sum(t.numel() for t in batch)  # torch's collate counts elements first: its error
         shape = (len(batch), *elem.size())

@@ -117,7 +117,7 @@ def distributed_stream(
 def fast_collate(batch: Any) -> Any | None:
     """The collated batch, or None when the general path must run."""
 
-# workers.rs
+# buffers.rs
 
 @final
 class Message:
@@ -128,10 +128,14 @@ class Message:
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
+# length_warning.rs
+
 @final
 class LengthWarning:
     def __new__(cls, dataset: Any, reported: int, workers: bool) -> LengthWarning: ...
     def yielded(self) -> None: ...
+
+# pool.rs
 
 @final
 class PoolIter:
@@ -166,6 +170,8 @@ class PoolIter:
     def _prefill(self) -> None: ...
     def _poll(self, wait: float) -> tuple[str, Any]: ...
 
+# key_feed.rs
+
 @final
 class KeyFeed:
     """Keys drawn from the sampler on one thread for a PoolIter polled on another."""
@@ -181,6 +187,8 @@ class KeyFeed:
         """Draws up to ``n`` batches of keys on the calling thread; returns how many it drew."""
     def end(self) -> None:
         """Ends the feed: no task is sent after the keys already drawn."""
+
+# worker.rs
 
 def worker_loop(
     *,
@@ -201,6 +209,8 @@ def worker_loop(
     hooks: Any,
 ) -> None: ...
 
+# region.rs
+
 @final
 class PoolRegion:
     """The shared memory of a loader's worker pools (an anonymous memfd)."""
@@ -214,7 +224,7 @@ class PoolRegion:
     def _close_rings(self) -> None:
         """Closes the pool's rings, so that its workers leave (how every pool is stopped)."""
 
-# slots.rs
+# buffers.rs
 
 @final
 class SlotView:
@@ -233,6 +243,8 @@ class Lease:
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+# slots.rs
 
 # `dtype`: a torch.dtype. None when this thread has no slot to allocate from.
 def slot_empty(shape: list[int], dtype: Any) -> Any | None:

@@ -1,4 +1,4 @@
-"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/workers.rs``).
+"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/pool.rs``).
 
 Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
 ``multiprocessing_context`` works and datasets travel by torch's rules), seed each worker and
@@ -437,7 +437,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
 
 def _key_feed(region, auto_collation: bool, first: int):
     """What makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into
-    (NOTE [Key feed] in workers.rs), with its first ``first`` batches of keys drawn as torch
+    (NOTE [Key feed] in key_feed.rs), with its first ``first`` batches of keys drawn as torch
     draws them in ``iter()``: returns ``(feed, batches drawn)``. (It holds no loader: a
     persistent loader holds its iterator, which holds this.)"""
 

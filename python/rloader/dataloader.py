@@ -8,7 +8,8 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 - ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/loader.rs``).
 - ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
-  ``_rloader.worker_loop`` (``rust/rloader-py/src/workers.rs``, ``python/rloader/_workers.py``).
+  ``_rloader.worker_loop`` (``rust/rloader-py/src/pool.rs`` and ``worker.rs``,
+  ``python/rloader/_workers.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 //! `Fetcher`: one batch of keys in, one collated batch out.
 //!
 //! The fetch-and-collate step of torch's `_MapDatasetFetcher` / `_IterableDatasetFetcher`,
-//! shared by the single-process loop (`loader.rs`) and the worker loop (`workers.rs`). Python is
+//! shared by the single-process loop (`loader.rs`) and the worker loop (`worker.rs`). Python is
 //! entered only for the dataset (`__getitem__`, `__getitems__`, `__next__`) and a custom
 //! `collate_fn`; with the default collate_fn, common batches are collated by `collate.rs`.
 

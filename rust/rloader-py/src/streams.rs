@@ -18,6 +18,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 
+use crate::wait;
+
 /// An index stream built by `samplers.rs`. `Sync` because pyclasses may be shared across threads.
 pub trait IndexSource: Send + Sync {
     /// Appends up to `max` indices to `out`; fewer only at the end of the stream.
@@ -29,12 +31,13 @@ pub trait IndexSource: Send + Sync {
     }
 }
 
-/// Fills `out` from `it`, without the GIL when the fill may wait.
-fn fill_from(py: Python<'_>, it: &mut Indices, out: &mut Vec<u64>, max: usize) {
+/// Fills `out` from `it`, without the GIL when the fill may wait (NOTE [Waiting] in wait.rs).
+fn fill_from(py: Python<'_>, it: &mut Indices, out: &mut Vec<u64>, max: usize) -> PyResult<()> {
     if it.may_wait() {
-        py.detach(|| it.fill(out, max));
+        wait::briefly(py, || it.fill(out, max))
     } else {
         it.fill(out, max);
+        Ok(())
     }
 }
 
@@ -139,7 +142,7 @@ impl IndexChunks {
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let it = self.source.ready(py)?;
         let mut chunk = Vec::with_capacity(CHUNK);
-        fill_from(py, it, &mut chunk, CHUNK);
+        fill_from(py, it, &mut chunk, CHUNK)?;
         if chunk.is_empty() {
             return Ok(None);
         }
@@ -182,7 +185,7 @@ impl BatchStream {
             BatchSource::Rust(src) => {
                 let it = src.ready(py)?;
                 buf.clear();
-                fill_from(py, it, buf, want);
+                fill_from(py, it, buf, want)?;
                 if buf.is_empty() || (self.drop_last && buf.len() < want) {
                     None
                 } else {
