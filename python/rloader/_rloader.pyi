@@ -3,7 +3,7 @@
 # with `python -m mypy.stubtest rloader._rloader`.
 
 import sys
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any, final
 
 # In registration order, as PyO3 builds it.
@@ -190,24 +190,12 @@ class KeyFeed:
 
 # worker.rs
 
-def worker_loop(
-    *,
-    region_fd: int,
-    worker_id: int,
-    num_workers: int,
-    prefetch_factor: int,
-    dataset: Any,
-    iterable: bool,
-    samples: Iterable[Any] | None,
-    auto_collation: bool,
-    batch_size: int | None,
-    drop_last: bool,
-    collate_fn: Callable[[Any], Any],
-    default_collate: _DefaultCollate | None,
-    init_error: bytes | None,
-    parent_pid: int,
-    hooks: Any,
-) -> None: ...
+# `spec` holds (other keys are ignored): region_fd (int), worker_id, num_workers,
+# prefetch_factor (ints), dataset, iterable (bool), samples (an iterator or None),
+# auto_collation, batch_size (int or None), drop_last, collate_fn, default_collate
+# (_DefaultCollate or None), init_error (bytes or None), parent_pid (int), hooks.
+def worker_loop(spec: Mapping[str, Any]) -> None:
+    """A worker process's loop: take tasks, fetch and collate, send answers, until told to stop."""
 
 # region.rs
 

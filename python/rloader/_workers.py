@@ -206,23 +206,16 @@ def _worker_main(spec: dict) -> None:
         init_error = dump_error(worker_id, exc)
     from .dataloader import _default_collate_plan
 
-    collate_fn = spec["collate_fn"]
+    # The spec, with what this process made of it (rust/rloader-py/src/worker.rs, WorkerSpec).
     _rloader.worker_loop(
-        region_fd=spec["region_fd"].fd,
-        worker_id=worker_id,
-        num_workers=spec["num_workers"],
-        prefetch_factor=spec["prefetch_factor"],
-        dataset=dataset,
-        iterable=spec["iterable"],
-        samples=samples,
-        auto_collation=spec["auto_collation"],
-        batch_size=spec["batch_size"],
-        drop_last=spec["drop_last"],
-        collate_fn=collate_fn,
-        default_collate=_default_collate_plan(collate_fn),
-        init_error=init_error,
-        parent_pid=spec["parent_pid"],
-        hooks=_WorkerHooks(worker_id, dataset),
+        dict(
+            spec,
+            region_fd=spec["region_fd"].fd,
+            samples=samples,
+            default_collate=_default_collate_plan(spec["collate_fn"]),
+            init_error=init_error,
+            hooks=_WorkerHooks(worker_id, dataset),
+        )
     )
 
 

@@ -23,30 +23,59 @@ use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::slots;
 use crate::wait;
 
-/// A worker process's loop: take tasks, fetch and collate, send answers, until told to stop.
-#[pyfunction]
-#[pyo3(signature = (*, region_fd, worker_id, num_workers, prefetch_factor, dataset, iterable,
-                    samples, auto_collation, batch_size, drop_last, collate_fn, default_collate,
-                    init_error, parent_pid, hooks))]
-#[allow(clippy::too_many_arguments)]
-pub fn worker_loop(
-    py: Python<'_>,
+/// What a worker needs to run its loop: the spec `start_pool` sends each worker, with what
+/// `_worker_main` made of it (python/rloader/_workers.py), as a dict (other keys are ignored).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct WorkerSpec<'py> {
+    /// The pool region's descriptor, in this process.
     region_fd: i32,
     worker_id: usize,
+    /// The pool's shape, from which the region's `Layout` follows.
     num_workers: usize,
     prefetch_factor: usize,
     dataset: Py<PyAny>,
+    /// An iterable-style dataset: every task is "the next batch" of `samples`.
     iterable: bool,
-    samples: Option<Bound<'_, PyAny>>,
+    /// `iter(dataset)` for an iterable dataset; None when making it failed (`init_error`).
+    samples: Option<Bound<'py, PyAny>>,
+    /// torch's auto-collation: keys come in batches (map-style datasets).
     auto_collation: bool,
+    /// Batching of an iterable dataset (None: no auto-collation).
     batch_size: Option<usize>,
     drop_last: bool,
     collate_fn: Py<PyAny>,
+    /// `(general_fn, live_map, pristine_map)` when `collate_fn` is a default collate whose fast
+    /// path may run, else None.
     default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
+    /// The pickled error of `worker_init_fn` or `iter(dataset)`, the answer to the first task.
     init_error: Option<Py<PyBytes>>,
+    /// The process that owns the loader (not always this worker's parent).
     parent_pid: i32,
+    /// `_WorkerHooks`: what only Python does (pickling, a new epoch's iterator).
     hooks: Py<PyAny>,
-) -> PyResult<()> {
+}
+
+/// A worker process's loop: take tasks, fetch and collate, send answers, until told to stop.
+#[pyfunction]
+pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
+    let WorkerSpec {
+        region_fd,
+        worker_id,
+        num_workers,
+        prefetch_factor,
+        dataset,
+        iterable,
+        samples,
+        auto_collation,
+        batch_size,
+        drop_last,
+        collate_fn,
+        default_collate,
+        init_error,
+        parent_pid,
+        hooks,
+    } = spec;
     // A worker must never outlive its loader (rloader-workers' parent.rs).
     let main = MainProcess::new(parent_pid);
     let layout = Layout::new(num_workers, prefetch_factor);
