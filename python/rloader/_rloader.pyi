@@ -20,6 +20,7 @@ __all__ = [
     "permutation",
     "distributed_indices",
     "distributed_stream",
+    "distributed_sizes",
     "fast_collate",
     "PoolIter",
     "KeyFeed",
@@ -111,6 +112,8 @@ def distributed_stream(
     epoch: int,
     num_samples: int,
 ) -> IndexChunks: ...
+def distributed_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
+    """DistributedSampler's ``(num_samples, total_size)``, as torch computes them."""
 
 # collate.rs
 
