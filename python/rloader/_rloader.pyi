@@ -4,7 +4,7 @@
 
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sized
-from typing import Any, final
+from typing import Any, Protocol, final
 
 # In registration order, as PyO3 builds it.
 __all__ = [
@@ -59,8 +59,11 @@ class BatchStream:
 
 # loader.rs
 
-# `(general_fn, live_map, pristine_map)`: see rloader.dataloader._default_collate_plan.
-_DefaultCollate = tuple[Callable[[Any], Any], dict[Any, Any], dict[Any, Any]]
+# A default collate's plan: `CollatePlan` in rloader._collate, which holds the fast path's rule.
+class _CollatePlan(Protocol):
+    @property
+    def general(self) -> Callable[[Any], Any]: ...
+    def fast_path_may_run(self) -> bool: ...
 
 @final
 class LoaderIter:
@@ -75,7 +78,7 @@ class LoaderIter:
         batch_size: int | None,
         drop_last: bool,
         collate_fn: Callable[[Any], Any],
-        default_collate: _DefaultCollate | None,
+        collate_plan: _CollatePlan | None,
         pin: Callable[[Any], Any] | None,
         length_of: Sized,
         reported_len: int | None,
@@ -195,8 +198,8 @@ class KeyFeed:
 
 # `spec` holds (other keys are ignored): region_fd (int), worker_id, num_workers,
 # prefetch_factor (ints), dataset, iterable (bool), samples (an iterator or None),
-# auto_collation, batch_size (int or None), drop_last, collate_fn, default_collate
-# (_DefaultCollate or None), init_error (bytes or None), parent_pid (int), hooks.
+# auto_collation, batch_size (int or None), drop_last, collate_fn, collate_plan
+# (_CollatePlan or None), init_error (bytes or None), parent_pid (int), hooks.
 def worker_loop(spec: Mapping[str, Any]) -> None:
     """A worker process's loop: take tasks, fetch and collate, send answers, until told to stop."""
 

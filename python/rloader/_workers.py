@@ -41,6 +41,7 @@ from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
 
 from . import _rloader
+from ._collate import _collate_plan
 from ._pin import PinnedBatches
 from ._seed import draw_seed
 from .sampler import iter_keys
@@ -204,15 +205,13 @@ def _worker_main(spec: dict) -> None:
             samples = iter(dataset)
     except Exception as exc:  # reported with the first task, as torch does
         init_error = dump_error(worker_id, exc)
-    from .dataloader import _default_collate_plan
-
     # The spec, with what this process made of it (rust/rloader-py/src/worker.rs, WorkerSpec).
     _rloader.worker_loop(
         dict(
             spec,
             region_fd=spec["region_fd"].fd,
             samples=samples,
-            default_collate=_default_collate_plan(spec["collate_fn"]),
+            collate_plan=_collate_plan(spec["collate_fn"]),
             init_error=init_error,
             hooks=_WorkerHooks(worker_id, dataset),
         )

@@ -86,11 +86,11 @@ impl LoaderIter {
     ///
     /// - `keys`: `iter(loader._index_sampler)` for a map-style dataset, None for an iterable one.
     /// - `batch_size`/`drop_last`: batching of an iterable dataset (None: no auto-collation).
-    /// - `default_collate`: `(general_fn, live_map, pristine_map)` when `collate_fn` is a
-    ///   default collate whose fast path may run, else None.
+    /// - `collate_plan`: the `CollatePlan` (python/rloader/_collate.py) when `collate_fn` is a
+    ///   default collate, else None.
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
-                        default_collate, pin, length_of, reported_len))]
+                        collate_plan, pin, length_of, reported_len))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -100,14 +100,14 @@ impl LoaderIter {
         batch_size: Option<usize>,
         drop_last: bool,
         collate_fn: Py<PyAny>,
-        default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
+        collate_plan: Option<Bound<'_, PyAny>>,
         pin: Option<Py<PyAny>>,
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
     ) -> PyResult<Self> {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
-        let collate = Collate::new(collate_fn, default_collate);
+        let collate = Collate::new(collate_fn, collate_plan)?;
         let (keys, fetcher) = match keys {
             Some(keys) => (
                 Some(Keys::new(&keys, auto_collation)?),

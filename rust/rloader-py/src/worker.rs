@@ -45,9 +45,8 @@ pub struct WorkerSpec<'py> {
     batch_size: Option<usize>,
     drop_last: bool,
     collate_fn: Py<PyAny>,
-    /// `(general_fn, live_map, pristine_map)` when `collate_fn` is a default collate whose fast
-    /// path may run, else None.
-    default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
+    /// The `CollatePlan` (python/rloader/_collate.py) when `collate_fn` is a default collate.
+    collate_plan: Option<Bound<'py, PyAny>>,
     /// The pickled error of `worker_init_fn` or `iter(dataset)`, the answer to the first task.
     init_error: Option<Py<PyBytes>>,
     /// The process that owns the loader (not always this worker's parent).
@@ -71,7 +70,7 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
         batch_size,
         drop_last,
         collate_fn,
-        default_collate,
+        collate_plan,
         init_error,
         parent_pid,
         hooks,
@@ -96,7 +95,7 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
         .with_doorbell(Doorbell::attach(shm.clone(), DOORBELL_AT));
     // Collation and send_batch find this worker's slots here (NOTE [Slots]).
     let _arena = slots::install(layout.arena(shm.clone(), worker_id));
-    let collate = Collate::new(collate_fn, default_collate);
+    let collate = Collate::new(collate_fn, collate_plan)?;
     let mut fetcher = if iterable {
         // Without an iterator (its creation failed: `init_error` reports it) the worker stays
         // empty-handed.
