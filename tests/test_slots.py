@@ -1,4 +1,4 @@
-"""Batches in reused shared-memory slots (NOTE [Slots] in rust/rloader-py/src/slots.rs).
+"""Batches in reused shared-memory slots (NOTE [Slots] in rust/rloader-workers/src/slots.rs).
 
 A worker collates into a slot, the main process builds the batch's tensors over the same memory,
 and the slot goes back to the worker once the user has dropped the batch. These tests check the

@@ -256,7 +256,7 @@ class Ints(tud.Dataset):
 
 
 # A task of 40,000 indices does not fit in a fresh task ring: iter() queues what fits before the
-# workers start and keeps the rest back (rust/rloader-py/src/workers.rs, PoolIter::_prefill).
+# workers start and keeps the rest back (rust/rloader-py/src/pool.rs, PoolIter::_prefill).
 BIG_BATCH = dict(batch_size=40_000, num_workers=2)
 
 
@@ -574,7 +574,7 @@ def test_iterable_dataset_with_in_order_false_ends():
 
 
 # ---------------------------------------------------------------- when the sampler is advanced
-# NOTE [Draws] in workers.rs: prefetch_factor * num_workers batches of keys in iter(), then one
+# The Scheduler in rust/rloader-workers/src/scheduler.rs: prefetch_factor * num_workers batches of keys in iter(), then one
 # per result handed out, as torch's _try_put_index.
 
 

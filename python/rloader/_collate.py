@@ -11,7 +11,7 @@ position (tuples come back as lists, for backward compatibility with torch).
 registered on (or changed in) torch's own ``default_collate_fn_map``, which code written for
 torch extends. A faster path may be put in front of it; it is only allowed to run while both
 maps still equal their snapshots (``_MAPS_SNAPSHOT``), i.e. while nobody has registered their
-own handlers.
+own handlers: ``CollatePlan`` holds that rule, for this module and for the Rust loops.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import contextlib
 import copy
 import re
 from collections.abc import Callable
-from typing import Union
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 import torch.utils.data._utils.collate
@@ -176,8 +176,8 @@ def collate_tensor_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
         # As torch's collate in a worker: stack into an output of the first element's dtype.
         # In rloader's workers it is in the batch's shared-memory slot when there is one, so the
         # batch reaches the main process without another copy (NOTE [Slots] in
-        # rust/rloader-py/src/slots.rs). In torch's workers it is in shared memory of its own, as
-        # torch's collate makes it, which torch's transport passes on without a copy.
+        # rust/rloader-workers/src/slots.rs). In torch's workers it is in shared memory of its
+        # own, as torch's collate makes it, which torch's transport passes on without a copy.
         if not all(isinstance(t, torch.Tensor) for t in batch):
             sum(t.numel() for t in batch)  # torch's collate counts elements first: its error
         shape = (len(batch), *elem.size())
@@ -252,6 +252,29 @@ def _effective_map() -> CollateFnMap:
     return merged
 
 
+class CollatePlan(NamedTuple):
+    """How a default collate function collates: the one rule for when the Rust fast path
+    (``_rloader.fast_collate``, ``rust/rloader-py/src/collate.rs``) may run.
+
+    The fast path gives the default collate's results for the batches it handles only while
+    nobody has registered handlers on, or changed, the collate maps: while ``live_map`` equals
+    ``pristine``, its snapshot at import. Otherwise, and for what the fast path does not handle,
+    ``general(batch)`` collates. The Rust loops (``rust/rloader-py/src/fetch.rs``) read a plan
+    by its names.
+    """
+
+    general: Callable[[Any], Any]
+    live_map: Any
+    pristine: Any
+
+    def fast_path_may_run(self) -> bool:
+        return self.live_map == self.pristine
+
+
+def _general_default_collate(batch: Any) -> Any:
+    return collate(batch, collate_fn_map=_effective_map())
+
+
 def default_collate(batch):
     """Collate ``batch`` with ``default_collate_fn_map`` (torch's ``default_collate``).
 
@@ -259,8 +282,22 @@ def default_collate(batch):
     returns None for anything it does not handle; it is skipped inside worker processes (where
     tensors are collated into shared memory) and once the map has been changed.
     """
-    if _MAPS == _MAPS_SNAPSHOT and get_worker_info() is None:
+    if _DEFAULT_COLLATE_PLAN.fast_path_may_run() and get_worker_info() is None:
         out = _rloader.fast_collate(batch)
         if out is not None:
             return out
     return collate(batch, collate_fn_map=_effective_map())
+
+
+_DEFAULT_COLLATE_PLAN = CollatePlan(_general_default_collate, _MAPS, _MAPS_SNAPSHOT)
+
+
+def _collate_plan(collate_fn: Callable) -> Optional[CollatePlan]:
+    """The plan of ``collate_fn`` when it is a default collate, else None: rloader's, or torch's
+    own, which may be passed explicitly (Lightning re-creates loaders from their attributes)
+    and gets the fast path too while torch's map is unmodified."""
+    if collate_fn is default_collate:
+        return _DEFAULT_COLLATE_PLAN
+    if collate_fn is torch.utils.data._utils.collate.default_collate:
+        return CollatePlan(collate_fn, _TORCH_MAP, _TORCH_MAP_SNAPSHOT)
+    return None

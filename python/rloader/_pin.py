@@ -77,7 +77,7 @@ class PinnedBatches:
     NOTE [Pin thread]: only the thread touches ``source`` while it runs — PyO3 refuses a
     second borrow of it. The sampler is not the thread's: with a map-style dataset the main
     thread draws the keys of the tasks the thread sends into ``feed`` (NOTE [Key feed] in
-    workers.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
+    key_feed.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
     (a new epoch, shutting down) first stops the thread (``_halt``), which sees its stop flag
     within ``_POLL`` seconds. Errors travel as items, and the thread goes on after a worker's
     error, as torch's iterator goes on after one; it ends after the epoch's "end" item, or

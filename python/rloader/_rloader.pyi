@@ -3,8 +3,8 @@
 # with `python -m mypy.stubtest rloader._rloader`.
 
 import sys
-from collections.abc import Callable, Iterable, Sized
-from typing import Any, final
+from collections.abc import Callable, Iterable, Mapping, Sized
+from typing import Any, Protocol, final
 
 # In registration order, as PyO3 builds it.
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "permutation",
     "distributed_indices",
     "distributed_stream",
+    "distributed_sizes",
     "fast_collate",
     "PoolIter",
     "KeyFeed",
@@ -53,13 +54,18 @@ class BatchStream:
     def from_indices(chunks: IndexChunks, batch_size: int, drop_last: bool) -> BatchStream: ...
     @staticmethod
     def from_iterable(iterable: Iterable[Any], batch_size: int, drop_last: bool) -> BatchStream: ...
+    def skip(self, batches: int) -> None:
+        """Discards the next ``batches`` batches as if handed out (NOTE [Resume])."""
     def __iter__(self) -> BatchStream: ...
     def __next__(self) -> list[Any]: ...
 
 # loader.rs
 
-# `(general_fn, live_map, pristine_map)`: see rloader.dataloader._default_collate_plan.
-_DefaultCollate = tuple[Callable[[Any], Any], dict[Any, Any], dict[Any, Any]]
+# A default collate's plan: `CollatePlan` in rloader._collate, which holds the fast path's rule.
+class _CollatePlan(Protocol):
+    @property
+    def general(self) -> Callable[[Any], Any]: ...
+    def fast_path_may_run(self) -> bool: ...
 
 @final
 class LoaderIter:
@@ -74,11 +80,14 @@ class LoaderIter:
         batch_size: int | None,
         drop_last: bool,
         collate_fn: Callable[[Any], Any],
-        default_collate: _DefaultCollate | None,
+        collate_plan: _CollatePlan | None,
         pin: Callable[[Any], Any] | None,
         length_of: Sized,
         reported_len: int | None,
     ) -> LoaderIter: ...
+    @property
+    def _progress(self) -> tuple[int, bool]:
+        """(batches handed out this epoch, whether the epoch ended)."""
     def __iter__(self) -> LoaderIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
@@ -111,13 +120,15 @@ def distributed_stream(
     epoch: int,
     num_samples: int,
 ) -> IndexChunks: ...
+def distributed_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
+    """DistributedSampler's ``(num_samples, total_size)``, as torch computes them."""
 
 # collate.rs
 
 def fast_collate(batch: Any) -> Any | None:
     """The collated batch, or None when the general path must run."""
 
-# workers.rs
+# buffers.rs
 
 @final
 class Message:
@@ -128,10 +139,14 @@ class Message:
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
+# length_warning.rs
+
 @final
 class LengthWarning:
     def __new__(cls, dataset: Any, reported: int, workers: bool) -> LengthWarning: ...
     def yielded(self) -> None: ...
+
+# pool.rs
 
 @final
 class PoolIter:
@@ -156,6 +171,9 @@ class PoolIter:
     @property
     def _transport_counts(self) -> tuple[int, int]:
         """(tensor buffers received in shared-memory slots, received inline and copied)."""
+    @property
+    def _progress(self) -> tuple[int, bool]:
+        """(batches handed out this epoch, whether the epoch ended)."""
     def __iter__(self) -> PoolIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
@@ -165,6 +183,8 @@ class PoolIter:
     def _shutdown_workers(self) -> None: ...
     def _prefill(self) -> None: ...
     def _poll(self, wait: float) -> tuple[str, Any]: ...
+
+# key_feed.rs
 
 @final
 class KeyFeed:
@@ -182,24 +202,16 @@ class KeyFeed:
     def end(self) -> None:
         """Ends the feed: no task is sent after the keys already drawn."""
 
-def worker_loop(
-    *,
-    region_fd: int,
-    worker_id: int,
-    num_workers: int,
-    prefetch_factor: int,
-    dataset: Any,
-    iterable: bool,
-    samples: Iterable[Any] | None,
-    auto_collation: bool,
-    batch_size: int | None,
-    drop_last: bool,
-    collate_fn: Callable[[Any], Any],
-    default_collate: _DefaultCollate | None,
-    init_error: bytes | None,
-    parent_pid: int,
-    hooks: Any,
-) -> None: ...
+# worker.rs
+
+# `spec` holds (other keys are ignored): region_fd (int), worker_id, num_workers,
+# prefetch_factor (ints), dataset, iterable (bool), samples (an iterator or None),
+# auto_collation, batch_size (int or None), drop_last, collate_fn, collate_plan
+# (_CollatePlan or None), init_error (bytes or None), parent_pid (int), hooks.
+def worker_loop(spec: Mapping[str, Any]) -> None:
+    """A worker process's loop: take tasks, fetch and collate, send answers, until told to stop."""
+
+# region.rs
 
 @final
 class PoolRegion:
@@ -214,7 +226,7 @@ class PoolRegion:
     def _close_rings(self) -> None:
         """Closes the pool's rings, so that its workers leave (how every pool is stopped)."""
 
-# slots.rs
+# buffers.rs
 
 @final
 class SlotView:
@@ -233,6 +245,8 @@ class Lease:
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+# slots.rs
 
 # `dtype`: a torch.dtype. None when this thread has no slot to allocate from.
 def slot_empty(shape: list[int], dtype: Any) -> Any | None:

@@ -1,4 +1,4 @@
-"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/workers.rs``).
+"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/pool.rs``).
 
 Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
 ``multiprocessing_context`` works and datasets travel by torch's rules), seed each worker and
@@ -41,6 +41,7 @@ from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
 
 from . import _compat, _rloader
+from ._collate import _collate_plan
 from ._pin import PinnedBatches
 from ._seed import draw_seed
 from .sampler import iter_keys
@@ -204,25 +205,16 @@ def _worker_main(spec: dict) -> None:
             samples = iter(dataset)
     except Exception as exc:  # reported with the first task, as torch does
         init_error = dump_error(worker_id, exc)
-    from .dataloader import _default_collate_plan
-
-    collate_fn = spec["collate_fn"]
+    # The spec, with what this process made of it (rust/rloader-py/src/worker.rs, WorkerSpec).
     _rloader.worker_loop(
-        region_fd=spec["region_fd"].fd,
-        worker_id=worker_id,
-        num_workers=spec["num_workers"],
-        prefetch_factor=spec["prefetch_factor"],
-        dataset=dataset,
-        iterable=spec["iterable"],
-        samples=samples,
-        auto_collation=spec["auto_collation"],
-        batch_size=spec["batch_size"],
-        drop_last=spec["drop_last"],
-        collate_fn=collate_fn,
-        default_collate=_default_collate_plan(collate_fn),
-        init_error=init_error,
-        parent_pid=spec["parent_pid"],
-        hooks=_WorkerHooks(worker_id, dataset),
+        dict(
+            spec,
+            region_fd=spec["region_fd"].fd,
+            samples=samples,
+            collate_plan=_collate_plan(spec["collate_fn"]),
+            init_error=init_error,
+            hooks=_WorkerHooks(worker_id, dataset),
+        )
     )
 
 
@@ -438,7 +430,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
 
 def _key_feed(region, auto_collation: bool, first: int):
     """What makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into
-    (NOTE [Key feed] in workers.rs), with its first ``first`` batches of keys drawn as torch
+    (NOTE [Key feed] in key_feed.rs), with its first ``first`` batches of keys drawn as torch
     draws them in ``iter()``: returns ``(feed, batches drawn)``. (It holds no loader: a
     persistent loader holds its iterator, which holds this.)"""
 

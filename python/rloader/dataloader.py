@@ -8,7 +8,8 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 - ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/loader.rs``).
 - ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
-  ``_rloader.worker_loop`` (``rust/rloader-py/src/workers.rs``, ``python/rloader/_workers.py``).
+  ``_rloader.worker_loop`` (``rust/rloader-py/src/pool.rs`` and ``worker.rs``,
+  ``python/rloader/_workers.py``).
 """
 
 from __future__ import annotations
@@ -22,16 +23,7 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
 from . import _compat, _resume, _rloader, _twin, _workers
-from ._collate import (
-    _MAPS,
-    _MAPS_SNAPSHOT,
-    _TORCH_MAP,
-    _TORCH_MAP_SNAPSHOT,
-    _effective_map,
-    collate,
-    default_collate,
-    default_convert,
-)
+from ._collate import _collate_plan, default_collate, default_convert
 from ._pin import pin_batch
 from ._seed import draw_seed
 from .dataset import Dataset
@@ -46,23 +38,6 @@ from .sampler import (
 __all__ = ["DataLoader"]
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-# torch's own default collate functions may be passed explicitly (Lightning re-creates loaders
-# from their attributes): they get the fast path too, while torch's map is unmodified.
-_TORCH_COLLATE = tud._utils.collate
-
-
-def _general_default_collate(batch: Any) -> Any:
-    return collate(batch, collate_fn_map=_effective_map())
-
-
-def _default_collate_plan(collate_fn: Callable) -> Optional[tuple]:
-    """(general_fn, live_map, pristine_map) when ``collate_fn`` is a default collate."""
-    if collate_fn is default_collate:
-        return (_general_default_collate, _MAPS, _MAPS_SNAPSHOT)
-    if collate_fn is _TORCH_COLLATE.default_collate:
-        return (collate_fn, _TORCH_MAP, _TORCH_MAP_SNAPSHOT)
-    return None
 
 
 class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
@@ -295,7 +270,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         batch_size=loader.batch_size if iterable else None,
         drop_last=loader.drop_last,
         collate_fn=collate_fn,
-        default_collate=_default_collate_plan(collate_fn),
+        collate_plan=_collate_plan(collate_fn),
         pin=pin,
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,

@@ -54,13 +54,10 @@ class DistributedSampler(Sampler[_T_co], tud_distributed.DistributedSampler):
         self.rank = rank
         self.epoch = 0
         self.drop_last = drop_last
-        n = len(self.dataset)
-        if self.drop_last and n % self.num_replicas != 0:
-            # Python's ceil of a possibly negative quotient, as torch computes it.
-            self.num_samples = -((self.num_replicas - n) // self.num_replicas)
-        else:
-            self.num_samples = -(-n // self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
+        # torch's arithmetic (the ceiling of a quotient that may be negative), in rloader-core.
+        self.num_samples, self.total_size = _rloader.distributed_sizes(
+            len(self.dataset), self.num_replicas, bool(self.drop_last)
+        )
         self.shuffle = shuffle
         self.seed = seed
 

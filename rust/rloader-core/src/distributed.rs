@@ -31,6 +31,19 @@ pub fn distributed_num_samples(n: u64, num_replicas: u64, drop_last: bool) -> u6
     }
 }
 
+/// torch's `(num_samples, total_size)`: [`distributed_num_samples`], and the length of the
+/// padded (or trimmed) list, `num_samples * num_replicas` (a u128: it may pass `u64::MAX`).
+///
+/// # Panics
+/// If `num_replicas == 0`.
+pub fn distributed_sizes(n: u64, num_replicas: u64, drop_last: bool) -> (u64, u128) {
+    let num_samples = distributed_num_samples(n, num_replicas, drop_last);
+    (
+        num_samples,
+        u128::from(num_samples) * u128::from(num_replicas),
+    )
+}
+
 /// Rank `rank`'s indices for `epoch`, in torch's order.
 ///
 /// With `shuffle`, every rank builds the same permutation of `0..n` from
@@ -159,6 +172,39 @@ mod tests {
         assert_eq!(distributed_num_samples(0, 4, true), 0);
         assert_eq!(distributed_num_samples(7, 1, true), 7);
         assert_eq!(distributed_num_samples(u64::MAX, 2, true), u64::MAX / 2);
+    }
+
+    /// torch's `num_samples` and `total_size` as Python computes them: the ceiling of a
+    /// quotient that may be negative, in unbounded integers.
+    fn torch_sizes(n: u64, replicas: u64, drop_last: bool) -> (i128, i128) {
+        let (n, r) = (i128::from(n), i128::from(replicas));
+        let ceil_div = |a: i128| -(-a).div_euclid(r); // -(-a // r)
+        let num_samples = if drop_last && n % r != 0 {
+            ceil_div(n - r)
+        } else {
+            ceil_div(n)
+        };
+        (num_samples, num_samples * r)
+    }
+
+    #[test]
+    fn sizes_follow_torch() {
+        for n in (0..60).chain([1000, 1001, 1 << 40, (1 << 63) - 1, u64::MAX]) {
+            for replicas in (1..14).chain([1000, 1 << 33, u64::MAX - 1, u64::MAX]) {
+                for drop_last in [false, true] {
+                    let (num_samples, total_size) = distributed_sizes(n, replicas, drop_last);
+                    assert_eq!(
+                        (i128::from(num_samples), total_size as i128),
+                        torch_sizes(n, replicas, drop_last),
+                        "n={n} replicas={replicas} drop_last={drop_last}"
+                    );
+                }
+            }
+        }
+        // Fewer samples than replicas: one each (padded), or none with drop_last.
+        assert_eq!(distributed_sizes(3, 8, false), (1, 8));
+        assert_eq!(distributed_sizes(3, 8, true), (0, 0));
+        assert_eq!(distributed_sizes(u64::MAX, 2, false), (1 << 63, 1 << 64));
     }
 
     #[test]

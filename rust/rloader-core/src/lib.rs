@@ -25,7 +25,7 @@ pub mod weighted;
 mod test_stats;
 
 pub use batch::Batches;
-pub use distributed::{distributed_indices, distributed_num_samples};
+pub use distributed::{distributed_indices, distributed_num_samples, distributed_sizes};
 pub use random::{permutation, shuffle, RandomIndices};
 pub use rng::Rng;
 pub use weighted::{weighted_without_replacement, AliasTable, WeightError, WeightedIndices};

@@ -9,15 +9,14 @@
 //! identical to what the general path returns for the same batch: the tests compare the two.
 //!
 //! Inside a worker process, tensors and arrays are collated straight into the batch's
-//! shared-memory slot when there is one (NOTE [Slots] in slots.rs), with `torch.stack(...,
-//! out=...)` as torch's collate does in a worker.
+//! shared-memory slot when there is one (NOTE [Slots] in rloader-workers' slots.rs), with
+//! `torch.stack(..., out=...)` as torch's collate does in a worker.
 
 use std::collections::HashMap;
-use std::ffi::CStr;
 
+use crate::buffers::ArrayView;
 use crate::slots;
 use pyo3::exceptions::PyBufferError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -271,55 +270,6 @@ fn numbers_tensor<'py, T: Copy>(
     Ok(out)
 }
 
-/// A C-contiguous, writable buffer view of one numpy array, released on drop.
-struct ArrayView(ffi::Py_buffer);
-
-impl ArrayView {
-    fn get(obj: &Bound<'_, PyAny>) -> Option<ArrayView> {
-        let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
-        let flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT | ffi::PyBUF_WRITABLE;
-        // SAFETY: `view` is filled by a successful PyObject_GetBuffer and released in Drop.
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) };
-        if rc != 0 {
-            // Read-only, non-contiguous, ...: let the general path handle it (and warn or raise).
-            PyErr::take(obj.py());
-            return None;
-        }
-        Some(ArrayView(unsafe { view.assume_init() }))
-    }
-
-    fn format(&self) -> &str {
-        if self.0.format.is_null() {
-            return "B";
-        }
-        // SAFETY: the exporter gives a NUL-terminated format string living as long as the view.
-        unsafe { CStr::from_ptr(self.0.format) }
-            .to_str()
-            .unwrap_or("")
-    }
-
-    fn shape(&self) -> &[ffi::Py_ssize_t] {
-        if self.0.ndim == 0 || self.0.shape.is_null() {
-            return &[];
-        }
-        // SAFETY: `shape` has `ndim` entries (we asked for PyBUF_ND via C_CONTIGUOUS).
-        unsafe { std::slice::from_raw_parts(self.0.shape, self.0.ndim as usize) }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: a C-contiguous buffer of `len` bytes at `buf`.
-        unsafe { std::slice::from_raw_parts(self.0.buf as *const u8, self.0.len as usize) }
-    }
-}
-
-impl Drop for ArrayView {
-    fn drop(&mut self) {
-        // SAFETY: the view came from a successful PyObject_GetBuffer; the GIL is held by the
-        // caller that owns it (views never leave `arrays_tensor`).
-        unsafe { ffi::PyBuffer_Release(&mut self.0) };
-    }
-}
-
 /// numpy arrays of one dtype and shape → one tensor `[len(batch), *shape]`, filled by memcpy.
 fn arrays_tensor<'py>(
     py: Python<'py>,
@@ -341,7 +291,7 @@ fn arrays_tensor<'py>(
     let Some((dtype, itemsize)) = h.dtypes.get(first.format()) else {
         return Ok(None);
     };
-    if first.0.itemsize as usize != *itemsize {
+    if first.itemsize() != *itemsize {
         return Ok(None);
     }
     for v in &views[1..] {
@@ -363,7 +313,7 @@ fn arrays_tensor<'py>(
         }
     };
     let base = out.call_method0("data_ptr")?.extract::<usize>()? as *mut u8;
-    let each = first.0.len as usize;
+    let each = first.bytes().len();
     for (i, v) in views.iter().enumerate() {
         let src = v.bytes();
         if src.len() != each {

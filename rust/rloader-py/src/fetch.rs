@@ -1,10 +1,11 @@
 //! `Fetcher`: one batch of keys in, one collated batch out.
 //!
 //! The fetch-and-collate step of torch's `_MapDatasetFetcher` / `_IterableDatasetFetcher`,
-//! shared by the single-process loop (`loader.rs`) and the worker loop (`workers.rs`). Python is
+//! shared by the single-process loop (`loader.rs`) and the worker loop (`worker.rs`). Python is
 //! entered only for the dataset (`__getitem__`, `__getitems__`, `__next__`) and a custom
 //! `collate_fn`; with the default collate_fn, common batches are collated by `collate.rs`.
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 use pyo3::{PyTraverseError, PyVisit};
@@ -20,28 +21,24 @@ pub enum KeyBatch<'py> {
 }
 
 pub enum Collate {
-    /// `default_collate`: the fast path while `live_map == pristine`, else `general(batch)`.
-    Default {
-        general: Py<PyAny>,
-        live_map: Py<PyAny>,
-        pristine: Py<PyAny>,
-    },
+    /// A default collate, by its `CollatePlan` (python/rloader/_collate.py, which holds the
+    /// rule): the fast path when `plan.fast_path_may_run()`, else (and for what the fast path
+    /// does not handle) `plan.general(batch)`.
+    Default { plan: Py<PyAny>, general: Py<PyAny> },
+    /// Any other `collate_fn`.
     Call(Py<PyAny>),
 }
 
 impl Collate {
-    pub fn new(
-        collate_fn: Py<PyAny>,
-        default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
-    ) -> Self {
-        match default_collate {
-            Some((general, live_map, pristine)) => Collate::Default {
-                general,
-                live_map,
-                pristine,
+    /// `collate_fn`, or the default collate whose plan is `plan`.
+    pub fn new(collate_fn: Py<PyAny>, plan: Option<Bound<'_, PyAny>>) -> PyResult<Self> {
+        Ok(match plan {
+            Some(plan) => Collate::Default {
+                general: plan.getattr(intern!(plan.py(), "general"))?.unbind(),
+                plan: plan.unbind(),
             },
             None => Collate::Call(collate_fn),
-        }
+        })
     }
 }
 
@@ -112,14 +109,9 @@ impl Fetcher {
             Kind::Iterable { samples, .. } => visit.call(samples)?,
         }
         match &self.collate {
-            Collate::Default {
-                general,
-                live_map,
-                pristine,
-            } => {
-                visit.call(general)?;
-                visit.call(live_map)?;
-                visit.call(pristine)
+            Collate::Default { plan, general } => {
+                visit.call(plan)?;
+                visit.call(general)
             }
             Collate::Call(f) => visit.call(f),
         }
@@ -231,12 +223,11 @@ impl Fetcher {
     ) -> PyResult<Bound<'py, PyAny>> {
         match &self.collate {
             Collate::Call(f) => f.bind(py).call1((data,)),
-            Collate::Default {
-                general,
-                live_map,
-                pristine,
-            } => {
-                if live_map.bind(py).eq(pristine.bind(py))? {
+            Collate::Default { plan, general } => {
+                let may_run = plan
+                    .bind(py)
+                    .call_method0(intern!(py, "fast_path_may_run"))?;
+                if may_run.is_truthy()? {
                     if let Some(out) = fast_collate(&data)? {
                         return Ok(out);
                     }

@@ -1,24 +1,41 @@
 //! `rloader._rloader`: the Python face of rloader's Rust core.
 //!
-//! One file per Python-facing type:
+//! One file per Python-facing family:
 //! - `streams.rs`: `IndexChunks` and `BatchStream`, the index streams every sampler hands out;
 //! - `samplers.rs`: the functions the Python samplers call to start a stream;
 //! - `collate.rs`: the fast path of `default_collate`;
 //! - `fetch.rs`: the fetch-and-collate step shared by both loops;
 //! - `loader.rs`: `LoaderIter`, the single-process loop;
-//! - `workers.rs`: `PoolIter` and `worker_loop`, multi-process loading;
+//! - `length_warning.rs`: `LengthWarning`, torch's warning past an IterableDataset's length;
+//! - `pool.rs`: `PoolIter`, the main process's side of multi-process loading;
+//! - `key_feed.rs`: `KeyFeed`, keys drawn on the main thread for the pin thread's `PoolIter`;
+//! - `region.rs`: `PoolRegion`, the shared memory of a loader's worker pools;
+//! - `worker.rs`: `worker_loop`, a worker process's side;
+//! - `slots.rs`: a worker's batch slots as its collate reaches them (`slot_empty`);
+//! - `buffers.rs`: every buffer-protocol export and read (`Message`, `SlotView`, `Lease`);
+//! - `wait.rs`: waiting without the GIL (NOTE [Waiting]);
 //! - `errors.rs`: how core errors become the exceptions torch raises.
+//!
+//! What needs no interpreter lives in the pure-Rust crates: index arithmetic in rloader-core,
+//! the rings in rloader-queue, the pool's scheduler, messages, layout and slots in
+//! rloader-workers.
 
 use pyo3::prelude::*;
 
+mod buffers;
 mod collate;
 mod errors;
 mod fetch;
+mod key_feed;
+mod length_warning;
 mod loader;
+mod pool;
+mod region;
 mod samplers;
 mod slots;
 mod streams;
-mod workers;
+mod wait;
+mod worker;
 
 #[pymodule]
 fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -26,10 +43,17 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<streams::IndexChunks>()?;
     m.add_class::<streams::BatchStream>()?;
     m.add_class::<loader::LoaderIter>()?;
-    m.add_class::<loader::LengthWarning>()?;
+    m.add_class::<length_warning::LengthWarning>()?;
     samplers::register(m)?;
     collate::register(m)?;
-    workers::register(m)?;
-    slots::register(m)?;
+    m.add_class::<pool::PoolIter>()?;
+    m.add_class::<key_feed::KeyFeed>()?;
+    m.add_class::<buffers::Message>()?;
+    m.add_class::<region::PoolRegion>()?;
+    m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
+    m.add_class::<buffers::SlotView>()?;
+    m.add_class::<buffers::Lease>()?;
+    m.add_function(wrap_pyfunction!(slots::py_slot_empty, m)?)?;
+    m.add_function(wrap_pyfunction!(slots::in_slot_worker, m)?)?;
     Ok(())
 }

@@ -7,12 +7,13 @@
 //! Nothing here waits, so nothing releases the GIL; reentrant use (a dataset that advances the
 //! iterator it is being fetched by) gets pyo3's "already borrowed" error instead of a deadlock.
 
-use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::types::PyIterator;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::errors::not_picklable;
 use crate::fetch::{Collate, Fetcher, KeyBatch};
+use crate::length_warning::LengthWarning;
 use crate::streams::{Batch, BatchStream};
 
 /// Where the keys of a map-style dataset come from.
@@ -88,11 +89,11 @@ impl LoaderIter {
     ///
     /// - `keys`: `iter(loader._index_sampler)` for a map-style dataset, None for an iterable one.
     /// - `batch_size`/`drop_last`: batching of an iterable dataset (None: no auto-collation).
-    /// - `default_collate`: `(general_fn, live_map, pristine_map)` when `collate_fn` is a
-    ///   default collate whose fast path may run, else None.
+    /// - `collate_plan`: the `CollatePlan` (python/rloader/_collate.py) when `collate_fn` is a
+    ///   default collate, else None.
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
-                        default_collate, pin, length_of, reported_len))]
+                        collate_plan, pin, length_of, reported_len))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -102,14 +103,14 @@ impl LoaderIter {
         batch_size: Option<usize>,
         drop_last: bool,
         collate_fn: Py<PyAny>,
-        default_collate: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
+        collate_plan: Option<Bound<'_, PyAny>>,
         pin: Option<Py<PyAny>>,
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
     ) -> PyResult<Self> {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
-        let collate = Collate::new(collate_fn, default_collate);
+        let collate = Collate::new(collate_fn, collate_plan)?;
         let (keys, fetcher) = match keys {
             Some(keys) => (
                 Some(Keys::new(&keys, auto_collation)?),
@@ -211,90 +212,5 @@ impl LoaderIter {
             warning.yielded(py)?;
         }
         Ok(Some(batch))
-    }
-}
-
-/// The error torch's DataLoader iterators raise when pickled (its arguments as torch gives them).
-pub fn not_picklable(class: &str) -> PyErr {
-    pyo3::exceptions::PyNotImplementedError::new_err(("{} cannot be pickled", class.to_string()))
-}
-
-/// torch's warning when an IterableDataset yields more batches than `len(loader)` said it
-/// would: once per batch beyond it, from the iterator's `__next__` (`LoaderIter`, `PoolIter`,
-/// and from Python, `PinnedBatches`).
-#[pyclass(module = "rloader._rloader")]
-pub struct LengthWarning {
-    dataset: Py<PyAny>,
-    reported: usize,
-    yielded: usize,
-    /// With workers, torch adds a hint about configuring each worker's replica.
-    workers: bool,
-}
-
-impl LengthWarning {
-    /// For `(dataset, len(loader) as reported)`, if `len(loader)` was called.
-    pub fn new(reported: Option<(Py<PyAny>, usize)>, workers: bool) -> Option<Self> {
-        reported.map(|(dataset, reported)| LengthWarning {
-            dataset,
-            reported,
-            yielded: 0,
-            workers,
-        })
-    }
-
-    /// Counts one batch handed out, and warns past the reported length.
-    pub fn yielded(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.yielded += 1;
-        if self.yielded <= self.reported {
-            return Ok(());
-        }
-        let mut msg = format!(
-            "Length of IterableDataset {} was reported to be {}(when accessing len(dataloader)), \
-             but {} samples have been fetched. ",
-            self.dataset.bind(py).str()?,
-            self.reported,
-            self.yielded
-        );
-        if self.workers {
-            msg.push_str(
-                "For multiprocessing data-loading, this could be caused by not properly \
-                 configuring the IterableDataset replica at each worker. Please see \
-                 https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for \
-                 examples.",
-            );
-        }
-        PyErr::warn(
-            py,
-            &py.get_type::<PyUserWarning>(),
-            &std::ffi::CString::new(msg)?,
-            1,
-        )
-    }
-
-    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.dataset)
-    }
-}
-
-#[pymethods]
-impl LengthWarning {
-    #[new]
-    fn py_new(dataset: Py<PyAny>, reported: usize, workers: bool) -> Self {
-        LengthWarning {
-            dataset,
-            reported,
-            yielded: 0,
-            workers,
-        }
-    }
-
-    /// Counts one batch handed out, and warns past the reported length.
-    #[pyo3(name = "yielded")]
-    fn py_yielded(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.yielded(py)
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        self.traverse(&visit)
     }
 }

@@ -4,6 +4,7 @@
 //! ready stream or a list; all the index arithmetic is in `rloader-core`.
 
 use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyZeroDivisionError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use std::sync::Arc;
@@ -76,6 +77,19 @@ fn permutation(py: Python<'_>, n: u64, seed: u64) -> PyResult<Bound<'_, PyList>>
     PyList::new(py, perm)
 }
 
+/// DistributedSampler's `(num_samples, total_size)`, as torch computes them (rloader-core's
+/// `distributed_sizes`).
+#[pyfunction]
+fn distributed_sizes(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u128)> {
+    if num_replicas == 0 {
+        // Python's error for the same arithmetic (DistributedSampler's rank check comes first).
+        return Err(PyZeroDivisionError::new_err(
+            "integer division or modulo by zero",
+        ));
+    }
+    Ok(distributed::distributed_sizes(n, num_replicas, drop_last))
+}
+
 /// This rank's shard of DistributedSampler's order, as a list.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -122,5 +136,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(distributed_indices, m)?)?;
     m.add_function(wrap_pyfunction!(distributed_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed_sizes, m)?)?;
     Ok(())
 }

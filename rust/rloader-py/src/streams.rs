@@ -18,6 +18,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 
+use crate::wait;
+
 /// An index stream built by `samplers.rs`. `Sync` because pyclasses may be shared across threads.
 pub trait IndexSource: Send + Sync {
     /// Appends up to `max` indices to `out`; fewer only at the end of the stream.
@@ -29,10 +31,11 @@ pub trait IndexSource: Send + Sync {
     }
 }
 
-/// Discards the next `n` indices of `it` (fewer if it ends first), without the GIL: the draws
-/// happen as if they were handed out, so what follows is what would have followed.
-fn skip_in(py: Python<'_>, it: &mut Indices, n: u64) {
-    py.detach(|| {
+/// Discards the next `n` indices of `it` (fewer if it ends first): the draws happen as if they
+/// were handed out, so what follows is what would have followed. Computing (and, for a
+/// prefetched stream, short waits for its thread), so without the GIL.
+fn skip_in(py: Python<'_>, it: &mut Indices, n: u64) -> PyResult<()> {
+    wait::briefly(py, || {
         let mut scratch = Vec::with_capacity(CHUNK);
         let mut left = n;
         while left > 0 {
@@ -44,15 +47,16 @@ fn skip_in(py: Python<'_>, it: &mut Indices, n: u64) {
             }
             left -= scratch.len() as u64;
         }
-    });
+    })
 }
 
-/// Fills `out` from `it`, without the GIL when the fill may wait.
-fn fill_from(py: Python<'_>, it: &mut Indices, out: &mut Vec<u64>, max: usize) {
+/// Fills `out` from `it`, without the GIL when the fill may wait (NOTE [Waiting] in wait.rs).
+fn fill_from(py: Python<'_>, it: &mut Indices, out: &mut Vec<u64>, max: usize) -> PyResult<()> {
     if it.may_wait() {
-        py.detach(|| it.fill(out, max));
+        wait::briefly(py, || it.fill(out, max))
     } else {
         it.fill(out, max);
+        Ok(())
     }
 }
 
@@ -157,7 +161,7 @@ impl IndexChunks {
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let it = self.source.ready(py)?;
         let mut chunk = Vec::with_capacity(CHUNK);
-        fill_from(py, it, &mut chunk, CHUNK);
+        fill_from(py, it, &mut chunk, CHUNK)?;
         if chunk.is_empty() {
             return Ok(None);
         }
@@ -200,7 +204,7 @@ impl BatchStream {
             BatchSource::Rust(src) => {
                 let it = src.ready(py)?;
                 buf.clear();
-                fill_from(py, it, buf, want);
+                fill_from(py, it, buf, want)?;
                 if buf.is_empty() || (self.drop_last && buf.len() < want) {
                     None
                 } else {
@@ -246,7 +250,7 @@ impl BatchStream {
         match &mut self.source {
             BatchSource::Rust(src) => {
                 let it = src.ready(py)?;
-                skip_in(py, it, batches.saturating_mul(self.batch_size as u64));
+                skip_in(py, it, batches.saturating_mul(self.batch_size as u64))?;
             }
             _ => {
                 let mut buf = Vec::new();

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rloader_queue::{unique_name, Ring, ShmRegion};
+use rloader_queue::{Ring, ShmRegion};
 
 fn ring(capacity: usize) -> Arc<Ring> {
     let len = Ring::required_len(capacity);
-    let region = Arc::new(ShmRegion::create(&unique_name("bench"), len).unwrap());
+    let region = Arc::new(ShmRegion::create_anonymous("bench", len, len).unwrap());
     Arc::new(Ring::init(region, 0, len).unwrap())
 }
 

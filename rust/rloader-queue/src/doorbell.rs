@@ -96,10 +96,8 @@ impl Clone for Doorbell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unique_name;
-
     fn bell() -> Doorbell {
-        let region = Arc::new(ShmRegion::create(&unique_name("bell"), 4096).unwrap());
+        let region = Arc::new(ShmRegion::create_anonymous("bell", 4096, 4096).unwrap());
         Doorbell::init(region, 64)
     }
 
@@ -132,7 +130,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "aligned to 64")]
     fn misplaced_doorbell_panics() {
-        let region = Arc::new(ShmRegion::create(&unique_name("bell-bad"), 4096).unwrap());
+        let region = Arc::new(ShmRegion::create_anonymous("bell-bad", 4096, 4096).unwrap());
         Doorbell::init(region, 4090);
     }
 

@@ -13,16 +13,9 @@ pub enum QueueError {
     Closed,
     /// A system call failed.
     Os {
-        /// What was being done, with the shared-memory name: `"shm_open(\"/rloader-1-0-x\")"`.
+        /// What was being done, and to which region: `"memfd_create(\"rloader DataLoader workers\")"`.
         op: String,
         source: io::Error,
-    },
-    /// `/dev/shm` has no room for a new region.
-    NoSpace {
-        name: String,
-        requested: usize,
-        /// Bytes free in `/dev/shm` when it failed (0 if that could not be read).
-        free: u64,
     },
     /// An anonymous region (memfd) could not get memory: the machine or its cgroup is full.
     NoMemory { what: String, requested: usize },
@@ -38,8 +31,6 @@ pub enum QueueError {
     BadHeader(String),
     /// The peer wrote something that breaks the protocol (a garbage length or position).
     Corrupt(String),
-    /// A shared-memory name that POSIX does not accept.
-    InvalidName(String),
     /// A message longer than the frame format can describe.
     TooLarge { len: u64, max: u64 },
 }
@@ -50,18 +41,6 @@ impl fmt::Display for QueueError {
             QueueError::Timeout => f.write_str("timed out waiting on the queue"),
             QueueError::Closed => f.write_str("the queue was closed by the other side"),
             QueueError::Os { op, source } => write!(f, "{op} failed: {source}"),
-            QueueError::NoSpace {
-                name,
-                requested,
-                free,
-            } => write!(
-                f,
-                "could not reserve {requested} bytes ({}) of shared memory in /dev/shm for {name} \
-                 ({free} bytes ({}) free): free space there, or mount a larger /dev/shm \
-                 (docker: --shm-size), or lower num_workers, prefetch_factor or batch_size",
-                human(*requested as u64),
-                human(*free),
-            ),
             QueueError::NoMemory { what, requested } => write!(
                 f,
                 "could not reserve {requested} bytes ({}) of shared memory for {what}: the \
@@ -83,11 +62,6 @@ impl fmt::Display for QueueError {
                 f,
                 "the shared-memory ring is corrupt ({why}): the peer process wrote outside the \
                  protocol (a crash, or another program using the same name); the channel is unusable"
-            ),
-            QueueError::InvalidName(name) => write!(
-                f,
-                "{name:?} is not a valid shared-memory name: it must start with '/', contain no \
-                 other '/' nor NUL, and be at most 255 bytes"
             ),
             QueueError::TooLarge { len, max } => write!(
                 f,
@@ -127,28 +101,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_space_message_says_what_to_fix() {
-        let e = QueueError::NoSpace {
-            name: "/rloader-1-0-data".into(),
+    fn no_memory_message_says_what_to_fix() {
+        let e = QueueError::NoMemory {
+            what: "rloader DataLoader workers".into(),
             requested: 64 << 20,
-            free: 3 << 20,
         };
         assert_eq!(
             e.to_string(),
-            "could not reserve 67108864 bytes (64.0 MiB) of shared memory in /dev/shm for \
-             /rloader-1-0-data (3145728 bytes (3.0 MiB) free): free space there, or mount a \
-             larger /dev/shm (docker: --shm-size), or lower num_workers, prefetch_factor or \
-             batch_size"
+            "could not reserve 67108864 bytes (64.0 MiB) of shared memory for rloader \
+             DataLoader workers: the machine (or its container's memory limit) has no room \
+             left; lower num_workers, prefetch_factor or batch_size"
         );
     }
 
     #[test]
     fn os_error_keeps_its_source() {
         let e = QueueError::Os {
-            op: "shm_open(\"/x\")".into(),
+            op: "memfd_create(\"x\")".into(),
             source: io::Error::from_raw_os_error(libc::EACCES),
         };
-        assert!(e.to_string().starts_with("shm_open(\"/x\") failed: "));
+        assert!(e.to_string().starts_with("memfd_create(\"x\") failed: "));
         let source = std::error::Error::source(&e).unwrap();
         assert!(source.to_string().contains("denied"));
     }

@@ -2,9 +2,11 @@
 //! pure Rust, no Python.
 //!
 //! Workers are started by Python's multiprocessing (fork, spawn or forkserver), so a
-//! worker finds its channels by *name*: the main process creates a [`ShmRegion`] (named
-//! POSIX shared memory), lays out [`Ring`]s and a [`Doorbell`] in it, passes the name and
-//! offsets to the worker, and unlinks the name once every worker has opened it.
+//! worker finds its channels by a *descriptor*: the main process creates a [`ShmRegion`]
+//! (anonymous shared memory, a memfd: it never has a name, so nothing is left in /dev/shm
+//! whichever process dies), lays out [`Ring`]s and a [`Doorbell`] in it, and each worker maps
+//! it through the descriptor it inherits (fork) or is passed (spawn, forkserver), at offsets
+//! both sides compute alike.
 //!
 //! * [`Ring`]: one direction of one worker's channel, single producer, single consumer,
 //!   messages of any length (index batches one way, pickled batches of tens of MB the
@@ -37,7 +39,7 @@ pub use error::QueueError;
 #[cfg(not(loom))]
 pub use ring::Ring;
 #[cfg(not(loom))]
-pub use shm::{unique_name, ShmRegion};
+pub use shm::ShmRegion;
 
 /// The longest message a ring carries (the frame header's 48-bit length).
 pub const MAX_MESSAGE_LEN: u64 = protocol::MAX_MESSAGE_LEN;

@@ -101,7 +101,7 @@ impl Ring {
     }
 
     /// A peer: uses the ring the creator placed at the same offset and length, checking its
-    /// header (magic, version, capacity) so a wrong name or offset fails here, clearly.
+    /// header (magic, version, capacity) so a wrong region or offset fails here, clearly.
     pub fn attach(region: Arc<ShmRegion>, offset: usize, len: usize) -> Result<Ring, QueueError> {
         let ring = Ring::place(region, offset, len)?;
         ring.header().validate((len - HEADER_LEN) as u64)?;

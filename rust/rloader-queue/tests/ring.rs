@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rloader_queue::{unique_name, QueueError, Ring, ShmRegion};
+use rloader_queue::{QueueError, Ring, ShmRegion};
 
 const HEADER: usize = 8;
 const SHORT: Option<Duration> = Some(Duration::from_millis(20));
@@ -14,7 +14,7 @@ const LONG: Option<Duration> = Some(Duration::from_secs(20));
 
 fn ring(capacity: usize) -> Ring {
     let len = Ring::required_len(capacity);
-    let region = Arc::new(ShmRegion::create(&unique_name("ring-test"), len).unwrap());
+    let region = Arc::new(ShmRegion::create_anonymous("ring-test", len, len).unwrap());
     Ring::init(region, 0, len).unwrap()
 }
 
@@ -247,7 +247,7 @@ fn send_timeout_in_the_middle_of_a_streamed_message_closes_the_ring() {
 #[test]
 fn attach_checks_the_header() {
     let len = Ring::required_len(1024);
-    let region = Arc::new(ShmRegion::create(&unique_name("attach"), 2 * len).unwrap());
+    let region = Arc::new(ShmRegion::create_anonymous("attach", 2 * len, 2 * len).unwrap());
     let err = Ring::attach(Arc::clone(&region), 0, len).err().unwrap();
     assert!(matches!(err, QueueError::BadHeader(_)), "{err}");
     assert!(

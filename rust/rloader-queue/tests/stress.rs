@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use rloader_queue::{unique_name, Doorbell, Ring, ShmRegion};
+use rloader_queue::{Doorbell, Ring, ShmRegion};
 
 /// SplitMix64: a seeded, dependency-free source of sizes.
 struct Rng(u64);
@@ -35,7 +35,7 @@ fn fill(k: u64, len: usize, buf: &mut Vec<u8>) {
 }
 
 fn region(len: usize) -> Arc<ShmRegion> {
-    Arc::new(ShmRegion::create(&unique_name("stress"), len).unwrap())
+    Arc::new(ShmRegion::create_anonymous("stress", len, len).unwrap())
 }
 
 #[test]

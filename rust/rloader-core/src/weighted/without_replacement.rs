@@ -516,7 +516,7 @@ impl<'a> Keys<'a> {
 
 /// Replaces uniforms by their exponentials, in a loop of its own: with the
 /// logarithm's dependency chain apart from the key's division, more iterations
-/// overlap (0.7 ms less per 1M keys than one fused loop, with AVX2).
+/// overlap than in one fused loop.
 #[inline(always)]
 fn exponentials_in_place(uniforms: &mut [f64]) {
     for u in uniforms {
@@ -604,8 +604,8 @@ impl FineDigits {
     }
 }
 
-/// Each bucket's words are kept in blocks of this many (4 KiB): smaller blocks
-/// (1 KiB) made the bucket sorts read their words back 1 ms slower per 1M.
+/// Each bucket's words are kept in blocks of this many (4 KiB): the bucket sorts
+/// read their words back in runs long enough to stream from memory.
 const CHAIN_BLOCK: usize = 512;
 
 /// Keys [`Keys::sampled_digit_counts`] draws for each sampled weight: 16 for

@@ -1,0 +1,697 @@
+//! `PoolIter`: the main process's side of multi-process loading.
+//!
+//! One shared-memory region per pool (`PoolRegion`, region.rs) holds a doorbell, per worker two
+//! rings (`rloader-queue`: tasks go main → worker, answers worker → main), and per worker its
+//! batch slots (NOTE [Slots] in rloader-workers' slots.rs). Messages are NOTE [Pool protocol]
+//! in rloader-workers' wire.rs; the order of tasks and answers, and who gets the next task, is
+//! `rloader_workers::Scheduler`'s. Each worker runs `worker_loop` (worker.rs).
+//!
+//! Workers that are not persistent have their task rings closed as soon as the sampler is
+//! exhausted, behind their last tasks: each leaves once it has answered them, and the cost of a
+//! process's exit (tearing down the address space it inherited) overlaps the end of the epoch
+//! instead of following it. A worker told to stop that has exited is dead only if it still owes
+//! an answer once its ring is drained.
+//!
+//! Waiting never holds the GIL (NOTE [Waiting] in wait.rs): the main process sleeps on the
+//! doorbell (which every worker rings after each answer) in slices, and between slices checks
+//! that its workers are alive and that `timeout` has not passed.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use pyo3::{PyTraverseError, PyVisit};
+
+use rloader_queue::{Doorbell, QueueError, Ring};
+use rloader_workers::slots::SlotLease;
+use rloader_workers::wire::{self, kind, HEADER};
+use rloader_workers::{Next, PoolError, Scheduler};
+
+use crate::buffers::{Lease, Message};
+use crate::errors::{did_not_reraise, no_length, not_picklable, to_py};
+use crate::fetch::KeyBatch;
+use crate::key_feed::{Fed, Source};
+use crate::length_warning::LengthWarning;
+use crate::region::PoolRegion;
+use crate::wait;
+
+/// How long the main process waits to send a worker a control message (RESUME, into a task
+/// ring every task of the last epoch has left) before declaring the worker stuck.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a worker answered to one task.
+enum Answer {
+    Batch(Py<PyAny>),
+    /// A worker's exception (an ExceptionWrapper, re-raised when handed out).
+    Error(Py<PyAny>),
+    /// The answer could not be taken in (unpickling the batch failed, say): the task's result
+    /// is that error, raised in its turn, so no task is left unanswered.
+    Failed(PyErr),
+}
+
+/// The iterator `iter(DataLoader(..., num_workers>0))` returns.
+#[pyclass(module = "rloader._rloader", weakref, dict)]
+pub struct PoolIter {
+    pool_region: Py<PoolRegion>,
+    doorbell: Doorbell,
+    to_workers: Vec<Ring>,
+    from_workers: Vec<Ring>,
+    scheduler: Scheduler<Answer>,
+    /// None for an iterable-style dataset (every task is "the next batch").
+    keys: Option<Source>,
+    auto_collation: bool,
+    /// The Python side (`rloader._workers._Pool`): unpickling, liveness, stopping processes.
+    hooks: Py<PyAny>,
+    pin: Option<Py<PyAny>>,
+    /// What `len()` measures (None for the pin thread's PoolIter: `PinnedBatches` answers it).
+    length_of: Option<Py<PyAny>>,
+    /// For an iterable dataset whose `len(loader)` was asked: warns when it is exceeded.
+    len_warning: Option<LengthWarning>,
+    timeout: Option<Duration>,
+    persistent: bool,
+    stopped: bool,
+    resumed: usize,
+    index_buf: Vec<u64>,
+    /// When the batch `_poll` is waiting for was first asked for (what `timeout` counts from).
+    waiting_since: Option<Instant>,
+    /// Every task ring is closed behind its last task (non-persistent, sampler exhausted).
+    told_to_stop: bool,
+    /// Tokens owed for workers whose iterable dataset ended, with a token feed (NOTE [Key feed]).
+    end_tokens: usize,
+    /// Per worker, the tasks assigned to it and not yet in its ring (NOTE [Unsent]).
+    unsent: Vec<VecDeque<([u8; HEADER], Vec<u8>)>>,
+    /// Per worker: the answer being received (a streamed one arrives in parts).
+    inbox: Vec<Vec<u8>>,
+    /// Tensor buffers received in slots and inline (for tests and debugging).
+    buffers_in_slots: u64,
+    buffers_inline: u64,
+    /// Batches handed out by `__next__` this epoch (as batches or as their errors), and
+    /// whether it ended: what `DataLoader.state_dict()` counts as consumed (NOTE [Resume]).
+    taken: u64,
+    finished: bool,
+}
+
+#[pymethods]
+impl PoolIter {
+    #[new]
+    #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
+                        length_of, hooks, reported_len=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        region: Py<PoolRegion>,
+        in_order: bool,
+        keys: Option<Bound<'_, PyAny>>,
+        auto_collation: bool,
+        timeout: f64,
+        persistent: bool,
+        pin: Option<Py<PyAny>>,
+        length_of: Option<Py<PyAny>>,
+        hooks: Py<PyAny>,
+        reported_len: Option<(Py<PyAny>, usize)>,
+    ) -> PyResult<Self> {
+        let pr = region.get();
+        let (doorbell, to_workers, from_workers) = pr.prepare()?;
+        let (num_workers, prefetch_factor) = (pr.num_workers(), pr.prefetch_factor);
+        let keys = match keys {
+            Some(k) => Some(Source::new(&k, auto_collation)?),
+            None => None,
+        };
+        Ok(PoolIter {
+            pool_region: region,
+            doorbell,
+            to_workers,
+            from_workers,
+            scheduler: Scheduler::new(num_workers, prefetch_factor.max(1), in_order),
+            keys,
+            auto_collation,
+            hooks,
+            pin,
+            length_of,
+            len_warning: LengthWarning::new(reported_len, true),
+            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+            persistent,
+            stopped: false,
+            resumed: 0,
+            index_buf: Vec::new(),
+            waiting_since: None,
+            told_to_stop: false,
+            end_tokens: 0,
+            unsent: vec![VecDeque::new(); num_workers],
+            inbox: vec![Vec::new(); num_workers],
+            buffers_in_slots: 0,
+            buffers_inline: 0,
+            taken: 0,
+            finished: false,
+        })
+    }
+
+    /// (tensor buffers received in shared-memory slots, received inline and copied).
+    #[getter]
+    fn _transport_counts(&self) -> (u64, u64) {
+        (self.buffers_in_slots, self.buffers_inline)
+    }
+
+    /// (batches handed out this epoch, whether the epoch ended); see `taken`.
+    #[getter]
+    fn _progress(&self) -> (u64, bool) {
+        (self.taken, self.finished)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Iterators do not pickle: torch's error.
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(not_picklable("PoolIter"))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        match &self.length_of {
+            Some(length_of) => length_of.bind(py).len(),
+            None => Err(no_length()),
+        }
+    }
+
+    fn __next__<'py>(mut slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let polled = match slf.next_batch(py, Instant::now(), None) {
+            Ok(polled) => polled,
+            Err(err) => {
+                // torch raises from Python frames that hold its iterator, so the workers
+                // outlive the exception and are stopped after the user has seen it (a stuck
+                // one is waited for for seconds). The exception holds this iterator likewise.
+                let this: Py<PoolIter> = slf.into();
+                let _ = err.value(py).setattr("_rloader_iterator", this);
+                return Err(err);
+            }
+        };
+        match polled {
+            Polled::Batch(_) | Polled::Failed(_) => slf.taken += 1,
+            Polled::Done => slf.finished = true,
+            Polled::NotYet => {}
+        }
+        match polled {
+            Polled::Batch(batch) => {
+                let batch = match &slf.pin {
+                    Some(pin) => pin.bind(py).call1((batch,))?,
+                    None => batch,
+                };
+                if let Some(warning) = &mut slf.len_warning {
+                    warning.yielded(py)?;
+                }
+                Ok(Some(batch))
+            }
+            Polled::Failed(err) => Err(err),
+            Polled::Done | Polled::NotYet => Ok(None),
+        }
+    }
+
+    /// `__next__` for a thread that must notice when to stop (the pin_memory thread): waits at
+    /// most `wait` seconds and returns `("batch", batch)`, `("error", exception)` for a
+    /// worker's error (which, like a batch, answers a task), or `("none", None)` if nothing
+    /// came in time; StopIteration at the end, and any other error (a dead worker, a timeout)
+    /// is raised. `timeout` counts from the first call of a wait.
+    fn _poll<'py>(&mut self, py: Python<'py>, wait: f64) -> PyResult<(&'static str, Py<PyAny>)> {
+        let now = Instant::now();
+        let started = *self.waiting_since.get_or_insert(now);
+        let until = now + Duration::from_secs_f64(wait.max(0.0));
+        let polled = self.next_batch(py, started, Some(until));
+        if !matches!(polled, Ok(Polled::NotYet)) {
+            self.waiting_since = None; // the wait is over, one way or another
+        }
+        match polled? {
+            Polled::Batch(batch) => Ok(("batch", batch.unbind())),
+            Polled::Failed(err) => Ok(("error", err.into_value(py).into_any())),
+            Polled::Done => Err(PyStopIteration::new_err(())),
+            Polled::NotYet => Ok(("none", py.None())),
+        }
+    }
+
+    /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
+    /// iterable dataset, whose workers restart their iterators).
+    #[pyo3(signature = (keys, reported_len=None))]
+    fn _reset(
+        &mut self,
+        py: Python<'_>,
+        keys: Option<Bound<'_, PyAny>>,
+        reported_len: Option<(Py<PyAny>, usize)>,
+    ) -> PyResult<()> {
+        if self.stopped {
+            return Err(to_py(PoolError::Stopped));
+        }
+        // The old epoch's keys go first: nothing more is drawn or taken from them (a feed's
+        // leftovers must not look like work to do while the old answers are drained).
+        self.keys = None;
+        // Answers still owed from an abandoned epoch are drained and dropped (tasks not sent
+        // yet are sent while waiting, so that their answers come too).
+        let started = Instant::now();
+        while self.scheduler.outstanding() > 0 {
+            self.scheduler.mark_exhausted();
+            match self.scheduler.next() {
+                Next::Wait => {
+                    self.wait_for_answer(py, started, None)?;
+                }
+                _ => continue,
+            }
+        }
+        self.scheduler.reset();
+        self.taken = 0;
+        self.finished = false;
+        self.len_warning = LengthWarning::new(reported_len, true);
+        self.waiting_since = None;
+        self.end_tokens = 0;
+        let source = keys
+            .map(|k| Source::new(&k, self.auto_collation))
+            .transpose()?;
+        let iterable = match &source {
+            None => true,
+            Some(Source::Fed(queue)) => queue.tokens,
+            Some(Source::Keys(_)) => false,
+        };
+        if iterable {
+            // The workers restart their datasets' iterators.
+            self.resumed = 0;
+            for w in 0..self.to_workers.len() {
+                self.send(py, w, &wire::header(kind::RESUME, w, 0), &[])?;
+            }
+            while self.resumed < self.to_workers.len() {
+                self.wait_for_answer(py, started, None)?;
+            }
+        }
+        self.keys = source;
+        // The epoch's first draws, in iter() as torch makes them.
+        self.send_tasks(py)
+    }
+
+    /// Draws the first tasks and sends them before any worker is started, so
+    /// that worker 0 starts on its first batch the moment it exists. Only what fits in the
+    /// fresh task rings is sent; the rest waits in `unsent` (NOTE [Unsent]).
+    fn _prefill(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.draw_tasks(py)?;
+        self.flush_unsent(py, false)
+    }
+
+    /// Stops the workers now (idempotent).
+    fn _shutdown_workers(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.shutdown(py)
+    }
+
+    // The garbage collector must see what the iterator holds of the user's: a persistent
+    // loader holds its iterator, and a sampler (or dataset) that refers back to the loader
+    // would otherwise make a cycle nothing frees, keeping the workers alive.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(Source::Keys(keys)) = &self.keys {
+            keys.traverse(&visit)?;
+        }
+        visit.call(&self.pool_region)?;
+        visit.call(&self.hooks)?;
+        visit.call(&self.pin)?;
+        visit.call(&self.length_of)?;
+        if let Some(warning) = &self.len_warning {
+            warning.traverse(&visit)?;
+        }
+        for answer in self.scheduler.results() {
+            match answer {
+                Answer::Batch(obj) | Answer::Error(obj) => visit.call(obj)?,
+                Answer::Failed(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        if let Some(Source::Keys(_)) = self.keys {
+            self.keys = None;
+        }
+        self.pin = None;
+        self.length_of = None;
+        self.len_warning = None;
+        // Nothing more is sent or handed out (its finalizer still stops the workers).
+        self.stopped = true;
+    }
+}
+
+/// What `PoolIter::next_batch` found.
+enum Polled<'py> {
+    Batch(Bound<'py, PyAny>),
+    /// A worker's error, in answer to its task.
+    Failed(PyErr),
+    Done,
+    /// Nothing arrived before the deadline.
+    NotYet,
+}
+
+impl PoolIter {
+    /// The next batch, unpinned; waits until `until` at most (`None`: as long as it takes, up
+    /// to `timeout` counted from `started`).
+    fn next_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+        started: Instant,
+        until: Option<Instant>,
+    ) -> PyResult<Polled<'py>> {
+        if self.stopped {
+            return Ok(Polled::Done);
+        }
+        loop {
+            self.send_tasks(py)?;
+            let next = self.scheduler.next();
+            if let Next::Ready(_) = next {
+                // torch's _process_data: the draw this hand-out owes is made before the result
+                // is handed out, and a sampler's error is raised instead of it.
+                self.send_tasks(py)?;
+            }
+            match next {
+                Next::Ready(Answer::Batch(batch)) => {
+                    return Ok(Polled::Batch(batch.into_bound(py)))
+                }
+                Next::Ready(Answer::Error(wrapper)) => {
+                    let err = match wrapper.bind(py).call_method0("reraise") {
+                        Err(err) => err,
+                        Ok(_) => did_not_reraise(),
+                    };
+                    return Ok(Polled::Failed(err));
+                }
+                Next::Ready(Answer::Failed(err)) => return Ok(Polled::Failed(err)),
+                Next::Done => {
+                    if !self.persistent {
+                        self.shutdown(py)?;
+                    }
+                    return Ok(Polled::Done);
+                }
+                Next::Wait => {
+                    if !self.wait_for_answer(py, started, until)? {
+                        return Ok(Polled::NotYet);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Draws the tasks owed (the Scheduler keeps torch's account), or takes those a KeyFeed
+    /// holds, and sends what can be sent without waiting on a busy worker.
+    fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.draw_tasks(py)?;
+        self.flush_unsent(py, true)
+    }
+
+    /// Draws the tasks owed (or takes the fed ones) and assigns each to its worker's `unsent`
+    /// queue.
+    fn draw_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
+        let fed = matches!(self.keys, Some(Source::Fed(_)));
+        // Fed keys were drawn on the main thread, which keeps the account (NOTE [Key feed]).
+        while if fed {
+            self.scheduler.can_assign() || self.tokens_waiting()
+        } else {
+            self.scheduler.draws_owed() > 0
+        } {
+            if !fed {
+                self.scheduler.spend_draw(); // even if the draw fails, as torch's _try_put_index
+            }
+            let payload: Option<(u32, Vec<u8>)> = match &self.keys {
+                None => Some((kind::TASK_OBJECT, Vec::new())),
+                Some(Source::Fed(queue)) => match queue.take() {
+                    None if self.end_tokens > 0 => {
+                        self.end_tokens -= 1;
+                        Some((kind::TASK_OBJECT, Vec::new()))
+                    }
+                    None => break, // the main thread has not drawn the next keys yet
+                    Some(Fed::Next) => Some((kind::TASK_OBJECT, Vec::new())),
+                    Some(Fed::End) => None,
+                    Some(Fed::Indices(ix)) => Some((kind::TASK_INDICES, wire::index_bytes(&ix))),
+                    Some(Fed::Object(bytes)) => Some((kind::TASK_OBJECT, bytes)),
+                },
+                Some(Source::Keys(keys)) => match keys.next(py, &mut self.index_buf)? {
+                    None => None,
+                    Some(KeyBatch::Indices(ix)) => {
+                        let bytes = wire::index_bytes(&ix);
+                        self.index_buf = ix;
+                        Some((kind::TASK_INDICES, bytes))
+                    }
+                    Some(KeyBatch::Object(obj)) => {
+                        let data = self.hooks.bind(py).call_method1("dump_keys", (obj,))?;
+                        Some((
+                            kind::TASK_OBJECT,
+                            data.cast::<PyBytes>()?.as_bytes().to_vec(),
+                        ))
+                    }
+                },
+            };
+            let Some((k, bytes)) = payload else {
+                self.scheduler.mark_exhausted();
+                break;
+            };
+            // No worker may take it (iterable datasets out of order): dropped, as torch drops it.
+            // (Map-style keys always find a worker: see Scheduler::assign.)
+            if let Some((worker, task)) = self.scheduler.assign() {
+                self.unsent[worker].push_back((wire::header(k, worker, task), bytes));
+            }
+        }
+        Ok(())
+    }
+
+    /// A token feed holds tokens (or the PoolIter owes one) that no worker may take now: torch
+    /// drops such a task when it would put it; so do we, as it would be placed.
+    fn tokens_waiting(&self) -> bool {
+        match &self.keys {
+            Some(Source::Fed(queue)) if queue.tokens => self.end_tokens > 0 || queue.has_drawn(),
+            _ => false,
+        }
+    }
+
+    fn nothing_unsent(&self) -> bool {
+        self.unsent.iter().all(VecDeque::is_empty)
+    }
+
+    /// NOTE [Unsent]: tasks wait in their worker's `unsent` queue until its task ring has room
+    /// for them, and the main thread never waits for that room: it goes back to taking in
+    /// answers (a worker may itself be waiting for the main thread to take in a large answer)
+    /// and tries again after each one and each wait slice. A healthy worker that spends long on
+    /// one batch (or a spawned worker slow to start) is therefore never "stuck", a dead one is
+    /// noticed by the usual liveness checks, and no assigned task is lost to a failed send. A
+    /// task that fits in the ring goes all or nothing; one larger than the whole ring streams
+    /// through it, as much at a time as there is room for (`Ring::send_partial` keeps its
+    /// place), so a busy worker finds the first part when it is done while the rest waits
+    /// here; to a worker that is reading it (owing nothing else), it goes on slice by slice,
+    /// with the worker's liveness and Ctrl-C checked between slices (not before the workers are
+    /// started: `_prefill` never waits). Once the sampler is
+    /// exhausted and every task is in its ring, non-persistent workers are told to stop.
+    fn flush_unsent(&mut self, py: Python<'_>, workers_started: bool) -> PyResult<()> {
+        for w in 0..self.unsent.len() {
+            // Each task leaves `unsent` only once it is wholly in the ring.
+            while let Some((head, body)) = self.unsent[w].front() {
+                let ring = &self.to_workers[w];
+                // A worker owing nothing but what waits here is reading its ring (or starting):
+                // a streamed task goes on to it slice by slice, its liveness checked between.
+                let streamed = Ring::frame_len(HEADER + body.len()) > ring.capacity();
+                let reading = workers_started
+                    && streamed
+                    && self.scheduler.unanswered(w) == self.unsent[w].len();
+                // Otherwise one try, without waiting.
+                let deadline = (!reading).then(Instant::now);
+                let sent = wait::slice(py, deadline, |len| {
+                    ring.send_partial(&[head, body], Some(len))
+                })?;
+                match sent {
+                    Ok(true) => {
+                        self.unsent[w].pop_front();
+                    }
+                    Ok(false) if reading => {
+                        self.check_workers(py)?;
+                    }
+                    Ok(false) | Err(QueueError::Timeout) => break, // no more room for now
+                    Err(e) => return Err(to_py(e)),
+                }
+            }
+        }
+        if self.nothing_unsent()
+            && self.scheduler.is_exhausted()
+            && !self.persistent
+            && !self.told_to_stop
+        {
+            // Closing a task ring never waits (a STOP message might, behind large tasks): the
+            // worker takes what is queued, then finds the ring closed and leaves.
+            for ring in &self.to_workers {
+                ring.close();
+            }
+            self.told_to_stop = true;
+        }
+        Ok(())
+    }
+
+    /// Sends a control message to `worker`, waiting up to `SEND_TIMEOUT` for room.
+    fn send(&self, py: Python<'_>, worker: usize, head: &[u8], body: &[u8]) -> PyResult<()> {
+        let ring = &self.to_workers[worker];
+        let deadline = Instant::now().checked_add(SEND_TIMEOUT);
+        let sent = wait::until(
+            py,
+            deadline,
+            |len| wait::send_slice(ring, &[head, body], len),
+            || Ok(None),
+        )?;
+        match sent {
+            Some(sent) => sent.map_err(to_py),
+            None => Err(to_py(PoolError::Stuck {
+                worker,
+                waited: SEND_TIMEOUT,
+            })),
+        }
+    }
+
+    /// Blocks until at least one answer has been taken in, checking workers between slices.
+    fn wait_for_answer(
+        &mut self,
+        py: Python<'_>,
+        started: Instant,
+        until: Option<Instant>,
+    ) -> PyResult<bool> {
+        let timeout_at = self.timeout.and_then(|limit| started.checked_add(limit));
+        let deadline = match (timeout_at, until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        loop {
+            let seen = self.doorbell.current();
+            let mut got = false;
+            for w in 0..self.from_workers.len() {
+                got |= self.drain(py, w)?;
+            }
+            self.flush_unsent(py, true)?;
+            if got || self.can_send_fed_keys() {
+                return Ok(true);
+            }
+            if let Some(limit) = self.timeout {
+                if started.elapsed() >= limit {
+                    return Err(to_py(PoolError::TimedOut(limit)));
+                }
+            }
+            if until.is_some_and(|until| Instant::now() >= until) {
+                return Ok(false);
+            }
+            let bell = &self.doorbell;
+            let rang = wait::slice(py, deadline, |len| bell.wait(seen, len))?;
+            if !rang && self.check_workers(py)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Takes in every whole answer waiting from worker `w`; true if there was one.
+    fn drain(&mut self, py: Python<'_>, w: usize) -> PyResult<bool> {
+        let mut got = false;
+        while self.from_workers[w]
+            .try_recv(&mut self.inbox[w])
+            .map_err(to_py)?
+        {
+            let msg = std::mem::take(&mut self.inbox[w]);
+            self.take_answer(py, w, msg)?;
+            got = true;
+        }
+        Ok(got)
+    }
+
+    /// Raises (after stopping the pool) if a worker process has ended before its time; true
+    /// if an ended worker's last answers were taken in.
+    fn check_workers(&mut self, py: Python<'_>) -> PyResult<bool> {
+        let exited: Vec<(usize, i32)> = self.hooks.bind(py).call_method0("exited")?.extract()?;
+        let mut got = false;
+        for (w, code) in exited {
+            // It can write nothing more: what it sent is all there will be.
+            got |= self.drain(py, w)?;
+            if self.told_to_stop && !self.scheduler.owes(w) {
+                // It left as told with every answer in; an exit code other than 0 (a crash in
+                // interpreter teardown, say) costs nothing, and torch would not notice it.
+                continue;
+            }
+            let dead = self.hooks.bind(py).call_method1("death", (w, code))?;
+            self.shutdown(py)?;
+            return Err(PyErr::from_value(dead));
+        }
+        Ok(got)
+    }
+
+    fn take_answer(&mut self, py: Python<'_>, worker: usize, msg: Vec<u8>) -> PyResult<()> {
+        let wire::Header { kind: k, task, .. } = wire::parse_header(&msg).map_err(to_py)?;
+        match k {
+            kind::DATA => {
+                let pool = self.pool_region.get();
+                let table = wire::decode_batch_table(&msg).map_err(to_py)?;
+                let in_slots = table.buffers.iter().filter(|b| b.0).count() as u64;
+                self.buffers_in_slots += in_slots;
+                self.buffers_inline += table.buffers.len() as u64 - in_slots;
+                let lease = match table.slot {
+                    None => None,
+                    Some(slot) if slot < pool.layout.slots_per_worker() => {
+                        let (slot_at, state_at) = pool.layout.slot(worker, slot);
+                        let lease =
+                            SlotLease::new(pool.shm.clone(), state_at, slot_at, table.in_slot)
+                                .map_err(to_py)?;
+                        Some(Py::new(py, Lease::new(lease))?)
+                    }
+                    Some(slot) => return Err(to_py(PoolError::NoSuchSlot { worker, slot })),
+                };
+                let message = Py::new(py, Message::new(msg))?;
+                let batch = self
+                    .hooks
+                    .bind(py)
+                    .call_method1("loads", (message, lease, table.pickle, table.buffers));
+                let answer = match batch {
+                    Ok(batch) => Answer::Batch(batch.unbind()),
+                    Err(err) => Answer::Failed(err),
+                };
+                self.scheduler.on_result(task, answer);
+            }
+            kind::ERROR => {
+                let wrapper = self
+                    .hooks
+                    .bind(py)
+                    .call_method1("load_error", (PyBytes::new(py, &msg[HEADER..]),));
+                let answer = match wrapper {
+                    Ok(wrapper) => Answer::Error(wrapper.unbind()),
+                    Err(err) => Answer::Failed(err),
+                };
+                self.scheduler.on_result(task, answer);
+            }
+            kind::ENDED => {
+                self.scheduler.on_worker_ended(worker, task);
+                if matches!(self.keys, Some(Source::Fed(_))) {
+                    self.end_tokens += 1; // NOTE [Key feed]: this one is the PoolIter's
+                }
+            }
+            kind::RESUMED => self.resumed += 1,
+            other => {
+                return Err(to_py(PoolError::UnexpectedKind {
+                    kind: other,
+                    from: Some(worker),
+                }))
+            }
+        }
+        Ok(())
+    }
+
+    fn shutdown(&mut self, py: Python<'_>) -> PyResult<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        // `_Pool.shutdown` closes the rings (so the workers leave), then joins the workers.
+        self.hooks.bind(py).call_method0("shutdown")?;
+        Ok(())
+    }
+
+    /// Whether the main thread has drawn keys that could be sent now.
+    fn can_send_fed_keys(&self) -> bool {
+        match &self.keys {
+            Some(Source::Fed(queue)) => {
+                self.nothing_unsent()
+                    && !self.scheduler.is_exhausted()
+                    && self.scheduler.can_assign()
+                    && queue.has_drawn()
+            }
+            _ => false,
+        }
+    }
+}

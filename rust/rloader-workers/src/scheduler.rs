@@ -1,0 +1,482 @@
+//! `Scheduler`: which task goes to which worker and which result is handed out next, as
+//! torch.utils.data decides it, as a pure state machine.
+//!
+//! The main process of a multi-process DataLoader hands numbered tasks (index batches) to its
+//! workers and hands their results to the user. [`Scheduler`] decides, with no I/O of its own,
+//! as torch's `_MultiProcessingDataLoaderIter` does:
+//! - when to draw the next task from the sampler ([`Scheduler::draws_owed`]):
+//!   `prefetch_factor × num_workers` draws at the start of an epoch, then one for each result
+//!   handed out and one for each worker whose dataset ended (torch's `_try_put_index` calls), so
+//!   tasks drawn and not handed out never exceed `prefetch_factor × num_workers`;
+//! - which worker gets it: round-robin over the workers still active; with `in_order=False`,
+//!   skipping workers that already hold their share of that bound (`prefetch_factor ×
+//!   num_workers / active workers` tasks not handed out), so that one slow worker does not hold
+//!   up the others;
+//! - which result is handed out next: with `in_order`, results leave in task order and early
+//!   ones wait in a reorder buffer; without, they leave as they arrive;
+//! - when the epoch is over: every task answered and the sampler exhausted, or nothing in
+//!   flight and no draw owed (after a sampler's error), where torch ends it too.
+//!
+//! An iterable-style dataset's worker may run out of data: its answer to a task is then
+//! "ended" ([`Scheduler::on_worker_ended`]), it gets no more tasks, and results it can no longer
+//! produce are skipped.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// What the consumer should do next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next<T> {
+    /// Hand this result out.
+    Ready(T),
+    /// Wait for a worker to answer.
+    Wait,
+    /// Every task has been answered and nothing more will be assigned.
+    Done,
+}
+
+/// A task sent and not yet handed out.
+#[derive(Debug)]
+struct Task<T> {
+    worker: usize,
+    result: Option<T>,
+}
+
+#[derive(Debug)]
+pub struct Scheduler<T> {
+    max_in_flight: usize,
+    in_order: bool,
+    active: Vec<bool>,
+    /// The worker the round-robin cycle looks at next.
+    cursor: usize,
+    /// Tasks numbered by assignment order.
+    next_task: u64,
+    /// Assigned and not yet answered.
+    outstanding: usize,
+    /// Per worker, tasks assigned and not handed out (torch's `_workers_num_tasks`).
+    held: Vec<usize>,
+    /// Draws of the sampler owed before the next hand-out.
+    owed: usize,
+    /// Assigned tasks not handed out yet (in_order: with their results once they arrive;
+    /// otherwise only until answered).
+    tasks: BTreeMap<u64, Task<T>>,
+    /// !in_order: (worker, result) in arrival order.
+    arrived: VecDeque<(usize, T)>,
+    /// The sampler has no more tasks.
+    exhausted: bool,
+}
+
+impl<T> Scheduler<T> {
+    pub fn new(num_workers: usize, prefetch_factor: usize, in_order: bool) -> Self {
+        assert!(num_workers > 0, "a scheduler needs at least one worker");
+        let max_in_flight = (prefetch_factor * num_workers).max(1);
+        Scheduler {
+            max_in_flight,
+            in_order,
+            active: vec![true; num_workers],
+            cursor: 0,
+            next_task: 0,
+            outstanding: 0,
+            held: vec![0; num_workers],
+            owed: max_in_flight,
+            tasks: BTreeMap::new(),
+            arrived: VecDeque::new(),
+            exhausted: false,
+        }
+    }
+
+    /// How many draws of the sampler are owed now: each is made (or tried: a draw that fails
+    /// counts too) with [`Scheduler::spend_draw`], and a task drawn goes to
+    /// [`Scheduler::assign`].
+    pub fn draws_owed(&self) -> usize {
+        if self.exhausted || !self.active.iter().any(|&a| a) {
+            0
+        } else {
+            self.owed
+        }
+    }
+
+    pub fn spend_draw(&mut self) {
+        self.owed = self.owed.saturating_sub(1);
+    }
+
+    /// Whether [`Scheduler::assign`] would find a worker for a task now.
+    pub fn can_assign(&self) -> bool {
+        let cap = self.worker_cap();
+        (0..self.active.len()).any(|w| self.takes(w, cap))
+    }
+
+    /// Numbers a drawn task and picks its worker: `(worker, task)`, or None when no worker may
+    /// take it (all ended or, out of order, all at their share), in which case the task is
+    /// dropped, as torch drops it.
+    pub fn assign(&mut self) -> Option<(usize, u64)> {
+        let n = self.active.len();
+        let cap = self.worker_cap();
+        for _ in 0..n {
+            let worker = self.cursor;
+            self.cursor = (worker + 1) % n;
+            if !self.takes(worker, cap) {
+                continue;
+            }
+            let task = self.next_task;
+            self.next_task += 1;
+            self.outstanding += 1;
+            self.held[worker] += 1;
+            self.tasks.insert(
+                task,
+                Task {
+                    worker,
+                    result: None,
+                },
+            );
+            return Some((worker, task));
+        }
+        None
+    }
+
+    /// Out of order, a worker's share of the tasks not handed out.
+    fn worker_cap(&self) -> usize {
+        let active = self.active.iter().filter(|&&a| a).count().max(1);
+        self.max_in_flight / active
+    }
+
+    fn takes(&self, worker: usize, cap: usize) -> bool {
+        self.active[worker] && (self.in_order || self.held[worker] < cap)
+    }
+
+    /// The sampler has no more tasks to give.
+    pub fn mark_exhausted(&mut self) {
+        self.exhausted = true;
+    }
+
+    pub fn is_exhausted(&self) -> bool {
+        self.exhausted
+    }
+
+    /// A worker answered `task` with `result`.
+    pub fn on_result(&mut self, task: u64, result: T) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        if !self.in_order {
+            if let Some(t) = self.tasks.remove(&task) {
+                self.arrived.push_back((t.worker, result));
+            }
+        } else if let Some(t) = self.tasks.get_mut(&task) {
+            t.result = Some(result);
+        }
+    }
+
+    /// A worker answered `task` with "my dataset is exhausted": it gets no more tasks, its
+    /// other unanswered tasks will never be answered, and one more draw is owed.
+    pub fn on_worker_ended(&mut self, worker: usize, task: u64) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        self.owed += 1;
+        if let Some(flag) = self.active.get_mut(worker) {
+            *flag = false;
+        }
+        self.tasks.remove(&task);
+        // Tasks still queued at that worker are dropped by it unanswered.
+        let lost: Vec<u64> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.worker == worker && t.result.is_none())
+            .map(|(&k, _)| k)
+            .collect();
+        for k in lost {
+            self.tasks.remove(&k);
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+        if !self.active.iter().any(|&a| a) {
+            self.exhausted = true;
+        }
+    }
+
+    /// Whether `worker` has a task it has not answered yet.
+    pub fn owes(&self, worker: usize) -> bool {
+        self.unanswered(worker) > 0
+    }
+
+    /// How many tasks `worker` has not answered yet.
+    pub fn unanswered(&self, worker: usize) -> usize {
+        self.tasks
+            .values()
+            .filter(|t| t.worker == worker && t.result.is_none())
+            .count()
+    }
+
+    pub fn is_active(&self, worker: usize) -> bool {
+        self.active.get(worker).copied().unwrap_or(false)
+    }
+
+    /// Unanswered tasks.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// What to hand out next. Make the draws owed (`draws_owed`/`assign`) before asking:
+    /// `Wait` means a worker owes an answer. Handing a result out owes one more draw, to be
+    /// made before the result reaches the user (torch's `_process_data`).
+    #[allow(clippy::should_implement_trait)] // not an Iterator: Wait is not the end
+    pub fn next(&mut self) -> Next<T> {
+        let ready = if !self.in_order {
+            self.arrived.pop_front()
+        } else {
+            match self.tasks.first_entry() {
+                Some(entry) if entry.get().result.is_some() => {
+                    let task = entry.remove();
+                    task.result.map(|r| (task.worker, r))
+                }
+                _ => None,
+            }
+        };
+        if let Some((worker, result)) = ready {
+            self.held[worker] = self.held[worker].saturating_sub(1);
+            self.owed += 1;
+            return Next::Ready(result);
+        }
+        if self.outstanding == 0 && (self.exhausted || self.draws_owed() == 0) {
+            Next::Done
+        } else {
+            Next::Wait
+        }
+    }
+
+    /// The results received and not handed out yet.
+    pub fn results(&self) -> impl Iterator<Item = &T> {
+        let ordered = self.tasks.values().filter_map(|t| t.result.as_ref());
+        ordered.chain(self.arrived.iter().map(|(_, r)| r))
+    }
+
+    /// Begins a new epoch with every worker active again (persistent workers).
+    pub fn reset(&mut self) {
+        self.active.iter_mut().for_each(|a| *a = true);
+        self.cursor = 0;
+        self.next_task = 0;
+        self.outstanding = 0;
+        self.held.iter_mut().for_each(|h| *h = 0);
+        self.owed = self.max_in_flight;
+        self.tasks.clear();
+        self.arrived.clear();
+        self.exhausted = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs an epoch with instant workers that answer in the given arrival order permutation
+    /// and returns the order in which results were handed out.
+    fn run(
+        num_workers: usize,
+        prefetch: usize,
+        in_order: bool,
+        tasks: u64,
+        reverse: bool,
+    ) -> Vec<u64> {
+        let mut s = Scheduler::new(num_workers, prefetch, in_order);
+        let mut next_index = 0;
+        let mut out = Vec::new();
+        let mut inbox: Vec<(usize, u64)> = Vec::new();
+        loop {
+            while s.draws_owed() > 0 {
+                s.spend_draw();
+                if next_index == tasks {
+                    s.mark_exhausted();
+                    break;
+                }
+                next_index += 1;
+                inbox.push(s.assign().unwrap());
+            }
+            match s.next() {
+                Next::Ready(r) => out.push(r),
+                Next::Done => break,
+                Next::Wait => {
+                    let (_, task) = if reverse {
+                        inbox.pop().unwrap()
+                    } else {
+                        inbox.remove(0)
+                    };
+                    s.on_result(task, task);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn round_robin_assignment() {
+        let mut s: Scheduler<()> = Scheduler::new(3, 2, true);
+        assert_eq!(s.draws_owed(), 6, "prefetch 2 x 3 workers");
+        let workers: Vec<usize> = (0..6).map(|_| s.assign().unwrap().0).collect();
+        assert_eq!(workers, [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn in_order_hands_out_in_task_order_whatever_the_arrival() {
+        for reverse in [false, true] {
+            assert_eq!(run(2, 2, true, 10, reverse), (0..10).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn out_of_order_hands_out_as_results_arrive() {
+        let out = run(2, 2, false, 10, true);
+        let mut sorted = out.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        assert_ne!(out, sorted);
+    }
+
+    #[test]
+    fn ended_workers_get_no_more_tasks() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, true);
+        let a = s.assign(); // (0, 0)
+        let b = s.assign(); // (1, 1)
+        let c = s.assign(); // (0, 2)
+        assert_eq!((a, b, c), (Some((0, 0)), Some((1, 1)), Some((0, 2))));
+        s.on_worker_ended(0, 0);
+        // Worker 0 drops task 2 unanswered; only worker 1 is left.
+        assert_eq!(s.outstanding(), 1);
+        assert_eq!(s.assign(), Some((1, 3)));
+        s.on_result(1, 11);
+        assert_eq!(s.next(), Next::Ready(11));
+        s.on_worker_ended(1, 3);
+        assert_eq!(s.next(), Next::Done);
+    }
+
+    #[test]
+    fn ended_workers_out_of_order() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, false);
+        let _ = (s.assign(), s.assign(), s.assign(), s.assign()); // tasks 0..4 on workers 0,1,0,1
+        s.on_result(1, 1);
+        s.on_worker_ended(0, 0); // worker 0 drops task 2
+        s.on_result(3, 3);
+        assert_eq!(s.next(), Next::Ready(1));
+        assert_eq!(s.next(), Next::Ready(3));
+        assert_eq!(s.outstanding(), 0);
+        assert!(s.can_assign());
+        s.mark_exhausted();
+        assert_eq!(s.next(), Next::Done);
+    }
+
+    #[test]
+    fn empty_epoch_is_done() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, true);
+        s.mark_exhausted();
+        assert_eq!(s.next(), Next::Done);
+    }
+
+    #[test]
+    fn reset_starts_a_new_epoch() {
+        let mut s: Scheduler<u64> = Scheduler::new(1, 1, true);
+        s.assign();
+        s.on_worker_ended(0, 0);
+        assert!(!s.can_assign());
+        assert_eq!(s.draws_owed(), 0);
+        s.reset();
+        assert!(s.can_assign());
+        assert_eq!(s.draws_owed(), 1);
+        assert_eq!(s.assign(), Some((0, 0)));
+    }
+
+    #[test]
+    fn owes_tracks_unanswered_tasks_per_worker() {
+        for in_order in [true, false] {
+            let mut s: Scheduler<u64> = Scheduler::new(2, 1, in_order);
+            let (w0, t0) = s.assign().unwrap();
+            let (w1, t1) = s.assign().unwrap();
+            assert_eq!((w0, w1), (0, 1));
+            assert!(s.owes(0) && s.owes(1));
+            s.on_result(t1, t1);
+            assert!(s.owes(0) && !s.owes(1), "in_order={in_order}");
+            s.on_result(t0, t0);
+            assert!(!s.owes(0));
+            // Answered but not yet handed out is not owed.
+            assert!(matches!(s.next(), Next::Ready(_)));
+            assert!(!s.owes(0) && !s.owes(1));
+        }
+    }
+
+    #[test]
+    fn draws_are_owed_as_torch_puts_indices() {
+        // prefetch 3 x 2 workers up front, then one per hand-out, whatever arrived meanwhile.
+        let mut s: Scheduler<u64> = Scheduler::new(2, 3, true);
+        assert_eq!(s.draws_owed(), 6);
+        let tasks: Vec<u64> = (0..6)
+            .map(|_| {
+                s.spend_draw();
+                s.assign().unwrap().1
+            })
+            .collect();
+        assert_eq!(s.draws_owed(), 0);
+        for &t in tasks.iter().rev() {
+            s.on_result(t, t); // every answer in, out of order: still nothing owed
+        }
+        assert_eq!(s.draws_owed(), 0);
+        assert_eq!(s.next(), Next::Ready(0));
+        assert_eq!(s.draws_owed(), 1);
+        assert_eq!(s.next(), Next::Ready(1));
+        assert_eq!(s.draws_owed(), 2);
+    }
+
+    #[test]
+    fn nothing_in_flight_and_nothing_owed_ends_the_epoch() {
+        // A sampler that fails its draw: the draw is spent, and once every task is handed out
+        // the epoch is over (torch raises StopIteration there), not a wait.
+        let mut s: Scheduler<u64> = Scheduler::new(1, 1, true);
+        s.spend_draw();
+        let (_, t) = s.assign().unwrap();
+        s.on_result(t, 7);
+        assert_eq!(s.next(), Next::Ready(7));
+        assert_eq!(s.draws_owed(), 1);
+        s.spend_draw(); // the draw raised
+        assert_eq!(s.next(), Next::Done);
+    }
+
+    #[test]
+    fn ended_worker_owes_a_draw() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 1, true);
+        for _ in 0..2 {
+            s.spend_draw();
+            s.assign();
+        }
+        s.on_worker_ended(0, 0);
+        assert_eq!(s.draws_owed(), 1);
+    }
+
+    #[test]
+    fn out_of_order_skips_workers_holding_their_share() {
+        // torch: with in_order=False a task goes to the next active worker holding fewer than
+        // prefetch*workers/active tasks not handed out; a slow worker does not hold up others.
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, false);
+        let first: Vec<(usize, u64)> = (0..4).map(|_| s.assign().unwrap()).collect();
+        assert_eq!(first, [(0, 0), (1, 1), (0, 2), (1, 3)]);
+        // Worker 1 answers both of its tasks; worker 0 is slow.
+        s.on_result(1, 1);
+        s.on_result(3, 3);
+        assert_eq!(s.next(), Next::Ready(1));
+        // Worker 0 still holds 2 (its share): the next task skips it.
+        assert!(s.can_assign());
+        assert_eq!(s.assign(), Some((1, 4)));
+        assert_eq!(s.next(), Next::Ready(3));
+        assert_eq!(s.assign(), Some((1, 5)));
+        assert_eq!(s.unanswered(0), 2);
+        assert_eq!(s.unanswered(1), 2);
+        assert!(!s.can_assign());
+        assert_eq!(
+            s.assign(),
+            None,
+            "every worker at its share: dropped, as torch drops it"
+        );
+    }
+
+    #[test]
+    fn in_order_is_plain_round_robin() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, true);
+        let first: Vec<(usize, u64)> = (0..4).map(|_| s.assign().unwrap()).collect();
+        s.on_result(1, 1);
+        s.on_result(3, 3);
+        assert_eq!(first[0], (0, 0));
+        // Results of worker 1 wait for task 0; the round robin goes on regardless.
+        assert_eq!(s.assign(), Some((0, 4)));
+    }
+}
