@@ -72,11 +72,16 @@ test-oldest-torch: build
 # ruff checks the Python; mypy's stubtest checks the installed wheel's _rloader.pyi (a copy of
 # python/rloader/_rloader.pyi, hence `build`) against its native module. It reads the installed
 # copy on purpose: with python/ on mypy's path it would type-check the whole package first.
+# `clippy --tests` skips the extension (its tests are Python's: `test = false`), hence the
+# second clippy.
 lint: build
+	@echo "== linters: rustfmt, clippy, ruff (check and format), mypy stubtest"
 	cargo fmt --all --check
 	cargo clippy --workspace --tests -- -D warnings
-	$(PY) -m pip install -q "ruff>=0.17,<0.18" "mypy>=2.4,<3"
+	cargo clippy -p rloader-py -- -D warnings
+	$(PY) -m pip install -q --no-cache-dir "ruff>=0.17,<0.18" "mypy>=2.4,<3"
 	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
 	$(PY) -m mypy.stubtest rloader._rloader
 
 clean:

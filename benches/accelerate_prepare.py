@@ -39,7 +39,9 @@ def epoch(loader) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -62,12 +64,16 @@ def main() -> None:
     loaders["torch prepared"] = acc.prepare(build(tud))
     loaders["torch unprepared"] = build(tud)
 
-    engines = {name: type(getattr(loader, "base_dataloader", loader)) for name, loader in loaders.items()}
+    engines = {
+        name: type(getattr(loader, "base_dataloader", loader)) for name, loader in loaders.items()
+    }
     assert engines["rloader prepared (install())"] is rloader.DataLoader
     assert engines["torch prepared"] is tud.DataLoader
     assert engines["rloader prepared, not installed"] is tud.DataLoader
     # The prepared loaders give the same batches.
-    pairs = itertools.zip_longest(loaders["rloader prepared (install())"], loaders["torch prepared"])
+    pairs = itertools.zip_longest(
+        loaders["rloader prepared (install())"], loaders["torch prepared"]
+    )
     for ours, theirs in pairs:  # (zip_longest ends both epochs, and sees a length mismatch)
         assert ours is not None and theirs is not None
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
@@ -83,14 +89,28 @@ def main() -> None:
 
     med = {name: statistics.median(t) for name, t in times.items()}
     base, torch_prepared = med["rloader unprepared"], med["torch prepared"]
-    print(f"\nrloader {rloader.__version__}, torch {torch.__version__}, accelerate {accelerate.__version__}; "
-          f"(float32[3,32,32], int) x {args.samples:,}, batch {args.batch_size}, {args.workers} workers, CPU, "
-          f"1 process; median of {args.repeats} interleaved epochs")
-    headers = ("loader", "engine", "seconds", "samples/s", "time / rloader unprepared",
-               "torch prepared / time")
+    print(
+        f"\nrloader {rloader.__version__}, torch {torch.__version__}, accelerate {accelerate.__version__}; "
+        f"(float32[3,32,32], int) x {args.samples:,}, batch {args.batch_size}, {args.workers} workers, CPU, "
+        f"1 process; median of {args.repeats} interleaved epochs"
+    )
+    headers = (
+        "loader",
+        "engine",
+        "seconds",
+        "samples/s",
+        "time / rloader unprepared",
+        "torch prepared / time",
+    )
     rows = [
-        (name, engines[name].__module__.split(".")[0], f"{med[name]:.3f}", f"{args.samples / med[name]:,.0f}",
-         f"{med[name] / base:.2f}x", f"{torch_prepared / med[name]:.2f}x")
+        (
+            name,
+            engines[name].__module__.split(".")[0],
+            f"{med[name]:.3f}",
+            f"{args.samples / med[name]:,.0f}",
+            f"{med[name] / base:.2f}x",
+            f"{torch_prepared / med[name]:.2f}x",
+        )
         for name in loaders
     ]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
@@ -98,7 +118,10 @@ def main() -> None:
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
-    print("runs (s): " + "; ".join(f"{name}: " + ", ".join(f"{t:.3f}" for t in ts) for name, ts in times.items()))
+    print(
+        "runs (s): "
+        + "; ".join(f"{name}: " + ", ".join(f"{t:.3f}" for t in ts) for name, ts in times.items())
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ import rloader
 
 
 def rloader_state(n: int, batch: int, fraction: float) -> dict:
-    loader = rloader.DataLoader(range(n), batch_size=batch, shuffle=True,
-                                generator=torch.Generator().manual_seed(0))
+    loader = rloader.DataLoader(
+        range(n), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     it = iter(loader)
     next(it)
     state = loader.state_dict()
@@ -47,8 +48,9 @@ def rloader_resume(n: int, batch: int, state: dict) -> float:
 def stateful_state(n: int, batch: int, fraction: float):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    loader = StatefulDataLoader(range(n), batch_size=batch, shuffle=True,
-                                generator=torch.Generator().manual_seed(0))
+    loader = StatefulDataLoader(
+        range(n), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     it = iter(loader)
     next(it)
     state = copy.deepcopy(loader.state_dict())
@@ -70,8 +72,9 @@ def stateful_resume(n: int, batch: int, state) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--samples", type=int, default=50_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -79,11 +82,14 @@ def main() -> None:
     warnings.simplefilter("ignore")  # torchdata's deprecation notice
     try:
         import torchdata.stateful_dataloader  # noqa: F401
+
         have_torchdata = True
     except ImportError:
         have_torchdata = False
-        print("torchdata is not installed: StatefulDataLoader is skipped "
-              "(pip install torchdata to compare)")
+        print(
+            "torchdata is not installed: StatefulDataLoader is skipped "
+            "(pip install torchdata to compare)"
+        )
     ours = rloader_state(n, batch, 0.9)
     print(f"rloader state: {len(__import__('pickle').dumps(ours))} bytes pickled")
     times: dict = {"rloader": [], "StatefulDataLoader": []}
@@ -93,14 +99,21 @@ def main() -> None:
         print(f"[{i + 1}/{args.repeats}] rloader {times['rloader'][-1] * 1e3:.0f} ms", flush=True)
         if have_torchdata:
             times["StatefulDataLoader"].append(stateful_resume(n, batch, theirs))
-            print(f"[{i + 1}/{args.repeats}] StatefulDataLoader "
-                  f"{times['StatefulDataLoader'][-1] * 1e3:.0f} ms", flush=True)
-    print(f"\nresume at 90% of a shuffled epoch of {n:,} samples, batch {batch}: time to the "
-          f"first batch (median of {args.repeats})")
+            print(
+                f"[{i + 1}/{args.repeats}] StatefulDataLoader "
+                f"{times['StatefulDataLoader'][-1] * 1e3:.0f} ms",
+                flush=True,
+            )
+    print(
+        f"\nresume at 90% of a shuffled epoch of {n:,} samples, batch {batch}: time to the "
+        f"first batch (median of {args.repeats})"
+    )
     for name, values in times.items():
         if values:
-            print(f"  {name:20s} {statistics.median(values) * 1e3:10.0f} ms "
-                  f"(runs {min(values) * 1e3:.0f}-{max(values) * 1e3:.0f} ms)")
+            print(
+                f"  {name:20s} {statistics.median(values) * 1e3:10.0f} ms "
+                f"(runs {min(values) * 1e3:.0f}-{max(values) * 1e3:.0f} ms)"
+            )
     if all(times.values()):
         ratio = statistics.median(times["StatefulDataLoader"]) / statistics.median(times["rloader"])
         print(f"  rloader is {ratio:.1f}x faster")

@@ -185,7 +185,12 @@ def workloads(quick: bool) -> list[Workload]:
     n_dist = 10_000_000 // scale
     n_ints, n_images = 200_000 // scale, 50_000 // scale
     n_pairs, n_arrays, n_busy, n_sleepy, n_stream = (
-        20_000 // scale, 1_024 // scale, 4_000 // scale, 2_000 // scale, 200_000 // scale)
+        20_000 // scale,
+        1_024 // scale,
+        4_000 // scale,
+        2_000 // scale,
+        200_000 // scale,
+    )
 
     def weights():
         return torch.rand(n_weights, generator=torch.Generator().manual_seed(1)).double()
@@ -200,7 +205,7 @@ def workloads(quick: bool) -> list[Workload]:
         epochs = Epochs(ImageLabelDataset(n_images), batch_size=256, shuffle=True, num_workers=0)
         order = torch.randperm(n_images, generator=torch.Generator().manual_seed(2)).tolist()
         samples = epochs.dataset.samples
-        batches = [order[i:i + 256] for i in range(0, n_images, 256)]
+        batches = [order[i : i + 256] for i in range(0, n_images, 256)]
         epochs.columns = [([samples[j][0] for j in b], [samples[j][1] for j in b]) for b in batches]
         return epochs
 
@@ -230,54 +235,110 @@ def workloads(quick: bool) -> list[Workload]:
         return elapsed
 
     worker_loads = [
-        Workload(f"2 workers: (float32[3,32,32], int) x {n_pairs:,}, batch 256", "samples",
-                 n_pairs, epoch, 2, data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
-        Workload(f"2 workers: uint8[3,224,224] numpy x {n_arrays:,}, batch 64", "bytes",
-                 n_arrays * 3 * 224 * 224, epoch, 2, lambda e: [a.copy() for a in e.dataset.images],
-                 data=workers(lambda: ImageArrayDataset(n_arrays), 64)),
-        Workload("2 workers: time from iter() to the first batch", "first batches", 1, first_batch,
-                 2, two_forks, self_timed=True,
-                 data=workers(lambda: ImageLabelDataset(n_pairs), 256)),
-        Workload(f"2 workers: pure-Python __getitem__ of ~50 us x {n_busy:,}", "samples", n_busy,
-                 epoch, 0.95, data=workers(lambda: BusyDataset(n_busy), 32)),
-        Workload(f"2 workers: IterableDataset of {n_stream:,} small ints, batch 256",
-                 "samples", n_stream, epoch, 1.5, data=workers(lambda: IntStream(n_stream), 256)),
-        Workload(f"2 workers: sleeps 1 ms per sample x {n_sleepy:,}", "samples", n_sleepy,
-                 epoch, 1, data=workers(lambda: SleepyDataset(n_sleepy), 16)),
+        Workload(
+            f"2 workers: (float32[3,32,32], int) x {n_pairs:,}, batch 256",
+            "samples",
+            n_pairs,
+            epoch,
+            2,
+            data=workers(lambda: ImageLabelDataset(n_pairs), 256),
+        ),
+        Workload(
+            f"2 workers: uint8[3,224,224] numpy x {n_arrays:,}, batch 64",
+            "bytes",
+            n_arrays * 3 * 224 * 224,
+            epoch,
+            2,
+            lambda e: [a.copy() for a in e.dataset.images],
+            data=workers(lambda: ImageArrayDataset(n_arrays), 64),
+        ),
+        Workload(
+            "2 workers: time from iter() to the first batch",
+            "first batches",
+            1,
+            first_batch,
+            2,
+            two_forks,
+            self_timed=True,
+            data=workers(lambda: ImageLabelDataset(n_pairs), 256),
+        ),
+        Workload(
+            f"2 workers: pure-Python __getitem__ of ~50 us x {n_busy:,}",
+            "samples",
+            n_busy,
+            epoch,
+            0.95,
+            data=workers(lambda: BusyDataset(n_busy), 32),
+        ),
+        Workload(
+            f"2 workers: IterableDataset of {n_stream:,} small ints, batch 256",
+            "samples",
+            n_stream,
+            epoch,
+            1.5,
+            data=workers(lambda: IntStream(n_stream), 256),
+        ),
+        Workload(
+            f"2 workers: sleeps 1 ms per sample x {n_sleepy:,}",
+            "samples",
+            n_sleepy,
+            epoch,
+            1,
+            data=workers(lambda: SleepyDataset(n_sleepy), 16),
+        ),
     ]
 
     return [
         Workload(
-            f"list(BatchSampler(RandomSampler({n_batch:,}), 1024, False))", "indices", n_batch,
+            f"list(BatchSampler(RandomSampler({n_batch:,}), 1024, False))",
+            "indices",
+            n_batch,
             lambda lib, _d: list(lib.BatchSampler(lib.RandomSampler(range(n_batch)), 1024, False)),
-            4, lambda _d: batched_ints(n_batch, 1024),
+            4,
+            lambda _d: batched_ints(n_batch, 1024),
         ),
         Workload(
-            f"list(WeightedRandomSampler({n_weights:,} weights, replacement=True))", "indices",
+            f"list(WeightedRandomSampler({n_weights:,} weights, replacement=True))",
+            "indices",
             n_weights,
             lambda lib, w: list(lib.WeightedRandomSampler(w, n_weights, replacement=True)),
-            4, lambda _d: list(range(n_weights)), data=weights,
+            4,
+            lambda _d: list(range(n_weights)),
+            data=weights,
         ),
         Workload(
-            f"list(WeightedRandomSampler({n_weights:,} weights, replacement=False))", "indices",
+            f"list(WeightedRandomSampler({n_weights:,} weights, replacement=False))",
+            "indices",
             n_weights,
             lambda lib, w: list(lib.WeightedRandomSampler(w, n_weights, replacement=False)),
-            2.5, lambda _d: list(range(n_weights)), data=weights,
+            2.5,
+            lambda _d: list(range(n_weights)),
+            data=weights,
         ),
         Workload(
-            f"list(DistributedSampler({n_dist:,}, num_replicas=8, rank=3))", "indices",
+            f"list(DistributedSampler({n_dist:,}, num_replicas=8, rank=3))",
+            "indices",
             n_dist // 8,
             lambda lib, _d: list(lib.DistributedSampler(range(n_dist), num_replicas=8, rank=3)),
-            5, lambda _d: list(range(n_dist // 8)),
+            5,
+            lambda _d: list(range(n_dist // 8)),
         ),
         Workload(
-            f"DataLoader(int dataset of {n_ints:,}, batch_size=256, shuffle=True)", "samples",
-            n_ints, epoch, 3,
+            f"DataLoader(int dataset of {n_ints:,}, batch_size=256, shuffle=True)",
+            "samples",
+            n_ints,
+            epoch,
+            3,
             data=lambda: Epochs(IntDataset(n_ints), batch_size=256, shuffle=True, num_workers=0),
         ),
         Workload(
             f"DataLoader((float32[3,32,32], int) x {n_images:,}, batch_size=256, shuffle=True)",
-            "samples", n_images, epoch, 1.5, stack_only, data=image_epochs,
+            "samples",
+            n_images,
+            epoch,
+            1.5,
+            stack_only,
+            data=image_epochs,
         ),
         *worker_loads,
     ]
@@ -338,7 +399,9 @@ def human(rate: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--only", default="", help="run workloads whose name contains this")
@@ -375,17 +438,30 @@ def main() -> None:
             floor = f"memcpy {w.count / med['floor'] / 1e9:.1f} GB/s"
         if w.self_timed and "floor" in med:  # the first-batch row: two bare forks
             floor = f"2 forks {med['floor'] * 1e3:.0f} ms"
-        rows.append((w.name, f"{human(w.count / med['torch'])}/s", f"{human(w.count / med['rloader'])}/s",
-                     f"{ratio:.2f}x", spread, f">= {w.target:g}x", verdict, floor, w.unit))
+        rows.append(
+            (
+                w.name,
+                f"{human(w.count / med['torch'])}/s",
+                f"{human(w.count / med['rloader'])}/s",
+                f"{ratio:.2f}x",
+                spread,
+                f">= {w.target:g}x",
+                verdict,
+                floor,
+                w.unit,
+            )
+        )
 
     headers = ("workload", "torch", "rloader", "ratio", "runs", "target", "", "floor", "unit")
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     line = "  ".join("-" * w for w in widths)
-    print(f"\nrloader {rloader.__version__} vs torch {torch.__version__}, {os.cpu_count()} cores, "
-          f"median of {args.repeats} interleaved runs.\n"
-          "ratio: rloader's throughput over torch's (medians); runs: the lowest and highest ratio "
-          "of one rloader run to the torch run beside it;\n"
-          "floor: torch's time over the part no implementation can avoid (see --help).\n")
+    print(
+        f"\nrloader {rloader.__version__} vs torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"median of {args.repeats} interleaved runs.\n"
+        "ratio: rloader's throughput over torch's (medians); runs: the lowest and highest ratio "
+        "of one rloader run to the torch run beside it;\n"
+        "floor: torch's time over the part no implementation can avoid (see --help).\n"
+    )
     missed = [r[0] for r in rows if r[6] != "met"]
     summary = f"{len(rows) - len(missed)} of {len(rows)} targets met"
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))

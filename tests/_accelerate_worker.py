@@ -35,7 +35,9 @@ class Stream(tud.IterableDataset):
     def __iter__(self):
         info = tud.get_worker_info()
         start, step = (0, 1) if info is None else (info.id, info.num_workers)
-        return iter([(torch.tensor([i, -i], dtype=torch.float32), i) for i in range(start, N, step)])
+        return iter(
+            [(torch.tensor([i, -i], dtype=torch.float32), i) for i in range(start, N, step)]
+        )
 
 
 def cases():
@@ -49,15 +51,27 @@ def cases():
     split_seedable = {"split_batches": True, "use_seedable_sampler": True, "data_seed": 7}
     return {
         "sequential, 0 workers": ({}, lambda lib: lib.DataLoader(Pairs(), batch_size=4)),
-        "sequential, 2 workers": ({}, lambda lib: lib.DataLoader(Pairs(), batch_size=4, num_workers=2)),
+        "sequential, 2 workers": (
+            {},
+            lambda lib: lib.DataLoader(Pairs(), batch_size=4, num_workers=2),
+        ),
         "rloader's RandomSampler, 2 workers": (
-            {}, lambda lib: lib.DataLoader(Pairs(), batch_size=4, sampler=sampler(), num_workers=2)),
-        "dispatch_batches, 0 workers": (dispatch, lambda lib: lib.DataLoader(Pairs(), batch_size=4)),
+            {},
+            lambda lib: lib.DataLoader(Pairs(), batch_size=4, sampler=sampler(), num_workers=2),
+        ),
+        "dispatch_batches, 0 workers": (
+            dispatch,
+            lambda lib: lib.DataLoader(Pairs(), batch_size=4),
+        ),
         "IterableDataset (dispatched), 2 workers": (
-            {}, lambda lib: lib.DataLoader(Stream(), batch_size=4, num_workers=2)),
+            {},
+            lambda lib: lib.DataLoader(Stream(), batch_size=4, num_workers=2),
+        ),
         # batches of 8 split in 4 + 4; accelerate replaces the RandomSampler by its own
         "split_batches, seedable sampler, shuffle, 0 workers": (
-            split_seedable, lambda lib: lib.DataLoader(Pairs(), batch_size=8, shuffle=True)),
+            split_seedable,
+            lambda lib: lib.DataLoader(Pairs(), batch_size=8, shuffle=True),
+        ),
     }
 
 
@@ -73,8 +87,11 @@ def main(out_dir: str) -> None:
     report = {"rank": acc.process_index, "world": acc.num_processes, "cases": {}}
     for name, (config, build) in cases().items():
         if config:
-            acc = Accelerator(cpu=True, kwargs_handlers=handlers,
-                              dataloader_config=DataLoaderConfiguration(**config))
+            acc = Accelerator(
+                cpu=True,
+                kwargs_handlers=handlers,
+                dataloader_config=DataLoaderConfiguration(**config),
+            )
         prepared = {lib.__name__: acc.prepare(build(lib)) for lib in (tud, rloader)}
         epochs = {lib: [list(loader) for _ in range(2)] for lib, loader in prepared.items()}
         ours, theirs = prepared["rloader"], prepared["torch.utils.data"]

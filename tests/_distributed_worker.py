@@ -17,13 +17,23 @@ def main(out_dir: str) -> None:
     for epoch in range(2):
         sampler.set_epoch(epoch)
         epochs.append(list(sampler))
-    loader = rloader.DataLoader(list(range(50)), batch_size=4,
-                                sampler=rloader.DistributedSampler(range(50), shuffle=False))
+    loader = rloader.DataLoader(
+        list(range(50)), batch_size=4, sampler=rloader.DistributedSampler(range(50), shuffle=False)
+    )
     batches = [b.tolist() for b in loader]
     resume = resumed(rank, world)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "world": world, "num_replicas": sampler.num_replicas,
-                   "epochs": epochs, "batches": batches, "resume": resume}, f)
+        json.dump(
+            {
+                "rank": rank,
+                "world": world,
+                "num_replicas": sampler.num_replicas,
+                "epochs": epochs,
+                "batches": batches,
+                "resume": resume,
+            },
+            f,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -32,6 +42,7 @@ def resumed(rank: int, world: int) -> dict:
     """Each rank takes rank + 2 batches of a shuffled epoch and saves its state; the states are
     gathered over the process group, as a checkpoint would hold them; each rank then resumes
     from the list (the rule for another world size, here the same one) and takes the rest."""
+
     def loader():
         sampler = rloader.DistributedSampler(range(61), seed=9)
         sampler.set_epoch(3)

@@ -73,16 +73,21 @@ def is_ours(loader) -> bool:
 
 
 def base_of(prepared):
-    assert type(prepared) in (accelerate.data_loader.DataLoaderShard,
-                              accelerate.data_loader.DataLoaderDispatcher)
+    assert type(prepared) in (
+        accelerate.data_loader.DataLoaderShard,
+        accelerate.data_loader.DataLoaderDispatcher,
+    )
     return prepared.base_dataloader
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(batch_size=4), dict(batch_size=5, drop_last=True),
-     dict(batch_sampler=[[3, 1], [0], [5, 6, 7]])],
+    [
+        dict(batch_size=4),
+        dict(batch_size=5, drop_last=True),
+        dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
+    ],
     ids=["batch_size", "drop_last", "batch_sampler"],
 )
 def test_same_batches_as_torch_prepared(acc, installed, num_workers, kwargs):
@@ -110,8 +115,13 @@ def test_shuffled_by_the_same_torch_sampler_as_torch_prepared(acc, installed, nu
 @pytest.mark.parametrize("num_workers", WORKERS)
 def test_shuffled_like_the_same_rloader_loader_unprepared(acc, installed, num_workers):
     def loader():
-        return rloader.DataLoader(Pairs(), batch_size=4, shuffle=True, num_workers=num_workers,
-                                  generator=torch.Generator().manual_seed(5))
+        return rloader.DataLoader(
+            Pairs(),
+            batch_size=4,
+            shuffle=True,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(5),
+        )
 
     ours = acc.prepare(loader())
     assert is_ours(base_of(ours))
@@ -130,10 +140,15 @@ class Rows(tud.Dataset):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [lambda: dict(batch_size=4), lambda: dict(batch_size=4, drop_last=True),
-     lambda: dict(batch_sampler=tud.BatchSampler(range(37), 6, False)),
-     lambda: dict(batch_size=4, sampler=rloader.RandomSampler(
-         range(37), generator=torch.Generator().manual_seed(9)))],
+    [
+        lambda: dict(batch_size=4),
+        lambda: dict(batch_size=4, drop_last=True),
+        lambda: dict(batch_sampler=tud.BatchSampler(range(37), 6, False)),
+        lambda: dict(
+            batch_size=4,
+            sampler=rloader.RandomSampler(range(37), generator=torch.Generator().manual_seed(9)),
+        ),
+    ],
     ids=["batch_size", "drop_last", "batch_sampler", "sampler"],
 )
 @pytest.mark.parametrize("split_batches", [False, True])
@@ -143,9 +158,14 @@ def test_each_shard_as_torch_prepared(installed, kwargs, split_batches, even_bat
     for rank in range(2):
         theirs, ours = (
             accelerate.data_loader.prepare_data_loader(
-                lib.DataLoader(Pairs(), **kwargs()), num_processes=2, process_index=rank,
-                split_batches=split_batches, even_batches=even_batches)
-            for lib in (tud, rloader))
+                lib.DataLoader(Pairs(), **kwargs()),
+                num_processes=2,
+                process_index=rank,
+                split_batches=split_batches,
+                even_batches=even_batches,
+            )
+            for lib in (tud, rloader)
+        )
         assert is_ours(base_of(ours))
         assert type(base_of(theirs)) is tud.DataLoader
         assert same(list(ours), list(theirs))
@@ -155,9 +175,14 @@ def test_batch_sampler_as_sampler_shard_as_torch_prepared(installed):
     for rank in range(2):
         theirs, ours = (
             accelerate.data_loader.prepare_data_loader(
-                lib.DataLoader(Rows(), sampler=tud.BatchSampler(range(37), 4, False), batch_size=None),
-                num_processes=2, process_index=rank)
-            for lib in (tud, rloader))
+                lib.DataLoader(
+                    Rows(), sampler=tud.BatchSampler(range(37), 4, False), batch_size=None
+                ),
+                num_processes=2,
+                process_index=rank,
+            )
+            for lib in (tud, rloader)
+        )
         assert is_ours(base_of(ours))
         got = list(ours)
         assert same(got, list(theirs))
@@ -201,14 +226,34 @@ def test_arguments_reach_the_rebuilt_loader(acc, installed):
 
     generator = torch.Generator().manual_seed(1)
     original = rloader.DataLoader(
-        Pairs(), batch_size=4, num_workers=2, collate_fn=collate, timeout=30, worker_init_fn=init,
-        multiprocessing_context="spawn", generator=generator, prefetch_factor=3,
-        persistent_workers=True, in_order=False)
+        Pairs(),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=collate,
+        timeout=30,
+        worker_init_fn=init,
+        multiprocessing_context="spawn",
+        generator=generator,
+        prefetch_factor=3,
+        persistent_workers=True,
+        in_order=False,
+    )
     base = base_of(acc.prepare(original))
     assert is_ours(base)
-    for name in ("dataset", "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-                 "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
-                 "pin_memory_device", "in_order"):
+    for name in (
+        "dataset",
+        "num_workers",
+        "collate_fn",
+        "pin_memory",
+        "timeout",
+        "worker_init_fn",
+        "multiprocessing_context",
+        "generator",
+        "prefetch_factor",
+        "persistent_workers",
+        "pin_memory_device",
+        "in_order",
+    ):
         assert getattr(base, name) == getattr(original, name), name
     assert base.batch_sampler is original.batch_sampler  # one process: accelerate keeps it
 
@@ -289,9 +334,18 @@ def test_two_processes_under_torchrun(tmp_path):
     log = tmp_path / "torchrun.log"  # a file, not a pipe: nothing left running can block reading
     with open(log, "w") as out:
         run = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-             worker, str(tmp_path)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                worker,
+                str(tmp_path),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         try:
             run.wait(timeout=200)
@@ -323,6 +377,9 @@ def test_two_processes_under_torchrun(tmp_path):
             assert len(seen[0]) == len(seen[1]) == 52, name
             assert set(seen[0]) | set(seen[1]) == set(range(103)), name
             assert len(set(seen[0]) & set(seen[1])) <= 1, name
-    for name in ("rloader's RandomSampler, 2 workers", "split_batches, seedable sampler, shuffle, 0 workers"):
+    for name in (
+        "rloader's RandomSampler, 2 workers",
+        "split_batches, seedable sampler, shuffle, 0 workers",
+    ):
         shuffled = ranks[0]["cases"][name]["batches"]
         assert shuffled[0] != shuffled[1], name  # a new order each epoch

@@ -30,9 +30,7 @@ _compat = importlib.import_module("rloader._compat")
 Point = namedtuple("Point", ["x", "y"])
 Triple = namedtuple("Triple", ["a", "b", "c"])
 
-HYPOTHESIS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,8 +14,19 @@ from rloader._rloader import fast_collate
 
 from _compare import same
 
-DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32,
-          np.float64, np.complex64, np.uint16]
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.uint16,
+]
 
 leaf_kinds = st.sampled_from(["int", "float", "bool", "str", "tensor", "array", "bytes"])
 
@@ -31,7 +42,11 @@ def structure(draw, depth=0):
             return lambda i: tuple(p(i) for p in parts)
         if kind == "list":
             return lambda i: [p(i) for p in parts]
-        keys = draw(st.lists(st.text("abc", min_size=1, max_size=2), min_size=width, max_size=width, unique=True))
+        keys = draw(
+            st.lists(
+                st.text("abc", min_size=1, max_size=2), min_size=width, max_size=width, unique=True
+            )
+        )
         return lambda i: {k: p(i) for k, p in zip(keys, parts)}
     kind = draw(leaf_kinds)
     if kind == "int":
@@ -68,9 +83,17 @@ def test_fast_path_equals_general_path_and_torch(make, n):
 
 @pytest.mark.parametrize(
     "batch",
-    [[1, 2, 3], [1.5, 2.5], [True, False], [torch.ones(2), torch.zeros(2)],
-     [np.ones(3, np.float32), np.zeros(3, np.float32)], [(1, 2.0), (3, 4.0)],
-     [{"a": 1}, {"a": 2}], [[1, "x"], [2, "y"]], ["a", "b"]],
+    [
+        [1, 2, 3],
+        [1.5, 2.5],
+        [True, False],
+        [torch.ones(2), torch.zeros(2)],
+        [np.ones(3, np.float32), np.zeros(3, np.float32)],
+        [(1, 2.0), (3, 4.0)],
+        [{"a": 1}, {"a": 2}],
+        [[1, "x"], [2, "y"]],
+        ["a", "b"],
+    ],
 )
 def test_common_batches_take_the_fast_path(batch):
     out = fast_collate(batch)
@@ -80,10 +103,20 @@ def test_common_batches_take_the_fast_path(batch):
 
 @pytest.mark.parametrize(
     "batch",
-    [[1, 2.5], [2**70, 1], [np.float32(1), np.float32(2)], [np.ones(2), np.ones(3)],
-     [np.ones(2, np.float32), np.ones(2, np.float64)], [np.ones((2, 2))[:, 0], np.ones(2)],
-     [(1, 2), (1,)], [{"a": 1}, {"b": 2}], [torch.nn.Parameter(torch.ones(1))] * 2, [],
-     [np.array(["a"]), np.array(["b"])], [np.ones(2, ">f4"), np.ones(2, ">f4")]],
+    [
+        [1, 2.5],
+        [2**70, 1],
+        [np.float32(1), np.float32(2)],
+        [np.ones(2), np.ones(3)],
+        [np.ones(2, np.float32), np.ones(2, np.float64)],
+        [np.ones((2, 2))[:, 0], np.ones(2)],
+        [(1, 2), (1,)],
+        [{"a": 1}, {"b": 2}],
+        [torch.nn.Parameter(torch.ones(1))] * 2,
+        [],
+        [np.array(["a"]), np.array(["b"])],
+        [np.ones(2, ">f4"), np.ones(2, ">f4")],
+    ],
 )
 def test_unusual_batches_fall_back_to_the_general_path(batch):
     assert fast_collate(batch) is None

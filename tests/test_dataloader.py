@@ -59,8 +59,13 @@ SAMPLES = {
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(batch_size=4), dict(batch_size=4, drop_last=True), dict(batch_size=1),
-     dict(batch_size=None), dict(batch_size=32)],
+    [
+        dict(batch_size=4),
+        dict(batch_size=4, drop_last=True),
+        dict(batch_size=1),
+        dict(batch_size=None),
+        dict(batch_size=32),
+    ],
     ids=["b4", "b4-drop", "b1", "none", "b32"],
 )
 def test_same_batches_as_torch(kind, kwargs):
@@ -88,17 +93,31 @@ with warnings.catch_warnings(record=True) as w:
 print([b.tolist() for b in out])
 print([str(x.message)[:60] for x in w])
 """
+
     def run(cls):
-        done = subprocess.run([sys.executable, "-c", script.format(cls=cls)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", script.format(cls=cls)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return done.stdout
+
     ours, theirs = run("rloader.DataLoader"), run("tud.DataLoader")
     assert ours == theirs
     assert "not writable" in ours
 
 
-@pytest.mark.parametrize("bad", [[1, [2]], [(1, 2), (1,)], [np.array(["a"]), np.array(["b"])],
-                                 [object(), object()], [torch.ones(2), torch.ones(3)]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [1, [2]],
+        [(1, 2), (1,)],
+        [np.array(["a"]), np.array(["b"])],
+        [object(), object()],
+        [torch.ones(2), torch.ones(3)],
+    ],
+)
 def test_collate_errors_match_torch(bad):
     with pytest.raises(Exception) as theirs:
         list(tud.DataLoader(bad, batch_size=2))
@@ -167,8 +186,15 @@ class SizedStream(Stream):
         return 3
 
 
-@pytest.mark.parametrize("kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True),
-                                    dict(batch_size=None), dict(batch_size=20)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(batch_size=3),
+        dict(batch_size=3, drop_last=True),
+        dict(batch_size=None),
+        dict(batch_size=20),
+    ],
+)
 def test_iterable_dataset_like_torch(kwargs):
     theirs, ours = both(Stream(10), **kwargs)
     assert same(ours, theirs)
@@ -190,21 +216,35 @@ def test_iterable_dataset_len_and_warning_like_torch():
 
 def test_lengths_match_torch():
     data = list(range(10))
-    for kwargs in [dict(), dict(batch_size=3), dict(batch_size=3, drop_last=True),
-                   dict(batch_size=None), dict(batch_sampler=[[1], [2, 3]])]:
+    for kwargs in [
+        dict(),
+        dict(batch_size=3),
+        dict(batch_size=3, drop_last=True),
+        dict(batch_size=None),
+        dict(batch_sampler=[[1], [2, 3]]),
+    ]:
         assert len(DataLoader(data, **kwargs)) == len(tud.DataLoader(data, **kwargs))
         assert len(iter(DataLoader(data, **kwargs))) == len(iter(tud.DataLoader(data, **kwargs)))
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(num_workers=-1), dict(timeout=-1), dict(prefetch_factor=2),
-     dict(num_workers=1, prefetch_factor=-1), dict(persistent_workers=True),
-     dict(sampler=[0], shuffle=True), dict(batch_sampler=[[0]], batch_size=2),
-     dict(batch_sampler=[[0]], shuffle=True), dict(batch_sampler=[[0]], sampler=[0]),
-     dict(batch_sampler=[[0]], drop_last=True), dict(batch_size=None, drop_last=True),
-     dict(multiprocessing_context="spawn"), dict(num_workers=1, multiprocessing_context="nope"),
-     dict(num_workers=1, multiprocessing_context=3)],
+    [
+        dict(num_workers=-1),
+        dict(timeout=-1),
+        dict(prefetch_factor=2),
+        dict(num_workers=1, prefetch_factor=-1),
+        dict(persistent_workers=True),
+        dict(sampler=[0], shuffle=True),
+        dict(batch_sampler=[[0]], batch_size=2),
+        dict(batch_sampler=[[0]], shuffle=True),
+        dict(batch_sampler=[[0]], sampler=[0]),
+        dict(batch_sampler=[[0]], drop_last=True),
+        dict(batch_size=None, drop_last=True),
+        dict(multiprocessing_context="spawn"),
+        dict(num_workers=1, multiprocessing_context="nope"),
+        dict(num_workers=1, multiprocessing_context=3),
+    ],
 )
 def test_argument_errors_match_torch(kwargs):
     with pytest.raises(Exception) as theirs:
@@ -214,7 +254,9 @@ def test_argument_errors_match_torch(kwargs):
     assert str(ours.value) == str(theirs.value)
 
 
-@pytest.mark.parametrize("kwargs", [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])])
+@pytest.mark.parametrize(
+    "kwargs", [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])]
+)
 def test_iterable_dataset_rejects_sampler_options_like_torch(kwargs):
     with pytest.raises(ValueError) as theirs:
         tud.DataLoader(Stream(3), **kwargs)
@@ -225,8 +267,17 @@ def test_iterable_dataset_rejects_sampler_options_like_torch(kwargs):
 
 def test_attributes_cannot_be_reassigned_like_torch():
     loader = DataLoader(list(range(4)))
-    for attr in ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]:
-        with pytest.raises(ValueError, match=f"{attr} attribute should not be set after DataLoader is initialized"):
+    for attr in [
+        "batch_size",
+        "batch_sampler",
+        "sampler",
+        "drop_last",
+        "dataset",
+        "persistent_workers",
+    ]:
+        with pytest.raises(
+            ValueError, match=f"{attr} attribute should not be set after DataLoader is initialized"
+        ):
             setattr(loader, attr, None)
     loader.num_workers = 0  # others stay assignable
 
@@ -247,15 +298,23 @@ def test_is_a_torch_dataloader_and_rebuilds_from_its_attributes():
     loader = DataLoader(list(range(10)), batch_size=3, shuffle=False, num_workers=0)
     assert isinstance(loader, tud.DataLoader)
     params = inspect.signature(type(loader).__init__).parameters
-    attrs = {k: v for k, v in vars(loader).items() if k in params and k not in ("sampler", "batch_sampler")}
-    attrs["sampler"] = tud.distributed.DistributedSampler(loader.dataset, num_replicas=2, rank=1, shuffle=False)
+    attrs = {
+        k: v
+        for k, v in vars(loader).items()
+        if k in params and k not in ("sampler", "batch_sampler")
+    }
+    attrs["sampler"] = tud.distributed.DistributedSampler(
+        loader.dataset, num_replicas=2, rank=1, shuffle=False
+    )
     attrs["shuffle"] = False
     rebuilt = type(loader)(**attrs)
     assert [b.tolist() for b in rebuilt] == [[1, 3, 5], [7, 9]]
 
 
 def test_loader_pickles_before_iteration():
-    loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        list(range(10)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     clone = pickle.loads(pickle.dumps(loader))
     assert same(list(clone), list(pickle.loads(pickle.dumps(loader))))
 
@@ -267,9 +326,16 @@ def test_typing_generics():
 
 def test_shuffle_is_a_permutation_and_reproducible():
     data = list(range(100))
+
     def epoch(seed):
-        return [x for b in DataLoader(data, batch_size=7, shuffle=True,
-                                      generator=torch.Generator().manual_seed(seed)) for x in b.tolist()]
+        return [
+            x
+            for b in DataLoader(
+                data, batch_size=7, shuffle=True, generator=torch.Generator().manual_seed(seed)
+            )
+            for x in b.tolist()
+        ]
+
     assert sorted(epoch(0)) == data
     assert epoch(0) == epoch(0)
     assert epoch(0) != epoch(1)
@@ -294,11 +360,13 @@ def test_global_rng_advances_exactly_as_with_torch():
 def test_pin_memory_without_accelerator_warns_like_torch():
     if torch.accelerator.is_available():
         pytest.skip("this machine has an accelerator: pinning is tested by test_pin_memory_pins")
+
     def run(cls):
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             out = list(cls(list(range(4)), batch_size=2, pin_memory=True))
         return out, [(x.category, str(x.message)) for x in w]
+
     ours, theirs = run(DataLoader), run(tud.DataLoader)
     assert same(ours[0], theirs[0])
     assert ours[1] == theirs[1]
@@ -307,7 +375,11 @@ def test_pin_memory_without_accelerator_warns_like_torch():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_memory_pins():
-    batch = next(iter(DataLoader([(torch.ones(2), {"a": torch.zeros(1)})] * 4, batch_size=2, pin_memory=True)))
+    batch = next(
+        iter(
+            DataLoader([(torch.ones(2), {"a": torch.zeros(1)})] * 4, batch_size=2, pin_memory=True)
+        )
+    )
     assert batch[0].is_pinned() and batch[1]["a"].is_pinned()
 
 
@@ -315,10 +387,12 @@ def test_dataset_errors_propagate_unchanged():
     class Bad(tud.Dataset):
         def __len__(self):
             return 4
+
         def __getitem__(self, i):
             if i == 2:
                 raise KeyError("no sample 2")
             return i
+
     with pytest.raises(KeyError, match="no sample 2"):
         list(DataLoader(Bad(), batch_size=1))
 
@@ -333,6 +407,7 @@ def test_timeout_without_workers_is_rejected_like_torch():
 def test_modified_collate_map_is_honoured():
     class Money(float):
         pass
+
     data = [Money(1.5), Money(2.5)]
     rloader.default_collate_fn_map[Money] = lambda batch, *, collate_fn_map=None: "money!"
     try:

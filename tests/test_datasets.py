@@ -34,8 +34,6 @@ CLASSES = [
 ]
 
 
-
-
 def outcome(fn, *args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -155,7 +153,9 @@ def test_isinstance_both_ways():
     assert isinstance(chain, tud.IterableDataset) and isinstance(chain, tud.Dataset)
     assert isinstance(RStream([]), tud.IterableDataset)
     # torch's objects pass checks against rloader's names too (rloader._twin)
-    assert isinstance(tud.TensorDataset(*t), rl.Dataset) and isinstance(tud.TensorDataset(*t), rl.TensorDataset)
+    assert isinstance(tud.TensorDataset(*t), rl.Dataset) and isinstance(
+        tud.TensorDataset(*t), rl.TensorDataset
+    )
     assert isinstance(Stream([]), rl.IterableDataset)
     assert not isinstance(tud.TensorDataset(*t), rl.IterableDataset)
 
@@ -263,8 +263,9 @@ def test_stack_dataset_tuple_and_dict():
     t = tensors()
     parts = (tud.TensorDataset(*t), Squares(5))
     ours_t, theirs_t = rl.StackDataset(*parts), tud.StackDataset(*parts)
-    ours_d, theirs_d = rl.StackDataset(b=parts[1], a=parts[0]), tud.StackDataset(
-        b=parts[1], a=parts[0]
+    ours_d, theirs_d = (
+        rl.StackDataset(b=parts[1], a=parts[0]),
+        tud.StackDataset(b=parts[1], a=parts[0]),
     )
     for ours, theirs in [(ours_t, theirs_t), (ours_d, theirs_d)]:
         assert len(ours) == len(theirs) == ours._length == 5
@@ -284,8 +285,9 @@ def test_stack_dataset_getitems(indices):
         return cls(b1, plain, b2), b1
 
     for kw in ({}, {"dict": True}):
-        (ours, ours_b), (theirs, theirs_b) = build(rl.StackDataset, **kw), build(
-            tud.StackDataset, **kw
+        (ours, ours_b), (theirs, theirs_b) = (
+            build(rl.StackDataset, **kw),
+            build(tud.StackDataset, **kw),
         )
         assert same(ours.__getitems__(indices), theirs.__getitems__(indices))
         assert ours_b.batched_calls == theirs_b.batched_calls == [indices]
@@ -459,8 +461,9 @@ def test_subset_getitems(indices):
 
 
 def test_nested_subsets_mix_freely():
-    inner_t, inner_r = tud.Subset(Squares(10), range(0, 10, 2)), rl.Subset(
-        Squares(10), range(0, 10, 2)
+    inner_t, inner_r = (
+        tud.Subset(Squares(10), range(0, 10, 2)),
+        rl.Subset(Squares(10), range(0, 10, 2)),
     )
     ours, theirs = rl.Subset(inner_t, [4, 0]), tud.Subset(inner_r, [4, 0])
     assert [ours[0], ours[1]] == [theirs[0], theirs[1]] == [64, 0]
@@ -591,10 +594,14 @@ def test_random_split_lengths_match_torch_random(n, weights, as_fractions):
         lengths = weights
     seed = n * 1000 + len(weights)
     ours, _ = outcome(
-        lambda: split_indices(rl.random_split(range(n), lengths, torch.Generator().manual_seed(seed)))
+        lambda: split_indices(
+            rl.random_split(range(n), lengths, torch.Generator().manual_seed(seed))
+        )
     )
     theirs, _ = outcome(
-        lambda: split_indices(tud.random_split(range(n), lengths, torch.Generator().manual_seed(seed)))
+        lambda: split_indices(
+            tud.random_split(range(n), lengths, torch.Generator().manual_seed(seed))
+        )
     )
     assert ours == theirs
 
@@ -651,7 +658,13 @@ def test_random_split_is_a_disjoint_cover_of_subsets():
 
 @pytest.mark.parametrize(
     "n, lengths",
-    [(10, [3, 7]), (20, [0.25, 0.75]), (11, [0.1, 0.2, 0.3, 0.4]), (1000, [500, 300, 200]), (1, [1])],
+    [
+        (10, [3, 7]),
+        (20, [0.25, 0.75]),
+        (11, [0.1, 0.2, 0.3, 0.4]),
+        (1000, [500, 300, 200]),
+        (1, [1]),
+    ],
 )
 @pytest.mark.parametrize("seed", [0, 1, 9, 2**40])
 def test_random_split_is_torchs_split_for_the_same_seed(n, lengths, seed):

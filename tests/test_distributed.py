@@ -15,9 +15,19 @@ def test_two_ranks_under_torchrun(tmp_path):
     scratch.mkdir()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=str(scratch))
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         worker, str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            worker,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -1,7 +1,7 @@
 """The pin_memory thread of multi-process loading (python/rloader/_pin.py, PinnedBatches).
 
 This machine may have no accelerator, so torch would not pin at all: these tests stand a
-recording function in for the pinning (``_pin_plan``) and check the thread around it — which
+recording function in for the pinning (``_pin.pin_plan``) and check the thread around it — which
 thread pins, that results, errors, epochs and shutdown come through it as without it.
 """
 
@@ -52,7 +52,7 @@ def pinning(monkeypatch):
             raise ValueError("cannot pin this batch")
         return batch.clone()
 
-    monkeypatch.setattr(rloader.dataloader, "_pin_plan", lambda loader: pin if loader.pin_memory else None)
+    monkeypatch.setattr(rloader._pin, "pin_plan", lambda loader: pin if loader.pin_memory else None)
     return seen
 
 
@@ -69,7 +69,9 @@ def test_worker_error_comes_through_the_thread(pinning):
 
 
 def test_iteration_goes_on_after_a_worker_error_like_torch(pinning):
-    ours = read_past_errors(rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True))
+    ours = read_past_errors(
+        rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True)
+    )
     theirs = read_past_errors(tud.DataLoader(Ints(bad=7), batch_size=2, num_workers=2))
     assert "KeyError" in theirs
     assert same(ours, theirs)
@@ -94,8 +96,9 @@ def test_abandoned_iterator_stops_thread_and_workers(pinning):
 
 
 def test_persistent_workers_with_pinning(pinning):
-    loader = rloader.DataLoader(Ints(), batch_size=4, num_workers=2, pin_memory=True,
-                                persistent_workers=True)
+    loader = rloader.DataLoader(
+        Ints(), batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True
+    )
     expected = list(tud.DataLoader(Ints(), batch_size=4))
     first = iter(loader)
     next(first)  # a new epoch before this one is read through
@@ -107,8 +110,9 @@ def test_persistent_workers_with_pinning(pinning):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to pin for real")
 def test_worker_batches_are_pinned_for_real():
-    loader = rloader.DataLoader([(torch.ones(2), {"a": torch.zeros(1)})] * 4, batch_size=2,
-                                num_workers=2, pin_memory=True)
+    loader = rloader.DataLoader(
+        [(torch.ones(2), {"a": torch.zeros(1)})] * 4, batch_size=2, num_workers=2, pin_memory=True
+    )
     for x, d in loader:
         assert x.is_pinned() and d["a"].is_pinned()
 
@@ -132,8 +136,9 @@ def test_timeout_counts_the_users_wait_not_the_pin_threads(pinning):
     # The worker takes 1.2 s a batch, longer than the timeout, but the user spends 1.5 s on
     # each batch and so never waits for one: as with torch, which times the main thread's
     # wait, that is no timeout.
-    loader = rloader.DataLoader(SlowAfterFirst(3, 1.2), batch_size=1, num_workers=1,
-                                pin_memory=True, timeout=1.0)
+    loader = rloader.DataLoader(
+        SlowAfterFirst(3, 1.2), batch_size=1, num_workers=1, pin_memory=True, timeout=1.0
+    )
     out = []
     for batch in loader:
         out.append(batch)
@@ -142,8 +147,11 @@ def test_timeout_counts_the_users_wait_not_the_pin_threads(pinning):
 
 
 def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
-    it = iter(rloader.DataLoader(SlowAfterFirst(3, 3.0), batch_size=1, num_workers=1,
-                                 pin_memory=True, timeout=0.5))
+    it = iter(
+        rloader.DataLoader(
+            SlowAfterFirst(3, 3.0), batch_size=1, num_workers=1, pin_memory=True, timeout=0.5
+        )
+    )
     assert same(next(it), torch.tensor([[0]]))
     with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0\.5 seconds$"):
         next(it)
@@ -157,8 +165,14 @@ def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persistent):
     sampler = ThreadRecordingSampler(40)
-    loader = rloader.DataLoader(Ints(40), batch_size=2, sampler=sampler, num_workers=2,
-                                pin_memory=True, persistent_workers=persistent)
+    loader = rloader.DataLoader(
+        Ints(40),
+        batch_size=2,
+        sampler=sampler,
+        num_workers=2,
+        pin_memory=True,
+        persistent_workers=persistent,
+    )
     for _ in range(2):  # a second epoch restarts the sampler (and, persistent, the same workers)
         sampler.threads.clear()
         assert same(list(loader), list(tud.DataLoader(Ints(40), batch_size=2, num_workers=2)))
@@ -171,8 +185,16 @@ def test_keys_are_drawn_as_torch_draws_them(pinning, lib):
     # prefetch_factor * num_workers batches of keys in iter(), then one per batch handed out.
     sampler = CountingSampler(40)
     mod = tud if lib == "torch" else rloader
-    it = iter(mod.DataLoader(Ints(40), batch_size=2, sampler=sampler, num_workers=2,
-                             prefetch_factor=3, pin_memory=True))
+    it = iter(
+        mod.DataLoader(
+            Ints(40),
+            batch_size=2,
+            sampler=sampler,
+            num_workers=2,
+            prefetch_factor=3,
+            pin_memory=True,
+        )
+    )
     drawn = [sampler.drawn]
     for _ in range(3):
         next(it)
@@ -186,9 +208,16 @@ def test_a_sampler_error_goes_to_the_user_as_with_torch(pinning, good, workers, 
     # torch raises it from the next() whose batch triggered the draw (that batch is lost), then
     # yields what is in flight and ends the epoch once nothing is: never a hang.
     def read(lib):
-        return read_past_errors(lib.DataLoader(Ints(10), batch_size=1, sampler=FailingSampler(good),
-                                               num_workers=workers, prefetch_factor=prefetch,
-                                               pin_memory=True))
+        return read_past_errors(
+            lib.DataLoader(
+                Ints(10),
+                batch_size=1,
+                sampler=FailingSampler(good),
+                num_workers=workers,
+                prefetch_factor=prefetch,
+                pin_memory=True,
+            )
+        )
 
     theirs = read(tud)
     assert "IndexError" in theirs
@@ -198,15 +227,23 @@ def test_a_sampler_error_goes_to_the_user_as_with_torch(pinning, good, workers, 
 def test_a_sampler_error_in_iter_is_raised_from_iter(pinning):
     for lib in (tud, rloader):
         with pytest.raises(IndexError, match="sampler ran out of luck"):
-            iter(lib.DataLoader(Ints(10), batch_size=1, sampler=FailingSampler(2), num_workers=2,
-                                pin_memory=True))
+            iter(
+                lib.DataLoader(
+                    Ints(10),
+                    batch_size=1,
+                    sampler=FailingSampler(2),
+                    num_workers=2,
+                    pin_memory=True,
+                )
+            )
 
 
 def test_a_slow_consumer_with_nothing_in_flight_is_not_a_timeout(pinning):
     # One task in flight: while the user works on a batch, the pin thread has nothing to wait
     # for until the main thread draws the next keys. That is not the workers being late.
-    loader = rloader.DataLoader(Ints(6), batch_size=2, num_workers=1, prefetch_factor=1,
-                                pin_memory=True, timeout=0.3)
+    loader = rloader.DataLoader(
+        Ints(6), batch_size=2, num_workers=1, prefetch_factor=1, pin_memory=True, timeout=0.3
+    )
     out = []
     for batch in loader:
         out.append(batch)
@@ -220,8 +257,9 @@ def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
     gc.collect()
     gc.disable()
     try:
-        loader = rloader.DataLoader(Ints(40), batch_size=2, num_workers=2, pin_memory=True,
-                                    persistent_workers=True)
+        loader = rloader.DataLoader(
+            Ints(40), batch_size=2, num_workers=2, pin_memory=True, persistent_workers=True
+        )
         it = iter(loader)
         next(it)
         thread, procs = it._thread, list(it._rloader_pool.procs)
@@ -237,8 +275,9 @@ def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
 def test_a_batch_that_fails_to_unpickle_is_that_batchs_error_with_pinning_too(pinning):
     from test_workers import BadAtTwo
 
-    loader = rloader.DataLoader(BadAtTwo(), batch_size=1, num_workers=2,
-                                collate_fn=first_as_tensor, pin_memory=True)
+    loader = rloader.DataLoader(
+        BadAtTwo(), batch_size=1, num_workers=2, collate_fn=first_as_tensor, pin_memory=True
+    )
     expected = [torch.tensor([i]) if i != 2 else "ValueError" for i in range(8)]
     assert same(read_past_errors(loader), expected)
 
@@ -252,8 +291,14 @@ def test_a_pinned_persistent_loader_in_a_reference_cycle_is_collected(pinning):
     from test_workers import RefersToItsLoader
 
     sampler = RefersToItsLoader()
-    loader = rloader.DataLoader(Ints(20), batch_size=2, sampler=sampler, num_workers=2,
-                                pin_memory=True, persistent_workers=True)
+    loader = rloader.DataLoader(
+        Ints(20),
+        batch_size=2,
+        sampler=sampler,
+        num_workers=2,
+        pin_memory=True,
+        persistent_workers=True,
+    )
     sampler.loader = loader
     it = iter(loader)
     next(it)
@@ -284,8 +329,15 @@ def test_an_iterable_datasets_workers_run_as_far_ahead_as_with_torch(pinning):
 
     def produced_before_each_next(lib, **kwargs):
         produced = multiprocessing.get_context("fork").Value("i", 0)
-        it = iter(lib.DataLoader(CountedStream(produced), batch_size=None, num_workers=2,
-                                 multiprocessing_context="fork", **kwargs))
+        it = iter(
+            lib.DataLoader(
+                CountedStream(produced),
+                batch_size=None,
+                num_workers=2,
+                multiprocessing_context="fork",
+                **kwargs,
+            )
+        )
         row = []
         for _ in range(4):
             threading.Event().wait(0.5)  # the workers fill what they may meanwhile
@@ -308,8 +360,9 @@ class UnevenStream(tud.IterableDataset):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_an_iterable_dataset_ending_unevenly_gives_torchs_batches(pinning, persistent):
     def epochs(lib, **kwargs):
-        loader = lib.DataLoader(UnevenStream(), batch_size=2, num_workers=2,
-                                persistent_workers=persistent, **kwargs)
+        loader = lib.DataLoader(
+            UnevenStream(), batch_size=2, num_workers=2, persistent_workers=persistent, **kwargs
+        )
         return [list(loader) for _ in range(2)]
 
     assert same(epochs(rloader, pin_memory=True), epochs(tud))
@@ -333,11 +386,14 @@ def test_a_worker_dying_as_a_pinned_persistent_epoch_starts_is_reported(pinning)
     # The first epoch is read slowly, so the main thread drew tokens the pin thread never
     # sent; the new epoch must not take them for work to do (it used to spin, GIL held, and
     # never notice the dead worker).
-    loader = rloader.DataLoader(DiesOnResume(), batch_size=2, num_workers=2,
-                                persistent_workers=True, pin_memory=True)
+    loader = rloader.DataLoader(
+        DiesOnResume(), batch_size=2, num_workers=2, persistent_workers=True, pin_memory=True
+    )
     for _ in loader:
         threading.Event().wait(0.2)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
+    with pytest.raises(
+        RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+    ) as err:
         list(loader)
     assert "exited unexpectedly with exit code 3" in str(err.value.__cause__)
     # The workers are gone; the next epoch starts new ones.
@@ -365,16 +421,27 @@ class ThreeWorkerStream(tud.IterableDataset):
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
-@pytest.mark.skipif(_compat.TORCH < "2.7", reason="torch before 2.7 hands in_order=False tasks "
-                    "round-robin; rloader keeps the newer rule (in_order=False promises no order)")
+@pytest.mark.skipif(
+    _compat.TORCH < "2.7",
+    reason="torch before 2.7 hands in_order=False tasks "
+    "round-robin; rloader keeps the newer rule (in_order=False promises no order)",
+)
 def test_out_of_order_tokens_no_worker_may_take_are_dropped_as_torch_drops_them(pinning):
     import multiprocessing
 
     def produced_before_each_next(lib, **kwargs):
         produced = multiprocessing.get_context("fork").Value("i", 0)
-        it = iter(lib.DataLoader(ThreeWorkerStream(produced), batch_size=None, num_workers=3,
-                                 prefetch_factor=1, in_order=False,
-                                 multiprocessing_context="fork", **kwargs))
+        it = iter(
+            lib.DataLoader(
+                ThreeWorkerStream(produced),
+                batch_size=None,
+                num_workers=3,
+                prefetch_factor=1,
+                in_order=False,
+                multiprocessing_context="fork",
+                **kwargs,
+            )
+        )
         row = []
         while True:
             threading.Event().wait(0.3)  # the workers fill what they may meanwhile
@@ -395,15 +462,22 @@ def test_the_iterable_length_warning_is_torchs_with_pinning_too(pinning, persist
     from test_torch_parity import ReportedFive
 
     def warned(lib):
-        loader = lib.DataLoader(ReportedFive(), batch_size=1, num_workers=2, pin_memory=True,
-                                persistent_workers=persistent)
+        loader = lib.DataLoader(
+            ReportedFive(),
+            batch_size=1,
+            num_workers=2,
+            pin_memory=True,
+            persistent_workers=persistent,
+        )
         len(loader)
         seen = []
         for _epoch in range(2):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 count = len(list(loader))
-            seen.append((count, [str(w.message) for w in caught if "IterableDataset" in str(w.message)]))
+            seen.append(
+                (count, [str(w.message) for w in caught if "IterableDataset" in str(w.message)])
+            )
         return seen
 
     expected = warned(tud)  # torch warns the same with or without an accelerator to pin for

@@ -42,27 +42,45 @@ def loaders():
     weights = [float(i % 5 + 1) for i in range(N)]
     return {
         "sequential": lambda nw, g: rloader.DataLoader(data, batch_size=4, num_workers=nw),
-        "shuffle": lambda nw, g: rloader.DataLoader(data, batch_size=4, shuffle=True, num_workers=nw,
-                                                    generator=g),
+        "shuffle": lambda nw, g: rloader.DataLoader(
+            data, batch_size=4, shuffle=True, num_workers=nw, generator=g
+        ),
         "random with replacement": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, generator=g,
-            sampler=rloader.RandomSampler(data, replacement=True, num_samples=30, generator=g)),
+            data,
+            batch_size=4,
+            num_workers=nw,
+            generator=g,
+            sampler=rloader.RandomSampler(data, replacement=True, num_samples=30, generator=g),
+        ),
         "subset random": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=rloader.SubsetRandomSampler(range(3, 33), g)),
+            data, batch_size=4, num_workers=nw, sampler=rloader.SubsetRandomSampler(range(3, 33), g)
+        ),
         "weighted": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=rloader.WeightedRandomSampler(weights, 40, generator=g)),
+            data,
+            batch_size=4,
+            num_workers=nw,
+            sampler=rloader.WeightedRandomSampler(weights, 40, generator=g),
+        ),
         "weighted without replacement": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw,
-            sampler=rloader.WeightedRandomSampler(weights, 30, replacement=False, generator=g)),
+            data,
+            batch_size=4,
+            num_workers=nw,
+            sampler=rloader.WeightedRandomSampler(weights, 30, replacement=False, generator=g),
+        ),
         "batch sampler": lambda nw, g: rloader.DataLoader(
-            data, num_workers=nw,
-            batch_sampler=rloader.BatchSampler(rloader.RandomSampler(data, generator=g), 5, True)),
+            data,
+            num_workers=nw,
+            batch_sampler=rloader.BatchSampler(rloader.RandomSampler(data, generator=g), 5, True),
+        ),
         "torch's random sampler": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=tud.RandomSampler(data, generator=g)),
+            data, batch_size=4, num_workers=nw, sampler=tud.RandomSampler(data, generator=g)
+        ),
         "user's stateful sampler": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=CountingSampler(N)),
+            data, batch_size=4, num_workers=nw, sampler=CountingSampler(N)
+        ),
         "no auto-batching": lambda nw, g: rloader.DataLoader(
-            data, batch_size=None, shuffle=True, num_workers=nw, generator=g),
+            data, batch_size=None, shuffle=True, num_workers=nw, generator=g
+        ),
     }
 
 
@@ -142,8 +160,14 @@ def test_resume_with_workers_and_another_worker_count(name, point, workers):
 
 def test_resume_with_persistent_workers():
     def make(nw, g):
-        return rloader.DataLoader(list(range(N)), batch_size=4, shuffle=True, num_workers=2,
-                                  persistent_workers=True, generator=g)
+        return rloader.DataLoader(
+            list(range(N)),
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=True,
+            generator=g,
+        )
 
     assert interrupted(make, 2, 2, 1, 3, 3, True) == uninterrupted(make, 2, 3, True)
 
@@ -155,8 +179,11 @@ def test_the_saved_order_travels_with_the_state():
     it = iter(loader)
     head = [next(it).tolist() for _ in range(3)]
     rest = [b.tolist() for b in it]
-    it = iter(rloader.DataLoader(range(100), batch_size=10, shuffle=True,
-                                 generator=torch.Generator().manual_seed(5)))
+    it = iter(
+        rloader.DataLoader(
+            range(100), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(5)
+        )
+    )
     for _ in range(3):
         next(it)
     fresh_gen = torch.Generator().manual_seed(5)
@@ -211,8 +238,9 @@ def test_load_state_dict_rejects_what_it_cannot_read():
 
 
 def rank_loader(world, rank, drop_last=False, batch_size=3):
-    sampler = rloader.DistributedSampler(range(N), num_replicas=world, rank=rank, seed=4,
-                                         drop_last=drop_last)
+    sampler = rloader.DistributedSampler(
+        range(N), num_replicas=world, rank=rank, seed=4, drop_last=drop_last
+    )
     return rloader.DataLoader(list(range(N)), batch_size=batch_size, sampler=sampler), sampler
 
 

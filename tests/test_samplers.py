@@ -20,7 +20,9 @@ from rloader import (
 )
 
 
-def draws_one(generator_before: torch.Generator, generator_after: torch.Generator, k: int = 1) -> bool:
+def draws_one(
+    generator_before: torch.Generator, generator_after: torch.Generator, k: int = 1
+) -> bool:
     """True when generator_after is generator_before advanced by exactly k int64 draws."""
     g = torch.Generator()
     g.set_state(generator_before.get_state())
@@ -46,8 +48,14 @@ CHI2_LIMIT_20DOF = 75.0
 
 @pytest.mark.parametrize(
     "name",
-    ["Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
-     "WeightedRandomSampler", "BatchSampler"],
+    [
+        "Sampler",
+        "SequentialSampler",
+        "RandomSampler",
+        "SubsetRandomSampler",
+        "WeightedRandomSampler",
+        "BatchSampler",
+    ],
 )
 def test_rloader_samplers_are_torch_samplers(name):
     assert issubclass(getattr(rloader, name), getattr(tud, name))
@@ -63,17 +71,23 @@ def test_distributed_sampler_is_torchs_and_lives_in_both_places():
 
 def test_sampler_generics():
     assert rloader.Sampler[int] is not None
+
     class MySampler(rloader.Sampler[int]):
         def __iter__(self):
             return iter([2, 0, 1])
+
     assert list(BatchSampler(MySampler(), 2, False)) == [[2, 0], [1]]
 
 
 def test_samplers_pickle():
-    for s in [SequentialSampler(range(5)), RandomSampler(range(5), generator=gen(1)),
-              SubsetRandomSampler([1, 2, 3]), WeightedRandomSampler([1.0, 2.0], 3),
-              BatchSampler(SequentialSampler(range(5)), 2, False),
-              rloader.DistributedSampler(range(10), num_replicas=2, rank=1)]:
+    for s in [
+        SequentialSampler(range(5)),
+        RandomSampler(range(5), generator=gen(1)),
+        SubsetRandomSampler([1, 2, 3]),
+        WeightedRandomSampler([1.0, 2.0], 3),
+        BatchSampler(SequentialSampler(range(5)), 2, False),
+        rloader.DistributedSampler(range(10), num_replicas=2, rank=1),
+    ]:
         clone = pickle.loads(pickle.dumps(s))
         assert type(clone) is type(s)
         assert len(clone) == len(s)
@@ -263,8 +277,13 @@ def test_weighted_beyond_torchs_category_cap():
 
 @pytest.mark.parametrize(
     "args",
-    [([1.0, 2.0], 0), ([1.0, 2.0], True), ([1.0, 2.0], 2.0), ([1.0, 2.0], 2, "yes"),
-     ([[1.0, 2.0]], 2)],
+    [
+        ([1.0, 2.0], 0),
+        ([1.0, 2.0], True),
+        ([1.0, 2.0], 2.0),
+        ([1.0, 2.0], 2, "yes"),
+        ([[1.0, 2.0]], 2),
+    ],
 )
 def test_weighted_construction_errors_match_torch(args):
     with pytest.raises(Exception) as theirs:
@@ -276,8 +295,14 @@ def test_weighted_construction_errors_match_torch(args):
 
 @pytest.mark.parametrize(
     "weights,k,replacement",
-    [([1.0, -1.0], 1, True), ([0.0, 0.0], 1, True), ([1.0, float("nan")], 1, True),
-     ([1.0, float("inf")], 1, False), ([1.0, 2.0], 3, False), ([0.0, 0.0], 1, False)],
+    [
+        ([1.0, -1.0], 1, True),
+        ([0.0, 0.0], 1, True),
+        ([1.0, float("nan")], 1, True),
+        ([1.0, float("inf")], 1, False),
+        ([1.0, 2.0], 3, False),
+        ([0.0, 0.0], 1, False),
+    ],
 )
 def test_weighted_iteration_errors_match_torch(weights, k, replacement):
     with pytest.raises(RuntimeError) as theirs:
@@ -303,7 +328,9 @@ def test_batch_matches_torch_over_sequential(n, bs, drop_last):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_batch_over_any_iterable(drop_last):
     for inner in ([5, "a", None, 3.5, (1, 2)], range(7), tud.SequentialSampler(range(5))):
-        assert list(BatchSampler(inner, 2, drop_last)) == list(tud.BatchSampler(inner, 2, drop_last))
+        assert list(BatchSampler(inner, 2, drop_last)) == list(
+            tud.BatchSampler(inner, 2, drop_last)
+        )
 
 
 def test_batch_over_random_sampler_is_a_partition():
@@ -319,15 +346,18 @@ def test_batch_honours_a_subclass_that_overrides_iter():
     class Reversed(SequentialSampler):
         def __iter__(self):
             return iter(reversed(range(len(self.data_source))))
+
     assert list(BatchSampler(Reversed(range(5)), 2, False)) == [[4, 3], [2, 1], [0]]
 
 
 def test_batch_calls_iter_lazily_like_torch():
     calls = []
+
     class Spy:
         def __iter__(self):
             calls.append(1)
             return iter(range(3))
+
     it = iter(BatchSampler(Spy(), 2, False))
     assert calls == []
     assert next(it) == [0, 1]
@@ -354,8 +384,12 @@ CASES = [(n, r, d) for n in (0, 1, 3, 10, 17, 100) for r in (1, 2, 3, 8) for d i
 @pytest.mark.parametrize("n,replicas,drop_last", CASES)
 def test_distributed_unshuffled_matches_torch_exactly(n, replicas, drop_last):
     for rank in range(replicas):
-        theirs = tud.distributed.DistributedSampler(range(n), replicas, rank, shuffle=False, drop_last=drop_last)
-        ours = rloader.DistributedSampler(range(n), replicas, rank, shuffle=False, drop_last=drop_last)
+        theirs = tud.distributed.DistributedSampler(
+            range(n), replicas, rank, shuffle=False, drop_last=drop_last
+        )
+        ours = rloader.DistributedSampler(
+            range(n), replicas, rank, shuffle=False, drop_last=drop_last
+        )
         assert (ours.num_samples, ours.total_size) == (theirs.num_samples, theirs.total_size)
         assert len(ours) == len(theirs)
         if n == 0 and not drop_last:
@@ -365,8 +399,10 @@ def test_distributed_unshuffled_matches_torch_exactly(n, replicas, drop_last):
 
 @pytest.mark.parametrize("n,replicas,drop_last", [c for c in CASES if c[0] > 0])
 def test_distributed_shuffled_partition(n, replicas, drop_last):
-    shards = [list(rloader.DistributedSampler(range(n), replicas, r, seed=7, drop_last=drop_last))
-              for r in range(replicas)]
+    shards = [
+        list(rloader.DistributedSampler(range(n), replicas, r, seed=7, drop_last=drop_last))
+        for r in range(replicas)
+    ]
     theirs = tud.distributed.DistributedSampler(range(n), replicas, 0, drop_last=drop_last)
     assert all(len(s) == theirs.num_samples for s in shards)
     # Interleaving the shards rebuilds the (padded or trimmed) order, as torch builds it.
@@ -439,7 +475,9 @@ def test_weighted_draws_ahead_on_a_thread_that_goes_with_the_iterator():
     import gc
 
     weights = torch.rand(100_000, generator=torch.Generator().manual_seed(3)).double()
-    sampler = rloader.WeightedRandomSampler(weights, 100_000, generator=torch.Generator().manual_seed(4))
+    sampler = rloader.WeightedRandomSampler(
+        weights, 100_000, generator=torch.Generator().manual_seed(4)
+    )
     whole = list(sampler)
     sampler.generator = torch.Generator().manual_seed(4)
     it = iter(sampler)

@@ -34,8 +34,12 @@ class Samples(tud.Dataset):
             return torch.full((3, 8, 8), float(i)), i
         if self.kind == "numpy":
             return np.full((3, 8, 8), i % 256, dtype=np.uint8)
-        return {"x": torch.full((4,), float(i)), "y": np.full((2,), i, dtype=np.int32),
-                "name": str(i), "n": i}
+        return {
+            "x": torch.full((4,), float(i)),
+            "y": np.full((2,), i, dtype=np.int32),
+            "name": str(i),
+            "n": i,
+        }
 
 
 @pytest.mark.parametrize("kind", ["tensor", "numpy", "mixed"])
@@ -102,8 +106,9 @@ def test_a_batch_the_worker_still_holds_is_not_overwritten():
     # worker's own hold on batch k-2 (which it returns now) keeps that slot from being
     # collated into again.
     ds = Samples(80, "tensor")
-    loader = rloader.DataLoader(ds, batch_size=4, num_workers=1, prefetch_factor=1,
-                                collate_fn=KeepTwoBack())
+    loader = rloader.DataLoader(
+        ds, batch_size=4, num_workers=1, prefetch_factor=1, collate_fn=KeepTwoBack()
+    )
     it = iter(loader)
     batch = next(it)
     for k in range(1, 20):
@@ -113,7 +118,9 @@ def test_a_batch_the_worker_still_holds_is_not_overwritten():
         assert cur[1].tolist() == list(range(4 * k, 4 * (k + 1))), k
         if k >= 2:
             assert old[1].tolist() == list(range(4 * (k - 2), 4 * (k - 1))), k
-            assert torch.equal(old[0][:, 0, 0, 0], torch.arange(4 * (k - 2), 4 * (k - 1)).float()), k
+            assert torch.equal(
+                old[0][:, 0, 0, 0], torch.arange(4 * (k - 2), 4 * (k - 1)).float()
+            ), k
         batch = [old, cur]
         del old, cur
     assert it._transport_counts[1] == 0

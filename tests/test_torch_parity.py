@@ -33,14 +33,19 @@ def same(fn, torch_lib=tud):
 @pytest.mark.parametrize("batch_size", [10**12, 2**62])
 def test_batch_size_far_beyond_the_data(batch_size):
     def listed(lib):
-        return [b.tolist() for b in lib.DataLoader(list(range(3)), sampler=[0, 1, 2], batch_size=batch_size)]
+        return [
+            b.tolist()
+            for b in lib.DataLoader(list(range(3)), sampler=[0, 1, 2], batch_size=batch_size)
+        ]
 
     same(listed)
     same(lambda lib: list(lib.BatchSampler(range(3), batch_size, False)))
     same(lambda lib: list(lib.BatchSampler(lib.SequentialSampler(range(3)), batch_size, False)))
 
 
-@pytest.mark.parametrize("flags", [dict(persistent_workers=1), dict(in_order=1), dict(in_order=None)])
+@pytest.mark.parametrize(
+    "flags", [dict(persistent_workers=1), dict(in_order=1), dict(in_order=None)]
+)
 def test_flags_are_taken_by_truth_as_torch_takes_them(flags):
     def listed(lib):
         return [b.tolist() for b in lib.DataLoader(list(range(3)), num_workers=1, **flags)]
@@ -79,14 +84,18 @@ def test_weighted_sampler_with_weights_reassigned_to_a_list():
     same(reassigned)
 
 
-@pytest.mark.parametrize("indices", [[2**64], [2**64 + 5, 3], {1, 2}], ids=["2**64", "mixed", "set"])
+@pytest.mark.parametrize(
+    "indices", [[2**64], [2**64 + 5, 3], {1, 2}], ids=["2**64", "mixed", "set"]
+)
 def test_subset_random_sampler_indices_as_torch_takes_them(indices):
     same(lambda lib: sorted(lib.SubsetRandomSampler(indices)))
 
 
 def test_distributed_sampler_reads_its_size_attributes():
     def capped(lib):
-        sampler = lib.DistributedSampler(list(range(10)), num_replicas=2, rank=0, shuffle=False, drop_last=True)
+        sampler = lib.DistributedSampler(
+            list(range(10)), num_replicas=2, rank=0, shuffle=False, drop_last=True
+        )
         sampler.num_samples, sampler.total_size = 2, 4
         return len(sampler), list(sampler)
 
@@ -149,7 +158,9 @@ def test_handlers_registered_on_torchs_map_are_used(torch_map, num_workers):
     torch_map[Point] = collate_points
 
     def loaded(lib):
-        return list(lib.DataLoader([Point(1), Point(2), Point(3)], batch_size=2, num_workers=num_workers))
+        return list(
+            lib.DataLoader([Point(1), Point(2), Point(3)], batch_size=2, num_workers=num_workers)
+        )
 
     same(loaded)
     assert rloader.default_collate([Point(5), Point(6)]) == [5, 6]
@@ -183,15 +194,18 @@ def test_iterable_length_warning_as_torchs(num_workers, persistent):
     def warned(lib):
         import warnings
 
-        loader = lib.DataLoader(ReportedFive(), batch_size=None, num_workers=num_workers,
-                                persistent_workers=persistent)
+        loader = lib.DataLoader(
+            ReportedFive(), batch_size=None, num_workers=num_workers, persistent_workers=persistent
+        )
         len(loader)
         seen = []
         for _epoch in range(2):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 count = len(list(loader))
-            seen.append((count, [str(w.message) for w in caught if "IterableDataset" in str(w.message)]))
+            seen.append(
+                (count, [str(w.message) for w in caught if "IterableDataset" in str(w.message)])
+            )
         return seen
 
     expected, got = outcome(warned, tud), outcome(warned, rloader)
@@ -264,8 +278,12 @@ def test_rloaders_names_check_objects_built_on_torchs_classes():
     assert not isinstance(tud.SequentialSampler(range(3)), rloader.RandomSampler)
     assert isinstance(tud.TensorDataset(torch.zeros(2)), rloader.TensorDataset)
     assert isinstance(tud.DataLoader(range(3)), rloader.DataLoader)
-    assert isinstance(tud_distributed.DistributedSampler(range(4), 2, 0), rloader.distributed.DistributedSampler)
-    assert issubclass(TorchStream, rloader.IterableDataset) and not issubclass(TorchMap, rloader.IterableDataset)
+    assert isinstance(
+        tud_distributed.DistributedSampler(range(4), 2, 0), rloader.distributed.DistributedSampler
+    )
+    assert issubclass(TorchStream, rloader.IterableDataset) and not issubclass(
+        TorchMap, rloader.IterableDataset
+    )
     # rloader's own objects still pass both libraries' checks.
     assert isinstance(rloader.TensorDataset(torch.zeros(2)), tud.TensorDataset)
     assert isinstance(rloader.TensorDataset(torch.zeros(2)), rloader.TensorDataset)
@@ -283,7 +301,9 @@ def test_a_users_subclass_of_an_rloader_class_checks_as_any_class():
 
     assert isinstance(Mine(), Mine) and isinstance(Mine(), tud.Dataset)
     assert not isinstance(Other(), Mine) and not issubclass(Other, Mine)
-    assert [b.tolist() for b in rloader.DataLoader(Mine(), sampler=[0, 1], batch_size=2)] == [[0, 1]]
+    assert [b.tolist() for b in rloader.DataLoader(Mine(), sampler=[0, 1], batch_size=2)] == [
+        [0, 1]
+    ]
 
 
 class DiesAtSample3(tud.Dataset):

@@ -49,7 +49,9 @@ KINDS = {
     "empty": lambda b: torch.empty(0, len(b)),
     "numpy float16 view": lambda b: np.arange(40, dtype=np.float16).reshape(4, 10)[1:, :: len(b)],
     "numpy object": lambda b: np.array([i if i % 2 else str(i) for i in b], dtype=object),
-    "numpy structured": lambda b: np.array([(i, i / 2) for i in b], dtype=[("a", "i4"), ("b", "f8")]),
+    "numpy structured": lambda b: np.array(
+        [(i, i / 2) for i in b], dtype=[("a", "i4"), ("b", "f8")]
+    ),
     "numpy strings": lambda b: np.array([str(i) * 3 for i in b]),
     "numpy datetime": lambda b: np.array(b, dtype="datetime64[D]"),
     "object": lambda b: {"ids": tuple(b), "names": [f"s{i}" for i in b], "none": None},
@@ -86,8 +88,9 @@ def plain(x):
 
 def batches(lib, kind, num_workers=2, **kwargs):
     data = list(range(12))
-    loader = lib.DataLoader(data, batch_size=4, num_workers=num_workers,
-                            collate_fn=KindCollate(kind), **kwargs)
+    loader = lib.DataLoader(
+        data, batch_size=4, num_workers=num_workers, collate_fn=KindCollate(kind), **kwargs
+    )
     return [plain(b) for b in loader]
 
 
@@ -122,14 +125,17 @@ def unpicklable_third_batch(batch):
 def test_a_batch_whose_pickling_raises_is_that_batchs_error():
     # torch's worker queue drops such a batch (its feeder thread prints the error) and the main
     # process waits for it forever; rloader reports it as torch reports a worker's exception.
-    loader = rloader.DataLoader(list(range(16)), batch_size=4, num_workers=2,
-                                collate_fn=unpicklable_third_batch)
+    loader = rloader.DataLoader(
+        list(range(16)), batch_size=4, num_workers=2, collate_fn=unpicklable_third_batch
+    )
     it = iter(loader)
     assert [next(it).tolist() for _ in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     with pytest.raises(pickle.PicklingError) as err:
         next(it)
     text = str(err.value)
-    assert text.startswith("Caught PicklingError in DataLoader worker process 0.\nOriginal Traceback")
+    assert text.startswith(
+        "Caught PicklingError in DataLoader worker process 0.\nOriginal Traceback"
+    )
     assert "this object stays in its process" in text and "__reduce__" in text
     # The worker lives on: the next batch comes, as after any worker exception.
     assert next(it).tolist() == [12, 13, 14, 15]

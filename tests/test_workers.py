@@ -52,9 +52,14 @@ def test_same_batches_as_torch_under_each_start_method(context):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(batch_size=5, drop_last=True), dict(batch_size=None), dict(batch_size=3, prefetch_factor=1),
-     dict(batch_size=2, num_workers=3, prefetch_factor=4), dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
-     dict(batch_size=4, collate_fn=lambda b: [x["i"] for x in b])],
+    [
+        dict(batch_size=5, drop_last=True),
+        dict(batch_size=None),
+        dict(batch_size=3, prefetch_factor=1),
+        dict(batch_size=2, num_workers=3, prefetch_factor=4),
+        dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
+        dict(batch_size=4, collate_fn=lambda b: [x["i"] for x in b]),
+    ],
 )
 # More workers than this machine's cores, on purpose: torch's warning about it is expected.
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -66,9 +71,15 @@ def test_same_batches_as_torch(kwargs):
 
 def test_shuffle_is_reproducible_and_a_permutation():
     def epoch(seed):
-        loader = rloader.DataLoader(Squares(50), batch_size=8, shuffle=True, num_workers=2,
-                                    generator=torch.Generator().manual_seed(seed))
+        loader = rloader.DataLoader(
+            Squares(50),
+            batch_size=8,
+            shuffle=True,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(seed),
+        )
         return [i for b in loader for i in b["i"].tolist()]
+
     a = epoch(1)
     assert sorted(a) == list(range(50))
     assert epoch(1) == a and epoch(2) != a
@@ -85,8 +96,15 @@ class SeedReport(tud.Dataset):
 
     def __getitem__(self, i):
         info = tud.get_worker_info()
-        return (info.id, info.num_workers, info.seed, torch.initial_seed(), random.random(),
-                float(np.random.random()), float(torch.rand(())))
+        return (
+            info.id,
+            info.num_workers,
+            info.seed,
+            torch.initial_seed(),
+            random.random(),
+            float(np.random.random()),
+            float(torch.rand(())),
+        )
 
 
 def test_worker_seeds_match_torch():
@@ -106,7 +124,9 @@ def test_forked_workers_inherit_numpy_random():
     import sys
 
     script = "import sys, rloader; print('numpy.random' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.stdout.strip() == "True", done.stderr
 
 
@@ -114,7 +134,9 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
     from rloader import _workers
 
     def nested(limit=None):
-        return traceback.format_stack(limit=limit), _workers._stack_lines_without_source(limit=limit)
+        return traceback.format_stack(limit=limit), _workers._stack_lines_without_source(
+            limit=limit
+        )
 
     for limit in (None, 0, 2, -2, 1000):
         full, short = nested(limit)
@@ -129,7 +151,9 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
         queued = [call for call in torch.cuda._lazy_seed_tracker.get_calls() if call]
         assert queued
         for _, stack in queued:
-            assert stack and all(entry.startswith("  File ") and entry.count("\n") == 1 for entry in stack)
+            assert stack and all(
+                entry.startswith("  File ") and entry.count("\n") == 1 for entry in stack
+            )
 
 
 # torch's iterator, failing in its __init__, fails again in its __del__: torch's noise.
@@ -146,7 +170,9 @@ def test_prefetch_factor_zero_fails_at_iter_like_torch():
     assert draws[0] == draws[1]
     assert texts[0] == texts[1]  # torch's text (none before torch 2.10)
     if _compat.TORCH >= "2.10":
-        assert texts[1] == "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+        assert (
+            texts[1] == "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+        )
 
 
 def test_get_worker_info_is_none_in_the_main_process():
@@ -205,7 +231,9 @@ def test_documented_iterable_examples(workers):
     assert same(ours, theirs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)]
+)
 def test_iterable_batches_per_worker_like_torch(kwargs):
     theirs, ours = both(PlainRange(0, 10), num_workers=2, **kwargs)
     assert same(ours, theirs)
@@ -227,8 +255,13 @@ def counting_init(worker_id):
 
 
 def test_persistent_workers_survive_epochs_and_init_once():
-    loader = rloader.DataLoader(InitCount(), batch_size=None, num_workers=2, persistent_workers=True,
-                                worker_init_fn=counting_init)
+    loader = rloader.DataLoader(
+        InitCount(),
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        worker_init_fn=counting_init,
+    )
     first = list(loader)
     second = list(loader)
     assert {p for p, _ in first} == {p for p, _ in second}
@@ -237,7 +270,9 @@ def test_persistent_workers_survive_epochs_and_init_once():
 
 
 def test_persistent_workers_on_iterable_dataset():
-    loader = rloader.DataLoader(PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True)
+    loader = rloader.DataLoader(
+        PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True
+    )
     theirs = tud.DataLoader(PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True)
     for _ in range(2):
         assert same(list(loader), list(theirs))
@@ -318,11 +353,16 @@ class Dies(tud.Dataset):
         return i
 
 
-@pytest.mark.parametrize("how,expected", [("exit", "exited unexpectedly with exit code 3"), ("kill", "is killed by signal: Killed")])
+@pytest.mark.parametrize(
+    "how,expected",
+    [("exit", "exited unexpectedly with exit code 3"), ("kill", "is killed by signal: Killed")],
+)
 def test_dead_worker_is_reported_quickly(how, expected):
     loader = rloader.DataLoader(Dies(how), batch_size=1, num_workers=2)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
+    with pytest.raises(
+        RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+    ) as err:
         list(loader)
     assert time.monotonic() - start < 10
     assert expected in str(err.value.__cause__)
@@ -344,7 +384,9 @@ def test_worker_exiting_with_code_0_before_answering_is_reported():
     # The sampler is exhausted before sample 7, so the worker was already sent STOP: exiting
     # is expected of it then, but not with an answer still owed.
     loader = rloader.DataLoader(ExitsCleanly(), batch_size=1, num_workers=2)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
+    with pytest.raises(
+        RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+    ) as err:
         list(loader)
     assert "that was worker 1" in str(err.value.__cause__)
 
@@ -355,7 +397,9 @@ def exit_with_3_when_done(worker_id):
 
 
 def test_worker_crashing_after_its_last_answer_costs_nothing():
-    loader = rloader.DataLoader(Ints(12), batch_size=2, num_workers=2, worker_init_fn=exit_with_3_when_done)
+    loader = rloader.DataLoader(
+        Ints(12), batch_size=2, num_workers=2, worker_init_fn=exit_with_3_when_done
+    )
     it = iter(loader)
     procs = it._rloader_pool.procs
     batches = [next(it) for _ in range(3)]  # the sampler is exhausted: the workers may leave
@@ -425,7 +469,9 @@ def settled_resources():
 
 def test_abandoned_iterators_leave_nothing_behind():
     before = settled_resources()
-    loader = rloader.DataLoader(Squares(100), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader = rloader.DataLoader(
+        Squares(100), batch_size=2, num_workers=2, multiprocessing_context="fork"
+    )
     for k in range(200):
         it = iter(loader)
         next(it)
@@ -470,8 +516,14 @@ def run_script(code: str, timeout: float = 150, **kwargs):
     import sys
     import textwrap
 
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, cwd=os.path.dirname(__file__), **kwargs)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=os.path.dirname(__file__),
+        **kwargs,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -507,10 +559,10 @@ def test_workers_exit_when_the_main_process_dies(context):
 @pytest.mark.parametrize("pin", [False, True])
 def test_interpreter_exit_with_a_live_iterator_is_prompt(pin):
     done = run_script(f"""
-        import time, rloader, rloader.dataloader
+        import time, rloader, rloader._pin
         from test_workers import Squares
         # Stands in for pinning on a machine without an accelerator (see test_pin_thread.py).
-        rloader.dataloader._pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
+        rloader._pin.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
         it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=2, pin_memory={pin}))
         next(it)
         print(" ".join(str(p.pid) for p in it._rloader_pool.procs), flush=True)
@@ -556,8 +608,13 @@ try:
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=os.path.dirname(__file__))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(__file__),
+    )
     started = proc.stdout.readline()  # "start", and the child's signal masks (for a failure)
     assert started.startswith("start")
     time.sleep(1.5)
@@ -582,8 +639,15 @@ def test_iterable_dataset_with_in_order_false_ends():
 def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
     def draws(lib):
         sampler = CountingSampler(60)
-        loader = lib.DataLoader(Squares(60), batch_size=2, sampler=sampler, num_workers=2,
-                                prefetch_factor=3, in_order=in_order, persistent_workers=persistent)
+        loader = lib.DataLoader(
+            Squares(60),
+            batch_size=2,
+            sampler=sampler,
+            num_workers=2,
+            prefetch_factor=3,
+            in_order=in_order,
+            persistent_workers=persistent,
+        )
         counts = []
         for _ in range(2):  # the second epoch restarts the sampler (persistent: same workers)
             sampler.drawn = 0
@@ -604,8 +668,15 @@ def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch)
     # torch raises it from the next() whose batch triggered the draw (that batch is lost), then
     # yields what is in flight and ends the epoch once nothing is: never a hang.
     def read(lib):
-        return read_past_errors(lib.DataLoader(Squares(10), batch_size=1, sampler=FailingSampler(good),
-                                               num_workers=workers, prefetch_factor=prefetch))
+        return read_past_errors(
+            lib.DataLoader(
+                Squares(10),
+                batch_size=1,
+                sampler=FailingSampler(good),
+                num_workers=workers,
+                prefetch_factor=prefetch,
+            )
+        )
 
     theirs = read(tud)
     assert "IndexError" in theirs
@@ -632,8 +703,9 @@ def test_large_tasks_and_large_answers_do_not_wait_on_each_other():
     # 30,000 keys fill most of a task ring and each answer (a 6 MB pickle) streams through the
     # answer ring: the main thread must take answers in while the next task waits for room.
     def first_three(lib):
-        loader = lib.DataLoader(Strings(), batch_size=30_000, num_workers=1, prefetch_factor=4,
-                                collate_fn=as_list)
+        loader = lib.DataLoader(
+            Strings(), batch_size=30_000, num_workers=1, prefetch_factor=4, collate_fn=as_list
+        )
         out = []
         for batch in loader:
             out.append(batch)
@@ -696,8 +768,9 @@ def test_a_persistent_loader_in_a_reference_cycle_is_collected():
     # The sampler refers back to the loader, which holds its iterator: a cycle through the
     # iterator's Rust side, which the garbage collector must see through.
     sampler = RefersToItsLoader()
-    loader = rloader.DataLoader(Squares(20), batch_size=2, sampler=sampler, num_workers=2,
-                                persistent_workers=True)
+    loader = rloader.DataLoader(
+        Squares(20), batch_size=2, sampler=sampler, num_workers=2, persistent_workers=True
+    )
     sampler.loader = loader
     it = iter(loader)
     next(it)
@@ -716,8 +789,11 @@ class OneSlowSample(tud.Dataset):
         return i
 
 
-@pytest.mark.skipif(_compat.TORCH < "2.7", reason="torch before 2.7 hands in_order=False tasks "
-                    "round-robin; rloader keeps the newer rule (in_order=False promises no order)")
+@pytest.mark.skipif(
+    _compat.TORCH < "2.7",
+    reason="torch before 2.7 hands in_order=False tasks "
+    "round-robin; rloader keeps the newer rule (in_order=False promises no order)",
+)
 def test_out_of_order_a_slow_worker_holds_only_its_share():
     # torch: with in_order=False a task skips a worker already holding prefetch_factor tasks,
     # so while worker 0 sleeps on sample 0 (holding tasks 0 and 2) worker 1 does all the rest.
@@ -745,8 +821,11 @@ def _exit_at_start(worker_id):
 @pytest.mark.timeout(20)  # the streamed send used to wait 30 s, then call the worker "stuck"
 def test_a_worker_dead_before_reading_a_streamed_task_is_reported():
     # 40,000 keys make a task larger than the task ring: it streams, while liveness is checked.
-    loader = rloader.DataLoader(list(range(100_000)), batch_size=40_000, num_workers=1,
-                                worker_init_fn=_exit_at_start)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly") as err:
+    loader = rloader.DataLoader(
+        list(range(100_000)), batch_size=40_000, num_workers=1, worker_init_fn=_exit_at_start
+    )
+    with pytest.raises(
+        RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+    ) as err:
         list(loader)
     assert "exited unexpectedly with exit code 1" in str(err.value.__cause__)

@@ -53,8 +53,7 @@ _SPARSE_LAYOUTS = frozenset(
 )
 
 default_collate_err_msg_format = (
-    "default_collate: batch must contain tensors, numpy arrays, numbers, "
-    "dicts or lists; found {}"
+    "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 )
 
 

@@ -52,6 +52,12 @@ def pin_memory_warnings(pin_memory_device: str) -> tuple:
     generator of its own so that no RNG moves."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        iter(tud.DataLoader([0], pin_memory=True, pin_memory_device=pin_memory_device,
-                            generator=torch.Generator()))
+        iter(
+            tud.DataLoader(
+                [0],
+                pin_memory=True,
+                pin_memory_device=pin_memory_device,
+                generator=torch.Generator(),
+            )
+        )
     return tuple((w.category, str(w.message)) for w in caught)

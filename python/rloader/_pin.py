@@ -7,13 +7,14 @@ import copy
 import queue
 import threading
 import time
+import warnings
 import weakref
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from torch._utils import ExceptionWrapper
 
-from . import _rloader
+from . import _compat, _rloader
 
 __all__ = ["PinnedBatches", "pin_batch"]
 
@@ -87,8 +88,17 @@ class PinnedBatches:
     garbage once dropped.
     """
 
-    def __init__(self, source, pin, length_of, timeout: float = 0, feed=None, drawn: int = 0,
-                 new_feed=None, reported_len=None) -> None:
+    def __init__(
+        self,
+        source,
+        pin,
+        length_of,
+        timeout: float = 0,
+        feed=None,
+        drawn: int = 0,
+        new_feed=None,
+        reported_len=None,
+    ) -> None:
         self._source = source
         # For (dataset, len(loader)) when that was asked of an IterableDataset's loader: torch
         # warns for each batch beyond it.
@@ -112,7 +122,9 @@ class PinnedBatches:
         self._queue: queue.Queue = queue.Queue(1)
         self._stop = threading.Event()
         self._ended = False
-        device = torch.accelerator.current_device_index() if torch.accelerator.is_available() else None
+        device = (
+            torch.accelerator.current_device_index() if torch.accelerator.is_available() else None
+        )
         self._thread = threading.Thread(
             target=_pin_loop,
             args=(self._source, self._pin, self._queue, self._stop, device),
@@ -145,7 +157,9 @@ class PinnedBatches:
                 kind, value, answers_task = self._queue.get(timeout=wait)
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self._timeout} seconds"
+                    ) from None
                 if self._thread.is_alive():
                     continue
                 try:  # it may have queued its last item just before it ended
@@ -253,3 +267,18 @@ def _reraised(wrapper: ExceptionWrapper) -> BaseException:
     except BaseException as exc:
         return exc
     return RuntimeError(wrapper.exc_msg)
+
+
+def pin_plan(loader) -> Optional[Callable]:
+    """``pin_batch`` when batches should be pinned; warns as the user's torch does (its texts
+    and conditions differ between versions: ``_compat.pin_memory_warnings``)."""
+    if not loader.pin_memory:
+        return None
+    for category, text in _compat.pin_memory_warnings(loader.pin_memory_device):
+        warnings.warn(text, category, stacklevel=4)
+    if not torch.accelerator.is_available():
+        return None
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type == "mps":
+        return None
+    return pin_batch

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from . import _rloader
 from ._seed import draw_seed
 from .sampler import _InfiniteConstantSampler
 
@@ -84,8 +85,10 @@ def _generators(loader) -> dict:
     roles: dict = {"loader": loader.generator}
     sampler = _drawing_sampler(loader)
     gen = getattr(sampler, "generator", None) if sampler is not None else None
-    if sampler is not None and hasattr(sampler, "generator") and (
-        gen is None or isinstance(gen, torch.Generator)
+    if (
+        sampler is not None
+        and hasattr(sampler, "generator")
+        and (gen is None or isinstance(gen, torch.Generator))
     ):
         if gen is not loader.generator:
             roles["sampler"] = gen
@@ -100,8 +103,12 @@ def _sampler_state(sampler) -> Optional[dict]:
         state["state_dict"] = sampler.state_dict()
     if isinstance(sampler, tud.distributed.DistributedSampler):
         state["distributed"] = dict(
-            epoch=int(sampler.epoch), seed=int(sampler.seed), num_replicas=int(sampler.num_replicas),
-            rank=int(sampler.rank), shuffle=bool(sampler.shuffle), drop_last=bool(sampler.drop_last),
+            epoch=int(sampler.epoch),
+            seed=int(sampler.seed),
+            num_replicas=int(sampler.num_replicas),
+            rank=int(sampler.rank),
+            shuffle=bool(sampler.shuffle),
+            drop_last=bool(sampler.drop_last),
             length=len(sampler.dataset),
         )
     return state or None
@@ -166,7 +173,9 @@ class Epoch:
     def _apply(self) -> None:
         if not self._applied:
             self._applied = True
-            self._borrowed = _set_generators(self._loader, self._plan["generators"], borrow_global=True)
+            self._borrowed = _set_generators(
+                self._loader, self._plan["generators"], borrow_global=True
+            )
 
     def keys(self, keys):
         """The epoch's keys (``iter`` of the index sampler, after the base seed's draw), with
@@ -261,11 +270,18 @@ def state_dict(loader) -> dict:
     progress = epoch.progress() if epoch is not None else None
     if progress is not None and not progress[1]:
         if epoch.elastic_from is not None:
-            return dict(state, position=int(progress[0]), generators={}, elastic_from=epoch.elastic_from)
+            return dict(
+                state, position=int(progress[0]), generators={}, elastic_from=epoch.elastic_from
+            )
         position = int(progress[0])
-        state = dict(state, position=position, generators=dict(epoch.generators),
-                     sampler=epoch.sampler, pulled=position > 0 or epoch.pulls_in_iter,
-                     base_drawn=epoch.base_drawn)
+        state = dict(
+            state,
+            position=position,
+            generators=dict(epoch.generators),
+            sampler=epoch.sampler,
+            pulled=position > 0 or epoch.pulls_in_iter,
+            base_drawn=epoch.base_drawn,
+        )
         if _stateful_stream(loader):
             state["dataset"] = loader.dataset.state_dict()
         return state
@@ -312,8 +328,6 @@ def load_state_dict(loader, state) -> None:
 
 
 def _elastic_plan(loader, states: list, position: int) -> dict:
-    from . import _rloader
-
     if not states:
         raise ValueError("load_state_dict() was given an empty list of rank states")
     sampler = _drawing_sampler(loader)
@@ -333,7 +347,14 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
     world = first["num_replicas"]
     if sorted(info["rank"] for info in infos) != list(range(world)) or any(
         (i["num_replicas"], i["epoch"], i["seed"], i["shuffle"], i["drop_last"], i["length"])
-        != (world, first["epoch"], first["seed"], first["shuffle"], first["drop_last"], first["length"])
+        != (
+            world,
+            first["epoch"],
+            first["seed"],
+            first["shuffle"],
+            first["drop_last"],
+            first["length"],
+        )
         for i in infos
     ):
         raise ValueError(
@@ -345,7 +366,9 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
         return dict(format=FORMAT, position=None, sampler=None, generators={})
     n = first["length"]
     if n != len(sampler.dataset):
-        raise ValueError(f"the saved job's dataset had {n} samples, this one has {len(sampler.dataset)}")
+        raise ValueError(
+            f"the saved job's dataset had {n} samples, this one has {len(sampler.dataset)}"
+        )
     num_samples = (
         math.ceil((n - world) / world) if first["drop_last"] and n % world else math.ceil(n / world)
     )
@@ -354,8 +377,13 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
     order: list = [None] * (num_samples * world)
     for info, state in saved:
         shard = _rloader.distributed_indices(
-            n, world, info["rank"], info["shuffle"], info["seed"] & (2**64 - 1),
-            info["epoch"] & (2**64 - 1), num_samples,
+            n,
+            world,
+            info["rank"],
+            info["shuffle"],
+            info["seed"] & (2**64 - 1),
+            info["epoch"] & (2**64 - 1),
+            num_samples,
         )
         order[info["rank"] :: world] = shard
         consumed.update(shard[: state["position"] * batch_size])
@@ -378,5 +406,11 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
         return itertools.islice(iter(batches), position, None)
 
     sampler.epoch = first["epoch"]
-    return dict(format=FORMAT, position=position, sampler=None, generators={}, elastic=keys,
-                elastic_from=states)
+    return dict(
+        format=FORMAT,
+        position=position,
+        sampler=None,
+        generators={},
+        elastic=keys,
+        elastic_from=states,
+    )

@@ -39,16 +39,17 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
+from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _rloader
+from . import _compat, _pin, _rloader
 from ._collate import _collate_plan
 from ._pin import PinnedBatches
 from ._seed import draw_seed
 from .sampler import iter_keys
 
 # Each worker seeds numpy's global generator, as torch's do. numpy 2 imports numpy.random only
-# when it is first used, and in each new worker that import took 15-25 ms of the time to the
-# first batch here; imported once now, forked workers start with it.
+# when it is first used, and in each new worker that import delayed the first batch; imported
+# once now, forked workers start with it (CHANGELOG.md has the figures).
 try:
     import numpy.random  # noqa: F401
 except ImportError:
@@ -126,7 +127,9 @@ def dump_error(worker_id: int, exc: BaseException, traceback=None) -> bytes:
     so the user still reads the worker's error rather than a worker's death.
     """
     where = f"in DataLoader worker process {worker_id}"
-    wrapper = ExceptionWrapper(exc_info=(type(exc), exc, traceback or exc.__traceback__), where=where)
+    wrapper = ExceptionWrapper(
+        exc_info=(type(exc), exc, traceback or exc.__traceback__), where=where
+    )
     try:
         return pickle.dumps(wrapper)
     except Exception:
@@ -151,7 +154,10 @@ def _stack_lines_without_source(f=None, limit=None) -> list:
     frames.reverse()
     if limit is not None:
         frames = frames[len(frames) - limit :] if limit >= 0 else frames[:-limit]
-    return [f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n' for code, lineno in frames]
+    return [
+        f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n'
+        for code, lineno in frames
+    ]
 
 
 def _manual_seed(seed: int) -> None:
@@ -160,7 +166,7 @@ def _manual_seed(seed: int) -> None:
     torch.manual_seed queues the accelerator seeding for a lazy initialization that may never
     come, keeping ``traceback.format_stack()`` of each queued call for the error message if it
     fails. In a new worker none of the stack's source files is in ``linecache`` yet, and reading
-    them took 4-7 ms of the worker's start here. Each stack is kept with files, lines and
+    them slowed every worker's start (CHANGELOG.md has the figures). Each stack is kept with files, lines and
     functions, without the source text. The swap lasts for this one call, before
     ``worker_init_fn`` and the worker's first fetch; under fork the worker has no other Python
     thread, and under spawn only one the dataset's unpickling started could see it.
@@ -317,7 +323,9 @@ class _Pool:
 
     def exited(self) -> list:
         """``(worker_id, exit code)`` of each worker process that has ended."""
-        return [(i, proc.exitcode) for i, proc in enumerate(self.procs) if proc.exitcode is not None]
+        return [
+            (i, proc.exitcode) for i, proc in enumerate(self.procs) if proc.exitcode is not None
+        ]
 
     def death(self, worker_id: int, code: int) -> RuntimeError:
         """The error for a worker that ended before its time (the caller raises it)."""
@@ -353,15 +361,15 @@ def _stop_processes(procs: list) -> None:
 
 def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     """Starts ``loader.num_workers`` workers and returns the iterator over their batches."""
-    from .dataloader import _DatasetKind, _pin_plan
-
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
     keys = loader._rloader_epoch.keys(keys)  # NOTE [Resume]
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
-        raise _compat.assertion("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
-    pin = _pin_plan(loader)
+        raise _compat.assertion(
+            "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+        )
+    pin = _pin.pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
     region = _REGIONS.pop(loader, None)
     if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
@@ -372,8 +380,9 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         if pin is not None:
             # The pin thread sends the tasks; the main thread draws their keys, or for an iterable
             # dataset their tokens (NOTE [Key feed]).
-            new_feed = _key_feed(region, loader._auto_collation,
-                                 loader.prefetch_factor * loader.num_workers)
+            new_feed = _key_feed(
+                region, loader._auto_collation, loader.prefetch_factor * loader.num_workers
+            )
             feed, drawn = new_feed(keys)
         pool = _Pool(region, loader)
         it = _rloader.PoolIter(
@@ -423,8 +432,16 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
-        return PinnedBatches(it, pin, loader._index_sampler, loader.timeout, feed, drawn, new_feed,
-                             _reported_len(loader))
+        return PinnedBatches(
+            it,
+            pin,
+            loader._index_sampler,
+            loader.timeout,
+            feed,
+            drawn,
+            new_feed,
+            _reported_len(loader),
+        )
     return it
 
 
@@ -451,8 +468,6 @@ def _reported_len(loader):
 
 def reset_pool(it, loader) -> None:
     """A new epoch on persistent workers."""
-    from .dataloader import _DatasetKind
-
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     it._reset(loader._rloader_epoch.keys(keys), _reported_len(loader))

@@ -14,7 +14,6 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -22,9 +21,8 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _resume, _rloader, _twin, _workers
+from . import _pin, _resume, _rloader, _twin, _workers
 from ._collate import _collate_plan, default_collate, default_convert
-from ._pin import pin_batch
 from ._seed import draw_seed
 from .dataset import Dataset
 from .sampler import (
@@ -255,7 +253,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
             f"timeout={loader.timeout} only applies to worker processes: "
             "set timeout=0 or num_workers > 0"
         )
-    pin = _pin_plan(loader)
+    pin = _pin.pin_plan(loader)
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     # torch draws a base seed for worker processes with every iterator, workers or not:
@@ -275,21 +273,6 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
     )
-
-
-def _pin_plan(loader: DataLoader) -> Optional[Callable]:
-    """``pin_batch`` when batches should be pinned; warns as the user's torch does (its texts
-    and conditions differ between versions: ``_compat.pin_memory_warnings``)."""
-    if not loader.pin_memory:
-        return None
-    for category, text in _compat.pin_memory_warnings(loader.pin_memory_device):
-        warnings.warn(text, category, stacklevel=4)
-    if not torch.accelerator.is_available():
-        return None
-    accelerator = torch.accelerator.current_accelerator()
-    if accelerator is not None and accelerator.type == "mps":
-        return None
-    return pin_batch
 
 
 _twin.pair((DataLoader, tud.DataLoader))

@@ -136,9 +136,7 @@ class StackDataset(Dataset[T_stack], _torch_data.StackDataset[T_stack]):
         # One column per part, each fetched in a single call when the part allows it.
         columns = [(key, self._fetch_column(part, indices)) for key, part in named]
         if is_dict:
-            return [
-                {key: column[row] for key, column in columns} for row in range(len(indices))
-            ]
+            return [{key: column[row] for key, column in columns} for row in range(len(indices))]
         return [tuple(column[row] for _, column in columns) for row in range(len(indices))]
 
     @staticmethod
@@ -148,8 +146,7 @@ class StackDataset(Dataset[T_stack], _torch_data.StackDataset[T_stack]):
         items = part.__getitems__(indices)
         if len(items) != len(indices):
             raise ValueError(
-                "Nested dataset's output size mismatch."
-                f" Expected {len(indices)}, got {len(items)}"
+                f"Nested dataset's output size mismatch. Expected {len(indices)}, got {len(items)}"
             )
         return list(items)
 

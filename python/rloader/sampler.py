@@ -119,7 +119,9 @@ class RandomSampler(Sampler[int], tud.RandomSampler):
             seed = draw_seed(self.generator)
             if n == 0:  # num_samples > 0 was checked: torch's own errors for nothing to draw from
                 if self.replacement:
-                    raise RuntimeError("random_ expects 'from' to be less than 'to', but got from=0 >= to=0")
+                    raise RuntimeError(
+                        "random_ expects 'from' to be less than 'to', but got from=0 >= to=0"
+                    )
                 raise ZeroDivisionError("integer division or modulo by zero")
             return _rloader.random_indices(n, self.num_samples, self.replacement, seed)
 
@@ -289,9 +291,7 @@ class BatchSampler(Sampler[list[int]], tud.BatchSampler):
                 f"batch_size should be a positive integer value, but got batch_size={batch_size}"
             )
         if not isinstance(drop_last, bool):
-            raise ValueError(
-                f"drop_last should be a boolean value, but got drop_last={drop_last}"
-            )
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last

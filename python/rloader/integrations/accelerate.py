@@ -192,4 +192,8 @@ def _batching(loader: tud.DataLoader) -> dict:
         return {"batch_sampler": loader.batch_sampler}  # given as batch_sampler
     # given as sampler (accelerate's BatchSamplerShard when the original's sampler was a
     # BatchSampler) with batch_size, or batch_size=None without a batch_sampler
-    return {"sampler": loader.sampler, "batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    return {
+        "sampler": loader.sampler,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+    }
