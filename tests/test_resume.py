@@ -189,13 +189,6 @@ def test_the_saved_order_travels_with_the_state():
     it = iter(loader)
     head = [next(it).tolist() for _ in range(3)]
     rest = [b.tolist() for b in it]
-    it = iter(
-        rloader.DataLoader(
-            range(100), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(5)
-        )
-    )
-    for _ in range(3):
-        next(it)
     fresh_gen = torch.Generator().manual_seed(5)
     saver = rloader.DataLoader(range(100), batch_size=10, shuffle=True, generator=fresh_gen)
     it = iter(saver)
@@ -346,3 +339,131 @@ def test_an_iterable_dataset_without_state_is_resumed_by_fetching(workers):
     with pytest.warns(UserWarning, match="fetching and dropping the 3 batches"):
         got = interrupted(make, workers, workers, 0, 3, 2, True)
     assert got == uninterrupted(make, workers, 2, True)
+
+
+# ---------------------------------------------------------------- review: hazards
+
+
+def test_a_loader_pickles_after_iteration_as_torchs_does():
+    for lib in (tud, rloader):
+        loader = lib.DataLoader(list(range(8)), batch_size=2, shuffle=True)
+        list(loader)
+        assert pickle.loads(pickle.dumps(loader)).batch_size == 2
+
+
+def test_the_global_rng_is_the_users_after_a_resume_with_persistent_workers():
+    def make(nw, g):
+        return rloader.DataLoader(
+            list(range(N)), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+        )
+
+    assert interrupted(make, 2, 2, 1, 3, 3, False) == uninterrupted(make, 2, 3, False)
+    assert interrupted(make, 2, 0, 2, 3, 3, False) == uninterrupted(make, 2, 3, False)
+
+
+def test_a_sampler_generator_resumes_into_a_loader_whose_sampler_has_none():
+    data = list(range(40))
+    g = torch.Generator().manual_seed(8)
+    loader = rloader.DataLoader(
+        data, batch_size=4, sampler=rloader.RandomSampler(data, generator=g)
+    )
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), [b.tolist() for b in it]
+    other = rloader.DataLoader(data, batch_size=4, sampler=rloader.RandomSampler(data))
+    other.load_state_dict(state)
+    assert [b.tolist() for b in other] == rest
+
+
+class FailsToLoadOnce(CountingSampler):
+    failures = 1
+
+    def load_state_dict(self, state):
+        if FailsToLoadOnce.failures:
+            FailsToLoadOnce.failures -= 1
+            raise RuntimeError("not yet")
+        super().load_state_dict(state)
+
+
+def test_a_resume_that_fails_in_iter_leaves_the_rng_alone_and_stays_pending():
+    loader = rloader.DataLoader(list(range(N)), batch_size=4, sampler=FailsToLoadOnce(N))
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), [b.tolist() for b in it]
+    other = rloader.DataLoader(list(range(N)), batch_size=4, sampler=FailsToLoadOnce(N))
+    other.load_state_dict(state)
+    before = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match="not yet"):
+        iter(other)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [b.tolist() for b in other] == rest  # the resume waited for the next iter()
+
+
+def test_a_failed_batch_of_an_iterable_dataset_counts_as_handed_out():
+    calls = []
+
+    def collate(batch):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise ValueError("one bad batch")
+        return torch.tensor(batch)
+
+    loader = rloader.DataLoader(StatefulStream(N), batch_size=4, collate_fn=collate)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(ValueError):
+        next(it)
+    assert loader.state_dict()["position"] == 2
+
+
+def test_elastic_resume_over_torchs_distributed_sampler_and_another_batch_size():
+    def rank_loader(world, rank, batch_size, lib):
+        sampler = lib.DistributedSampler(range(N), num_replicas=world, rank=rank, seed=4)
+        sampler.set_epoch(1)
+        return rloader.DataLoader(list(range(N)), batch_size=batch_size, sampler=sampler)
+
+    for lib in (rloader, tud.distributed):
+        states, consumed, epoch = [], set(), set()
+        for rank in range(2):
+            loader = rank_loader(2, rank, 6, lib)
+            epoch |= {x for b in loader for x in b.tolist()}
+            it = iter(loader)
+            consumed |= set(next(it).tolist())
+            states.append(checkpointed(loader.state_dict()))
+        shares = []
+        for rank in range(3):  # 3 ranks, each with half the batch size
+            loader = rank_loader(3, rank, 3, lib)
+            loader.load_state_dict(states)
+            shares.append([x for b in loader for x in b.tolist()])
+        flat = [x for share in shares for x in share]
+        assert set(flat) == epoch - consumed and len(flat) - len(set(flat)) < 3, lib
+
+
+def test_a_rank_state_cannot_be_resumed_on_another_world_alone():
+    loader, _ = rank_loader(3, 0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    other, _ = rank_loader(5, 0)
+    with pytest.raises(ValueError, match="list of every old rank's state"):
+        other.load_state_dict(state)
+
+
+def test_states_saved_during_an_elastic_epoch_resume_on_that_world_only():
+    states = []
+    for rank in range(2):
+        loader, _ = rank_loader(2, rank)
+        it = iter(loader)
+        next(it)
+        states.append(loader.state_dict())
+    resumed, _ = rank_loader(3, 1)
+    resumed.load_state_dict(states)
+    it = iter(resumed)
+    next(it)
+    mid = resumed.state_dict()
+    rest = [b.tolist() for b in it]
+    again, _ = rank_loader(3, 1)
+    again.load_state_dict(checkpointed(mid))
+    assert [b.tolist() for b in again] == rest
+    with pytest.raises(ValueError, match="itself resumed on another world size"):
+        rank_loader(4, 0)[0].load_state_dict([mid, mid, mid])

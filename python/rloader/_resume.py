@@ -45,6 +45,17 @@ from .sampler import _InfiniteConstantSampler
 
 FORMAT = "rloader.DataLoader/1"
 
+# Per loader: its latest epoch (an ``Epoch``) and a resume waiting for the next ``iter()``.
+# Kept beside the loader, not in it: a loader pickles after iteration as torch's does, and
+# nothing here keeps a loader alive.
+_EPOCHS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PENDING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def epoch_of(loader) -> "Epoch":
+    """The epoch ``iter(loader)`` is starting (``Epoch.begin`` made it)."""
+    return _EPOCHS[loader]
+
 
 def _pack(generator: Optional[torch.Generator]) -> bytes:
     """A generator's state, small: a CPU generator's Mersenne Twister words are stored as
@@ -102,7 +113,11 @@ def _sampler_state(sampler) -> Optional[dict]:
     ):
         state["state_dict"] = sampler.state_dict()
     if isinstance(sampler, tud.distributed.DistributedSampler):
+        from .distributed import DistributedSampler
+
         state["distributed"] = dict(
+            # rloader's order or torch's (isinstance cannot tell them apart: _twin.py)
+            order="rloader" if DistributedSampler in type(sampler).__mro__ else "torch",
             epoch=int(sampler.epoch),
             seed=int(sampler.seed),
             num_replicas=int(sampler.num_replicas),
@@ -128,7 +143,7 @@ class Epoch:
         self.elastic_from: Optional[list] = None
         self._plan: Optional[dict] = None
         self._borrowed: Optional[torch.Tensor] = None
-        self._applied = False
+        self._applied: set = set()
         self._loader: Any = None
         self.restored_stream = False
         self.base_drawn = True
@@ -137,9 +152,9 @@ class Epoch:
     def begin(cls, loader, draws_base_seed: bool) -> "Epoch":
         """Starts an ``iter()`` (which draws the workers' base seed unless it resets persistent
         workers): records the states, and applies a pending resume."""
-        pending = loader.__dict__.pop("_rloader_resume", None)
+        pending = _PENDING.pop(loader, None)
         if pending is not None and pending["position"] is None:
-            _set_generators(loader, pending["generators"], borrow_global=False)
+            _set_generators(loader, pending["generators"], borrow_global=False)  # between epochs
             saved = pending["sampler"] or {}
             if "state_dict" in saved:
                 _drawing_sampler(loader).load_state_dict(saved["state_dict"])
@@ -147,35 +162,44 @@ class Epoch:
         epoch = cls(loader)
         epoch.base_drawn = draws_base_seed
         if pending is not None:
-            epoch._plan = pending
-            epoch.elastic_from = pending.get("elastic_from")
-            epoch.generators = pending["generators"]
-            epoch.sampler = pending["sampler"]
-            epoch.skipped = pending["position"]
-            epoch._loader = loader
-            # The saved epoch's draws come from the saved states in their order: when only one
-            # of the two epochs draws a base seed, the states are set after that draw, or a
-            # draw stands in for it (see Epoch.keys).
-            if pending.get("base_drawn", True) or not draws_base_seed:
-                epoch._apply()
-            if "dataset" in pending and _stateful_stream(loader):
-                loader.dataset.load_state_dict(pending["dataset"])  # it goes on from there
-                epoch.restored_stream = True
-            sampler = _drawing_sampler(loader)
-            saved = pending["sampler"] or {}
-            if "state_dict" in saved:
-                sampler.load_state_dict(saved["state_dict"])
-            if "distributed" in saved:
-                sampler.epoch = saved["distributed"]["epoch"]
-        loader.__dict__["_rloader_epoch"] = epoch
+            try:
+                epoch._resume(loader, pending, draws_base_seed)
+            except BaseException:
+                epoch.end_window()
+                _PENDING[loader] = pending  # the resume waits for the next iter()
+                raise
+        _EPOCHS[loader] = epoch
         return epoch
 
-    def _apply(self) -> None:
-        if not self._applied:
-            self._applied = True
-            self._borrowed = _set_generators(
-                self._loader, self._plan["generators"], borrow_global=True
-            )
+    def _resume(self, loader, pending: dict, draws_base_seed: bool) -> None:
+        self._plan = pending
+        self.elastic_from = pending.get("elastic_from")
+        self.generators = pending["generators"]
+        self.sampler = pending["sampler"]
+        self.skipped = pending["position"]
+        self._loader = loader
+        if "dataset" in pending and _stateful_stream(loader):
+            loader.dataset.load_state_dict(pending["dataset"])  # it goes on from there
+            self.restored_stream = True
+        sampler = _drawing_sampler(loader)
+        saved = pending["sampler"] or {}
+        if "state_dict" in saved:
+            sampler.load_state_dict(saved["state_dict"])
+        if "distributed" in saved:
+            sampler.epoch = saved["distributed"]["epoch"]
+        # The saved epoch's draws come from the saved states in their order: when only one of
+        # the two epochs draws a base seed, the states are set after that draw, or a draw
+        # stands in for it (see Epoch.keys). torch's global RNG is the user's again at the end
+        # of the window, whenever it is first borrowed.
+        self._borrowed = torch.get_rng_state()
+        if pending.get("base_drawn", True) or not draws_base_seed:
+            self._apply("loader")
+
+    def _apply(self, role: str) -> None:
+        """Sets the saved state of one role's generator (see ``_set_generators``)."""
+        if role not in self._applied:
+            self._applied.add(role)
+            _set_generators(self._loader, self._plan["generators"], role)
 
     def keys(self, keys):
         """The epoch's keys (``iter`` of the index sampler, after the base seed's draw), with
@@ -183,10 +207,13 @@ class Epoch:
         generator states stand in for torch's global RNG ends here."""
         if self._plan is None:
             return keys
-        if not self._applied:  # the saved epoch drew no base seed; this one just did
-            self._apply()
+        if "loader" not in self._applied:  # the saved epoch drew no base seed; this one just did
+            self._apply("loader")
         elif self._plan.get("base_drawn", True) and not self.base_drawn:
             draw_seed(self._loader.generator)  # the base seed the saved epoch drew here
+        # The sampler's generator just before its first draw: set earlier, it would take the
+        # base seed's place when both roles are torch's global RNG in this loader.
+        self._apply("sampler")
         if self._plan.get("elastic") is not None:
             return self._plan["elastic"](keys)
         if self.iterable:
@@ -210,7 +237,7 @@ class Epoch:
         return keys
 
     def end_window(self) -> None:
-        """After ``iter()``'s draws: torch's global RNG, if borrowed, is the user's again."""
+        """After ``iter()``'s draws: torch's global RNG is the user's again."""
         if self._borrowed is not None:
             torch.set_rng_state(self._borrowed)
             self._borrowed = None
@@ -227,6 +254,7 @@ class Epoch:
                 if next(iterator, _END) is _END:
                     break
         self._plan = None
+        self._loader = None  # the record is kept beside the loader: it must not keep it alive
 
     def progress(self) -> Optional[tuple]:
         """(batches handed out, whether the epoch ended), or None once the iterator is gone.
@@ -244,34 +272,51 @@ class Epoch:
 _END = object()
 
 
-def _set_generators(loader, packed: dict, borrow_global: bool) -> Optional[torch.Tensor]:
-    """Puts the loader's generators in the saved states. torch's global RNG is set only when
-    ``borrow_global`` (then its state before is returned, for ``end_window``)."""
-    borrowed = None
+def _set_generators(loader, packed: dict, role: Optional[str] = None, borrow_global: bool = True):
+    """Puts the generator that plays ``role`` (every saved role when None) in this loader in its
+    saved state: the loader's ``generator``, or its sampler's; a sampler that draws from the
+    same generator as the loader has it set just before its draw. torch's global RNG is set only
+    with ``borrow_global`` (the caller has its state, to put back)."""
     current = _generators(loader)
-    for role, blob in packed.items():
-        gen = current.get(role, loader.generator if role == "sampler" else None)
-        state = _unpack(blob)
+    for name in [role] if role is not None else list(packed):
+        if name not in packed:
+            continue
+        if name in current:
+            gen = current[name]
+        else:  # the sampler draws from the loader's generator here, if it draws at all
+            sampler = _drawing_sampler(loader)
+            if sampler is None or not hasattr(sampler, "generator"):
+                continue
+            gen = loader.generator
+        state = _unpack(packed[name])
         if gen is not None:
             gen.set_state(state)
         elif borrow_global:
-            if borrowed is None:
-                borrowed = torch.get_rng_state()
             torch.set_rng_state(state)
-    return borrowed
 
 
 def state_dict(loader) -> dict:
-    pending = loader.__dict__.get("_rloader_resume")
+    pending = _PENDING.get(loader)
     if pending is not None:  # loaded, not yet iterated: the same position
         return {k: v for k, v in pending.items() if k != "elastic"}
-    state = dict(format=FORMAT, position=None, sampler=None, in_order=bool(loader.in_order))
-    epoch = loader.__dict__.get("_rloader_epoch")
+    state = dict(
+        format=FORMAT,
+        position=None,
+        sampler=None,
+        in_order=bool(loader.in_order),
+        batch_size=loader.batch_size,
+    )
+    epoch = _EPOCHS.get(loader)
     progress = epoch.progress() if epoch is not None else None
     if progress is not None and not progress[1]:
         if epoch.elastic_from is not None:
+            world = _drawing_sampler(loader)
             return dict(
-                state, position=int(progress[0]), generators={}, elastic_from=epoch.elastic_from
+                state,
+                position=int(progress[0]),
+                generators={},
+                elastic_from=epoch.elastic_from,
+                world=[int(world.num_replicas), int(world.rank)],
             )
         position = int(progress[0])
         state = dict(
@@ -305,18 +350,23 @@ def _stateful_stream(loader) -> bool:
 
 def load_state_dict(loader, state) -> None:
     if isinstance(state, (list, tuple)):
-        loader.__dict__["_rloader_resume"] = _elastic_plan(loader, list(state), 0)
+        _PENDING[loader] = _elastic_plan(loader, list(state), 0)
         return
     if isinstance(state, dict) and state.get("elastic_from") is not None:
-        # Saved during an epoch resumed from another world size: that epoch again, from here.
+        # Saved during an epoch resumed from another world size: that epoch again, from here,
+        # on the same new world.
+        _check_rank(loader, *state["world"])
         plan = _elastic_plan(loader, list(state["elastic_from"]), state["position"])
-        loader.__dict__["_rloader_resume"] = plan
+        _PENDING[loader] = plan
         return
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(
             "load_state_dict() expects what rloader.DataLoader.state_dict() returned (a dict "
             f"with format={FORMAT!r}), or a list of them, one per rank of the saved job"
         )
+    distributed = (state.get("sampler") or {}).get("distributed")
+    if state["position"] is not None and distributed is not None:
+        _check_rank(loader, distributed["num_replicas"], distributed["rank"])
     if state["position"] is not None and loader.num_workers > 0 and not loader.in_order:
         warnings.warn(
             "resuming a DataLoader with in_order=False: the batches handed out before the "
@@ -324,7 +374,20 @@ def load_state_dict(loader, state) -> None:
             "order they may not have been",
             stacklevel=3,
         )
-    loader.__dict__["_rloader_resume"] = dict(state)
+    _PENDING[loader] = dict(state)
+
+
+def _check_rank(loader, num_replicas: int, rank: int) -> None:
+    sampler = _drawing_sampler(loader)
+    if isinstance(sampler, tud.distributed.DistributedSampler) and (
+        sampler.num_replicas,
+        sampler.rank,
+    ) != (num_replicas, rank):
+        raise ValueError(
+            f"this state is rank {rank}'s of a job of {num_replicas} ranks, and this loader's "
+            f"sampler is rank {sampler.rank} of {sampler.num_replicas}: to resume on another "
+            "world size, give load_state_dict() the list of every old rank's state"
+        )
 
 
 def _elastic_plan(loader, states: list, position: int) -> dict:
@@ -338,6 +401,12 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
         )
     saved = []
     for state in states:
+        if isinstance(state, dict) and state.get("elastic_from") is not None:
+            raise ValueError(
+                "these states were saved during an epoch that was itself resumed on another "
+                "world size: resume them on that world size (one state per rank), and change the "
+                "world size again once that epoch has ended"
+            )
         info = (state.get("sampler") or {}).get("distributed") if isinstance(state, dict) else None
         if info is None:
             raise ValueError("each rank's state must come from a loader over a DistributedSampler")
@@ -372,20 +441,34 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
     num_samples = (
         math.ceil((n - world) / world) if first["drop_last"] and n % world else math.ceil(n / world)
     )
-    batch_size = loader.batch_size or 1
     consumed: set = set()
     order: list = [None] * (num_samples * world)
     for info, state in saved:
-        shard = _rloader.distributed_indices(
-            n,
-            world,
-            info["rank"],
-            info["shuffle"],
-            info["seed"] & (2**64 - 1),
-            info["epoch"] & (2**64 - 1),
-            num_samples,
-        )
+        if info.get("order", "rloader") == "torch":  # torch's DistributedSampler: its order
+            theirs = tud.distributed.DistributedSampler(
+                range(n), world, info["rank"], info["shuffle"], info["seed"], info["drop_last"]
+            )
+            theirs.set_epoch(info["epoch"])
+            shard = list(theirs)
+        else:
+            shard = _rloader.distributed_indices(
+                n,
+                world,
+                info["rank"],
+                info["shuffle"],
+                info["seed"] & (2**64 - 1),
+                info["epoch"] & (2**64 - 1),
+                num_samples,
+            )
         order[info["rank"] :: world] = shard
+        # What the rank handed out, in its own batch size (the new world's may differ).
+        batch_size = state.get("batch_size")
+        if batch_size is None:
+            raise ValueError(
+                "another world size needs each old rank's batch_size (a loader with a "
+                "batch_sampler of its own, or without batching, cannot say how many samples "
+                "its batches held)"
+            )
         consumed.update(shard[: state["position"] * batch_size])
     limit = min(n, num_samples * world)
     left = [i for i in order[:limit] if i not in consumed]

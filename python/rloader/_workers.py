@@ -41,7 +41,7 @@ from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _pin, _rloader
+from . import _compat, _pin, _resume, _rloader
 from ._collate import _collate_plan
 from ._pin import PinnedBatches
 from ._seed import draw_seed
@@ -364,7 +364,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
-    keys = loader._rloader_epoch.keys(keys)  # NOTE [Resume]
+    keys = _resume.epoch_of(loader).keys(keys)  # NOTE [Resume]
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
@@ -470,4 +470,4 @@ def reset_pool(it, loader) -> None:
     """A new epoch on persistent workers."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
-    it._reset(loader._rloader_epoch.keys(keys), _reported_len(loader))
+    it._reset(_resume.epoch_of(loader).keys(keys), _reported_len(loader))

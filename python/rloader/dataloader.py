@@ -259,7 +259,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
     # torch draws a base seed for worker processes with every iterator, workers or not:
     # draw it too, so the generator (or global RNG) advances exactly as with torch.
     draw_seed(loader.generator)
-    keys = loader._rloader_epoch.keys(keys)
+    keys = _resume.epoch_of(loader).keys(keys)
     collate_fn = loader.collate_fn
     return _rloader.LoaderIter(
         dataset=loader.dataset,

@@ -193,14 +193,18 @@ impl LoaderIter {
                     self.fetcher.fetch_keys(py, k, &mut self.index_buf)?
                 }
             },
-            None => match self.fetcher.fetch_next(py)? {
-                None => {
+            None => match self.fetcher.fetch_next(py) {
+                Ok(None) => {
                     self.finished = true;
                     return Ok(None);
                 }
-                Some(b) => {
+                Ok(Some(b)) => {
                     self.taken += 1;
                     b
+                }
+                Err(e) => {
+                    self.taken += 1; // a batch handed out as its error
+                    return Err(e);
                 }
             },
         };
