@@ -37,7 +37,8 @@ torch, and each process gets the batches torch's prepared loader would give it. 
 - ``dispatch_batches=True``: the ``DataLoaderDispatcher``'s base loader (iterated on process 0,
   which broadcasts slices of each batch) is rloader's too.
 - ``use_stateful_dataloader=True``: the base loader is torchdata's ``StatefulDataLoader``, whose
-  point is a ``state_dict()`` that resumes mid-epoch; rloader has none, so it is left to
+  point is a ``state_dict()`` that resumes mid-epoch. accelerate reads and adjusts that state
+  by torchdata's keys, which rloader's own ``state_dict()`` does not have, so it is left to
   accelerate and torchdata, with a warning that this loader does not run on rloader's engine.
 - ``uninstall()`` puts accelerate's functions back; loaders already prepared keep their base.
   ``install()`` and ``uninstall()`` may be called any number of times.
@@ -88,7 +89,7 @@ _CARRIED = (
 
 _STATEFUL_WARNING = (
     "use_stateful_dataloader=True: this prepared loader runs on torchdata's StatefulDataLoader, "
-    "not on rloader's engine (rloader's DataLoader has no state_dict to resume mid-epoch from)"
+    "not on rloader's engine (accelerate adjusts torchdata's state format, not rloader's)"
 )
 
 
