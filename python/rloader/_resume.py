@@ -111,7 +111,10 @@ def _sampler_state(sampler) -> Optional[dict]:
     if callable(getattr(sampler, "state_dict", None)) and callable(
         getattr(sampler, "load_state_dict", None)
     ):
-        state["state_dict"] = sampler.state_dict()
+        try:  # taken at every iter(): a sampler whose state_dict fails must still iterate
+            state["state_dict"] = sampler.state_dict()
+        except Exception:  # then a resume draws its keys again instead
+            pass
     if isinstance(sampler, tud.distributed.DistributedSampler):
         from .distributed import DistributedSampler
 
