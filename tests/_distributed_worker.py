@@ -1,7 +1,9 @@
 """Run by test_distributed.py under torchrun: each rank writes its shards to a JSON file."""
 
+import datetime
 import json
 import os
+import signal
 import sys
 
 import torch.distributed as dist
@@ -10,7 +12,10 @@ import rloader
 
 
 def main(out_dir: str) -> None:
-    dist.init_process_group("gloo")
+    # torchrun starts each rank in a session of its own, so the test's timeout does not reach
+    # it: a rank that hangs ends itself, and a collective waits a minute at most.
+    signal.alarm(180)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     sampler = rloader.DistributedSampler(range(103), seed=5)  # replicas and rank from the group
     epochs = []
