@@ -284,13 +284,19 @@ def test_elastic_resume_covers_what_no_old_rank_yielded(old, new, drop_last):
         assert set(flat) == left and len(flat) - len(left) < new  # padding only as it pads
 
 
-def test_elastic_states_must_be_a_whole_job():
+def states_after_one_batch(world):
+    """Every rank's state after it took one batch."""
     states = []
-    for rank in range(2):
-        loader, _ = rank_loader(2, rank)
+    for rank in range(world):
+        loader, _ = rank_loader(world, rank)
         it = iter(loader)
         next(it)
         states.append(loader.state_dict())
+    return states
+
+
+def test_elastic_states_must_be_a_whole_job():
+    states = states_after_one_batch(2)
     loader, _ = rank_loader(4, 0)
     with pytest.raises(ValueError, match="every rank"):
         loader.load_state_dict(states[:1] + states[:1])
@@ -450,12 +456,7 @@ def test_a_rank_state_cannot_be_resumed_on_another_world_alone():
 
 
 def test_states_saved_during_an_elastic_epoch_resume_on_that_world_only():
-    states = []
-    for rank in range(2):
-        loader, _ = rank_loader(2, rank)
-        it = iter(loader)
-        next(it)
-        states.append(loader.state_dict())
+    states = states_after_one_batch(2)
     resumed, _ = rank_loader(3, 1)
     resumed.load_state_dict(states)
     it = iter(resumed)
