@@ -27,7 +27,7 @@ import torch
 import torch.utils.data._utils.collate
 from torch.utils.data import get_worker_info
 
-from . import _rloader
+from . import _rloader, _thread_info
 
 __all__ = [
     "collate",
@@ -171,7 +171,7 @@ def collate_tensor_fn(batch, *, collate_fn_map: CollateFnMap | None = None):
             "please provide a custom collate_fn to handle them appropriately."
         )
     out = None
-    if get_worker_info() is not None:
+    if get_worker_info() is not None and not _thread_info.in_thread_worker():
         # As torch's collate in a worker: stack into an output of the first element's dtype.
         # In rloader's workers it is in the batch's shared-memory slot when there is one, so the
         # batch reaches the main process without another copy (NOTE [Slots] in
@@ -279,9 +279,12 @@ def default_collate(batch):
 
     Common batches go through the Rust fast path (``rust/rloader-py/src/collate.rs``), which
     returns None for anything it does not handle; it is skipped inside worker processes (where
-    tensors are collated into shared memory) and once the map has been changed.
+    tensors are collated into shared memory; worker threads take it) and once the map has
+    been changed.
     """
-    if _DEFAULT_COLLATE_PLAN.fast_path_may_run() and get_worker_info() is None:
+    if _DEFAULT_COLLATE_PLAN.fast_path_may_run() and (
+        get_worker_info() is None or _thread_info.in_thread_worker()
+    ):
         out = _rloader.fast_collate(batch)
         if out is not None:
             return out

@@ -186,6 +186,60 @@ class PoolIter:
     def _prefill(self) -> None: ...
     def _poll(self, wait: float) -> tuple[str, Any]: ...
 
+# threads.rs
+
+@final
+class ThreadPool:
+    """The worker threads of one iterator (worker_type="thread")."""
+
+    def __new__(
+        cls,
+        *,
+        workers: list[Any],
+        dataset: Any,
+        iterable: bool,
+        auto_collation: bool,
+        batch_size: int | None,
+        drop_last: bool,
+        collate_fn: Callable[[Any], Any],
+        collate_plan: Any | None,
+        pin: Callable[[Any], Any] | None,
+    ) -> ThreadPool: ...
+    @property
+    def stopped(self) -> bool: ...
+    def stop(self) -> None: ...
+    def _alive(self) -> int: ...
+
+@final
+class ThreadIter:
+    """The iterator ``iter(DataLoader(..., num_workers>0, worker_type="thread"))`` returns."""
+
+    # Instances have a __dict__; rloader._threads.start_threads sets this one.
+    _rloader_pool: Any
+    def __new__(
+        cls,
+        *,
+        pool: ThreadPool,
+        in_order: bool,
+        prefetch_factor: int,
+        keys: Iterable[Any] | None,
+        auto_collation: bool,
+        timeout: float,
+        persistent: bool,
+        length_of: Sized,
+        reported_len: tuple[Any, int] | None = None,
+    ) -> ThreadIter: ...
+    @property
+    def _progress(self) -> tuple[int, bool]:
+        """(batches handed out this epoch, whether the epoch ended)."""
+    def _prefill(self) -> None: ...
+    def __iter__(self) -> ThreadIter: ...
+    def __len__(self) -> int: ...
+    def __next__(self) -> Any: ...
+    def _reset(
+        self, keys: Iterable[Any] | None, reported_len: tuple[Any, int] | None = None
+    ) -> None: ...
+
 # key_feed.rs
 
 @final

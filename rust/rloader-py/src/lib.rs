@@ -11,6 +11,7 @@
 //! - `key_feed.rs`: `KeyFeed`, keys drawn on the main thread for the pin thread's `PoolIter`;
 //! - `region.rs`: `PoolRegion`, the shared memory of a loader's worker pools;
 //! - `worker.rs`: `worker_loop`, a worker process's side;
+//! - `threads.rs`: `ThreadPool` and `ThreadIter`, loading with worker threads;
 //! - `slots.rs`: a worker's batch slots as its collate reaches them (`slot_empty`);
 //! - `buffers.rs`: every buffer-protocol export and read (`Message`, `SlotView`, `Lease`);
 //! - `wait.rs`: waiting without the GIL (NOTE [Waiting]);
@@ -34,6 +35,7 @@ mod region;
 mod samplers;
 mod slots;
 mod streams;
+mod threads;
 mod wait;
 mod worker;
 
@@ -51,6 +53,8 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffers::Message>()?;
     m.add_class::<region::PoolRegion>()?;
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
+    m.add_class::<threads::ThreadPool>()?;
+    m.add_class::<threads::ThreadIter>()?;
     m.add_class::<buffers::SlotView>()?;
     m.add_class::<buffers::Lease>()?;
     m.add_function(wrap_pyfunction!(slots::py_slot_empty, m)?)?;

@@ -41,14 +41,36 @@ use crate::wait;
 /// ring every task of the last epoch has left) before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What a worker answered to one task.
-enum Answer {
+/// What a worker (process or thread) answered to one task.
+pub(crate) enum Answer {
     Batch(Py<PyAny>),
     /// A worker's exception (an ExceptionWrapper, re-raised when handed out).
     Error(Py<PyAny>),
     /// The answer could not be taken in (unpickling the batch failed, say): the task's result
     /// is that error, raised in its turn, so no task is left unanswered.
     Failed(PyErr),
+}
+
+impl Answer {
+    /// The batch to hand out, or the error to raise in its place.
+    pub(crate) fn into_batch(self, py: Python<'_>) -> Result<Bound<'_, PyAny>, PyErr> {
+        match self {
+            Answer::Batch(batch) => Ok(batch.into_bound(py)),
+            Answer::Error(wrapper) => Err(match wrapper.bind(py).call_method0("reraise") {
+                Err(err) => err,
+                Ok(_) => did_not_reraise(),
+            }),
+            Answer::Failed(err) => Err(err),
+        }
+    }
+
+    /// Lets the garbage collector see a result waiting to be handed out.
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Answer::Batch(obj) | Answer::Error(obj) => visit.call(obj),
+            Answer::Failed(_) => Ok(()),
+        }
+    }
 }
 
 /// The iterator `iter(DataLoader(..., num_workers>0))` returns.
@@ -314,10 +336,7 @@ impl PoolIter {
             warning.traverse(&visit)?;
         }
         for answer in self.scheduler.results() {
-            match answer {
-                Answer::Batch(obj) | Answer::Error(obj) => visit.call(obj)?,
-                Answer::Failed(_) => {}
-            }
+            answer.traverse(&visit)?;
         }
         Ok(())
     }
@@ -365,17 +384,12 @@ impl PoolIter {
                 self.send_tasks(py)?;
             }
             match next {
-                Next::Ready(Answer::Batch(batch)) => {
-                    return Ok(Polled::Batch(batch.into_bound(py)))
+                Next::Ready(answer) => {
+                    return Ok(match answer.into_batch(py) {
+                        Ok(batch) => Polled::Batch(batch),
+                        Err(err) => Polled::Failed(err),
+                    })
                 }
-                Next::Ready(Answer::Error(wrapper)) => {
-                    let err = match wrapper.bind(py).call_method0("reraise") {
-                        Err(err) => err,
-                        Ok(_) => did_not_reraise(),
-                    };
-                    return Ok(Polled::Failed(err));
-                }
-                Next::Ready(Answer::Failed(err)) => return Ok(Polled::Failed(err)),
                 Next::Done => {
                     if !self.persistent {
                         self.shutdown(py)?;

@@ -33,6 +33,8 @@ pub enum PoolError {
     TimedOut(Duration),
     /// The pool was stopped (after an error or a shutdown) and cannot start an epoch.
     Stopped,
+    /// A worker thread ended while it owed an answer (a panic: Python errors are answers).
+    ThreadExited { worker: usize },
 }
 
 impl fmt::Display for PoolError {
@@ -75,6 +77,11 @@ impl fmt::Display for PoolError {
             PoolError::Stopped => {
                 f.write_str("this DataLoader's workers were stopped (after an error or a shutdown)")
             }
+            PoolError::ThreadExited { worker } => write!(
+                f,
+                "DataLoader worker thread {worker} exited unexpectedly (a fault in rloader \
+                 itself: please report it; worker_type='process' works around it)"
+            ),
         }
     }
 }

@@ -1,0 +1,193 @@
+"""Worker threads: ``DataLoader(..., num_workers=N, worker_type="thread")``.
+
+N threads of this process run the fetch-and-collate loop (``rust/rloader-py/src/threads.rs``,
+NOTE [Thread workers]) and hand their batches over as they are: the dataset exists once, no
+batch is pickled or copied through shared memory, and starting a worker costs a thread, not a
+process. Python's part is each thread's setup (this module's ``_ThreadWorker``) and the one
+change thread workers need in torch: ``get_worker_info()`` answering per thread.
+
+NOTE [Thread worker info]: torch's ``get_worker_info()`` returns a module global, set once in
+each worker process. Thread workers share one process, so rloader keeps each thread's
+``WorkerInfo`` in a ``threading.local`` and, the first time thread workers start, makes torch's
+function (the one object that ``torch.utils.data.get_worker_info``, its ``_utils.worker`` home
+and ``rloader.get_worker_info`` all name, and that datasets imported long before) look there
+first: it swaps the function's code for ``_per_thread_get_worker_info``'s, which reads the
+thread's info and otherwise torch's global, as before. Outside thread workers it answers what
+torch's answers. Loaders that do not use thread workers never make that change.
+
+What cannot be per thread: a worker process seeds Python's ``random``, numpy's global generator
+and torch's global generator with its seed; threads share those with the main thread and one
+another, so rloader leaves them alone (reseeding them would change the main thread's random
+streams, and their order between threads is not reproducible). Each thread's
+``get_worker_info()`` has its ``seed`` (torch's per-worker seed, ``base_seed + id``),
+``worker_method="thread"``, and ``rng``: its own ``random_generator`` (``random.Random``),
+``torch_generator`` and ``numpy_generator``, seeded as a worker process seeds the global ones
+(torch's ``WorkerInfo.rng`` fields), for random work that should be reproducible per worker.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import weakref
+from typing import NamedTuple, Optional
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import worker as torch_worker
+from torch.utils.data.dataloader import _DatasetKind
+
+from . import _compat, _pin, _resume, _rloader, _thread_info
+from ._collate import _collate_plan
+from ._seed import draw_seed
+from ._workers import _reported_len
+from .sampler import iter_keys
+
+__all__ = ["start_threads"]
+
+_install_lock = threading.Lock()
+
+
+def _per_thread_get_worker_info():
+    # The code torch's get_worker_info() runs once thread workers have started (NOTE [Thread
+    # worker info]). It runs with torch's module globals: `_worker_info` is torch's, and
+    # `_rloader_thread_worker_info` is put there beside it.
+    info = _rloader_thread_worker_info()  # type: ignore[name-defined]  # noqa: F821
+    return _worker_info if info is None else info  # type: ignore[name-defined]  # noqa: F821
+
+
+def _install_per_thread_worker_info() -> None:
+    with _install_lock:
+        if getattr(torch_worker, "_rloader_thread_worker_info", None) is not None:
+            return
+        torch_worker._rloader_thread_worker_info = _thread_info.info
+        code = _per_thread_get_worker_info.__code__
+        torch_worker.get_worker_info.__code__ = code.replace(
+            co_name="get_worker_info", co_qualname="get_worker_info"
+        )
+
+
+def _worker_rng(base_seed: int, worker_id: int):
+    """A worker thread's own generators, seeded as a worker process seeds the global ones:
+    ``random`` and torch's with ``base_seed + worker_id``, numpy's with torch's
+    ``_generate_state``. In torch's ``_RNG`` container where the installed torch has it (its
+    ``WorkerInfo.rng``), else one with the same fields."""
+    seed = base_seed + worker_id
+    try:
+        import numpy as np
+
+        numpy_generator = np.random.default_rng(torch_worker._generate_state(base_seed, worker_id))
+    except ImportError:
+        numpy_generator = None
+    container = getattr(torch_worker, "_RNG", _RNG)
+    return container(
+        random_generator=random.Random(seed),
+        torch_generator=torch.Generator().manual_seed(seed),
+        numpy_generator=numpy_generator,
+    )
+
+
+class _RNG(NamedTuple):
+    """``WorkerInfo.rng`` where the installed torch has no ``_RNG`` of its own."""
+
+    random_generator: random.Random
+    torch_generator: torch.Generator
+    numpy_generator: Optional[object] = None
+
+
+class _ThreadWorker:
+    """One worker thread's setup, run on that thread by the Rust worker loop."""
+
+    def __init__(
+        self, worker_id: int, num_workers: int, base_seed: int, loader, iterable: bool, device
+    ) -> None:
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.base_seed = base_seed
+        self.seed = base_seed + worker_id  # torch's per-worker seed
+        self.dataset = loader.dataset
+        self.worker_init_fn = loader.worker_init_fn
+        self.iterable = iterable
+        self.device = device
+
+    def start(self):
+        """Makes this thread worker ``worker_id``: its ``get_worker_info()``, then
+        ``worker_init_fn`` and, for an iterable dataset, its iterator. Returns ``(iterator or
+        None, the wrapped error of either or None)``: an error is the answer to the first task,
+        as with worker processes."""
+        _thread_info.local.info = torch_worker.WorkerInfo(
+            id=self.worker_id,
+            num_workers=self.num_workers,
+            seed=self.seed,
+            dataset=self.dataset,
+            rng=_worker_rng(self.base_seed, self.worker_id),
+            worker_method="thread",
+        )
+        try:
+            if self.device is not None:  # batches are pinned on this thread
+                torch.accelerator.set_device_index(self.device)
+            if self.worker_init_fn is not None:
+                self.worker_init_fn(self.worker_id)
+            return (iter(self.dataset) if self.iterable else None), None
+        except Exception as exc:
+            return None, self.wrap_error(exc, exc.__traceback__)
+
+    def restart(self):
+        return iter(self.dataset)
+
+    def wrap_error(self, exc: BaseException, tb=None) -> ExceptionWrapper:
+        return ExceptionWrapper(
+            exc_info=(type(exc), exc, tb), where=f"in DataLoader worker thread {self.worker_id}"
+        )
+
+    def finish(self) -> None:
+        _thread_info.local.__dict__.clear()
+
+
+def start_threads(loader) -> "_rloader.ThreadIter":
+    """Starts ``loader.num_workers`` worker threads and returns the iterator over their
+    batches. The draws (the sampler's iterator, the base seed, the first tasks) are those of
+    ``start_pool`` for processes, in the same order."""
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter_keys(loader._index_sampler)
+    base_seed = draw_seed(loader.generator)
+    keys = _resume.epoch_of(loader).keys(keys)  # NOTE [Resume]
+    if loader.prefetch_factor <= 0:
+        raise _compat.assertion(
+            "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+        )
+    pin = _pin.pin_plan(loader)
+    device: Optional[int] = torch.accelerator.current_device_index() if pin is not None else None
+    _install_per_thread_worker_info()
+    n = loader.num_workers
+    pool = _rloader.ThreadPool(
+        workers=[_ThreadWorker(w, n, base_seed, loader, iterable, device) for w in range(n)],
+        dataset=loader.dataset,
+        iterable=iterable,
+        auto_collation=loader._auto_collation,
+        batch_size=loader.batch_size if iterable else None,
+        drop_last=loader.drop_last,
+        collate_fn=loader.collate_fn,
+        collate_plan=_collate_plan(loader.collate_fn),
+        pin=pin,
+    )
+    try:
+        it = _rloader.ThreadIter(
+            pool=pool,
+            in_order=bool(loader.in_order),
+            prefetch_factor=loader.prefetch_factor,
+            keys=keys,
+            auto_collation=loader._auto_collation,
+            timeout=float(loader.timeout),
+            persistent=bool(loader.persistent_workers),
+            length_of=loader._index_sampler,
+            reported_len=_reported_len(loader),
+        )
+        it._rloader_pool = pool  # the threads behind an iterator (persistent loaders look)
+        # The threads go with the iterator, or at exit (finalize's atexit hook).
+        weakref.finalize(it, pool.stop)
+        it._prefill()
+    except BaseException:
+        pool.stop()
+        raise
+    return it
