@@ -283,14 +283,17 @@ def test_attributes_cannot_be_reassigned_like_torch():
 
 
 def test_signature_and_attributes_match_torch():
+    # torch's, plus rloader's one keyword of its own (last, with torch's behaviour as default).
     ours = inspect.signature(DataLoader.__init__)
     theirs = inspect.signature(tud.DataLoader.__init__)
     assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
         (p.name, p.kind, p.default) for p in theirs.parameters.values()
-    ]
+    ] + [("worker_type", inspect.Parameter.KEYWORD_ONLY, "process")]
     data = list(range(10))
     kw = dict(batch_size=3, shuffle=True, drop_last=True, generator=torch.Generator())
-    assert set(vars(DataLoader(data, **kw))) == set(vars(tud.DataLoader(data, **kw)))
+    assert set(vars(DataLoader(data, **kw))) == set(vars(tud.DataLoader(data, **kw))) | {
+        "worker_type"
+    }
 
 
 def test_is_a_torch_dataloader_and_rebuilds_from_its_attributes():

@@ -196,7 +196,6 @@ class ThreadPool:
         cls,
         *,
         workers: list[Any],
-        dataset: Any,
         iterable: bool,
         auto_collation: bool,
         batch_size: int | None,

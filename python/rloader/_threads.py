@@ -27,6 +27,7 @@ streams, and their order between threads is not reproducible). Each thread's
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
 import weakref
@@ -95,6 +96,17 @@ class _RNG(NamedTuple):
     numpy_generator: Optional[object] = None
 
 
+def _worker_copy(dataset):
+    """The dataset as one worker thread sees it: a shallow copy (``copy.copy``), so that what a
+    worker sets on its dataset (``worker_init_fn`` narrowing ``get_worker_info().dataset`` to
+    its shard, as torch's documentation does) is its own, as in a worker process, while the
+    data the dataset refers to exists once. A dataset that cannot be copied is shared."""
+    try:
+        return copy.copy(dataset)
+    except Exception:
+        return dataset
+
+
 class _ThreadWorker:
     """One worker thread's setup, run on that thread by the Rust worker loop."""
 
@@ -105,16 +117,16 @@ class _ThreadWorker:
         self.num_workers = num_workers
         self.base_seed = base_seed
         self.seed = base_seed + worker_id  # torch's per-worker seed
-        self.dataset = loader.dataset
+        self.dataset = _worker_copy(loader.dataset)
         self.worker_init_fn = loader.worker_init_fn
         self.iterable = iterable
         self.device = device
 
     def start(self):
         """Makes this thread worker ``worker_id``: its ``get_worker_info()``, then
-        ``worker_init_fn`` and, for an iterable dataset, its iterator. Returns ``(iterator or
-        None, the wrapped error of either or None)``: an error is the answer to the first task,
-        as with worker processes."""
+        ``worker_init_fn`` and, for an iterable dataset, its iterator. Returns ``(the worker's
+        dataset, iterator or None, the wrapped error of either or None)``: an error is the
+        answer to the first task, as with worker processes."""
         _thread_info.local.info = torch_worker.WorkerInfo(
             id=self.worker_id,
             num_workers=self.num_workers,
@@ -128,9 +140,9 @@ class _ThreadWorker:
                 torch.accelerator.set_device_index(self.device)
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker_id)
-            return (iter(self.dataset) if self.iterable else None), None
+            return self.dataset, (iter(self.dataset) if self.iterable else None), None
         except Exception as exc:
-            return None, self.wrap_error(exc, exc.__traceback__)
+            return self.dataset, None, self.wrap_error(exc, exc.__traceback__)
 
     def restart(self):
         return iter(self.dataset)
@@ -162,7 +174,6 @@ def start_threads(loader) -> "_rloader.ThreadIter":
     n = loader.num_workers
     pool = _rloader.ThreadPool(
         workers=[_ThreadWorker(w, n, base_seed, loader, iterable, device) for w in range(n)],
-        dataset=loader.dataset,
         iterable=iterable,
         auto_collation=loader._auto_collation,
         batch_size=loader.batch_size if iterable else None,

@@ -73,7 +73,6 @@ struct Report {
 
 /// What every worker thread of a pool is given.
 struct Shared {
-    dataset: Py<PyAny>,
     iterable: bool,
     auto_collation: bool,
     batch_size: Option<usize>,
@@ -86,7 +85,6 @@ struct Shared {
 impl Shared {
     fn clone_ref(&self, py: Python<'_>) -> Shared {
         Shared {
-            dataset: self.dataset.clone_ref(py),
             iterable: self.iterable,
             auto_collation: self.auto_collation,
             batch_size: self.batch_size,
@@ -115,14 +113,12 @@ struct Worker {
 
 impl Worker {
     fn start(py: Python<'_>, id: usize, hooks: Py<PyAny>, shared: Shared) -> PyResult<Worker> {
-        let started = hooks
+        // (its dataset: a shallow copy of the loader's, see `_worker_copy` in _threads.py)
+        let (dataset, samples, error) = hooks
             .bind(py)
-            .call_method0("start")
-            .and_then(|r| r.extract::<(Option<Bound<'_, PyAny>>, Option<Py<PyAny>>)>());
-        let (samples, init_error) = match started {
-            Ok((samples, error)) => (samples, error.map(Answer::Error)),
-            Err(err) => (None, Some(Answer::Failed(err))),
-        };
+            .call_method0("start")?
+            .extract::<(Py<PyAny>, Option<Bound<'_, PyAny>>, Option<Py<PyAny>>)>()?;
+        let init_error = error.map(Answer::Error);
         let collate = Collate::new(shared.collate_fn, shared.collate_plan.map(|p| p.into_bound(py)))?;
         let fetcher = if shared.iterable {
             let samples = match samples {
@@ -130,14 +126,14 @@ impl Worker {
                 None => PyTuple::empty(py).try_iter()?,
             };
             Fetcher::iterable(
-                shared.dataset,
+                dataset,
                 samples.unbind(),
                 shared.batch_size,
                 shared.drop_last,
                 collate,
             )
         } else {
-            Fetcher::map(py, shared.dataset, shared.auto_collation, collate)?
+            Fetcher::map(py, dataset, shared.auto_collation, collate)?
         };
         Ok(Worker {
             id,
@@ -235,8 +231,8 @@ fn worker_main(
         let mut worker = match Worker::start(py, id, hooks.clone_ref(py), shared) {
             Ok(worker) => worker,
             Err(err) => {
-                // Making the fetcher failed (a dataset whose `__getitems__` lookup raises):
-                // every task gets that error.
+                // Setting up failed (`start` raised other than through the user's code, a
+                // dataset whose `__getitems__` lookup raises): every task gets that error.
                 fail_every_task(py, id, err, jobs, reports);
                 let _ = hooks.bind(py).call_method0("finish");
                 return;
@@ -307,13 +303,12 @@ impl ThreadPool {
     /// `collate_plan` is the `CollatePlan` when `collate_fn` is a default collate; `pin` pins
     /// each batch on its worker thread when set.
     #[new]
-    #[pyo3(signature = (*, workers, dataset, iterable, auto_collation, batch_size, drop_last,
-                        collate_fn, collate_plan, pin))]
+    #[pyo3(signature = (*, workers, iterable, auto_collation, batch_size, drop_last, collate_fn,
+                        collate_plan, pin))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         workers: Vec<Py<PyAny>>,
-        dataset: Py<PyAny>,
         iterable: bool,
         auto_collation: bool,
         batch_size: Option<usize>,
@@ -326,7 +321,6 @@ impl ThreadPool {
             return Err(to_py(PoolError::NoWorkers));
         }
         let shared = Shared {
-            dataset,
             iterable,
             auto_collation,
             batch_size,

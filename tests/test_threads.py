@@ -1,0 +1,581 @@
+"""Thread workers (worker_type="thread"): every DataLoader argument behaves as with worker
+processes, torch's process workers being the oracle for the batches."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from _samplers import CountingSampler, FailingSampler, read_past_errors
+from test_workers import (
+    Failing,
+    MyIterableDataset,
+    PlainRange,
+    Slow,
+    Squares,
+    failing_init,
+    run_script,
+    split_init_fn,
+)
+
+import rloader
+
+from _compare import same
+
+pytestmark = pytest.mark.timeout(120)
+
+THREADS = dict(worker_type="thread")
+
+
+def both(dataset, **kwargs):
+    """torch's process workers, and rloader's thread workers, on the same arguments."""
+    theirs = list(tud.DataLoader(dataset, **kwargs))
+    ours = list(rloader.DataLoader(dataset, **kwargs, **THREADS))
+    return theirs, ours
+
+
+def worker_threads() -> list:
+    """The names of this process's rloader worker threads (``rloader-wN``) still running."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("rloader-w"):
+            names.append(name)
+    return names
+
+
+def no_worker_threads_within(seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while worker_threads() and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    return not worker_threads()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(batch_size=4),
+        dict(batch_size=5, drop_last=True),
+        dict(batch_size=None),
+        dict(batch_size=3, prefetch_factor=1),
+        dict(batch_size=2, num_workers=3, prefetch_factor=4),
+        dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
+        dict(batch_size=4, collate_fn=lambda b: [x["i"] for x in b]),
+        dict(batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7)),
+    ],
+)
+# torch's own loader warns of 3 worker processes on this 2-core machine (expected).
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_same_batches_as_torchs_workers(kwargs):
+    kwargs = {"num_workers": 2, **kwargs}
+    if "generator" in kwargs:  # each loader draws from a generator in the same state
+        theirs = list(tud.DataLoader(Squares(), **kwargs))
+        kwargs["generator"] = torch.Generator().manual_seed(7)
+        ours = list(rloader.DataLoader(Squares(), **kwargs, **THREADS))
+        # rloader's random orders are its own: the same as its process workers'.
+        kwargs["generator"] = torch.Generator().manual_seed(7)
+        processes = list(rloader.DataLoader(Squares(), **kwargs))
+        assert same(ours, processes)
+        assert sorted(i for b in ours for i in b["i"].tolist()) == sorted(
+            i for b in theirs for i in b["i"].tolist()
+        )
+        return
+    theirs, ours = both(Squares(), **kwargs)
+    assert same(ours, theirs)
+
+
+def test_batches_are_handed_over_without_shared_memory():
+    # Process workers' batches live in shared memory; a thread's batch is the one it made.
+    batch = next(iter(rloader.DataLoader(Squares(8), batch_size=4, num_workers=2, **THREADS)))
+    assert not batch["x"].is_shared()
+    process_batch = next(iter(rloader.DataLoader(Squares(8), batch_size=4, num_workers=2)))
+    assert same(batch, process_batch)
+
+
+def test_in_order_false_yields_every_batch():
+    loader = rloader.DataLoader(Squares(40), batch_size=4, num_workers=3, in_order=False, **THREADS)
+    assert sorted(i for b in loader for i in b["i"].tolist()) == list(range(40))
+
+
+class Gate(tud.Dataset):
+    """Sample 0 waits until every other sample has been fetched: in order, nothing after it
+    can be handed out first; out of order, the rest may come while it waits."""
+
+    def __init__(self, n):
+        self.n = n
+        self.others = threading.Semaphore(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == 0:
+            for _ in range(self.n - 1):
+                assert self.others.acquire(timeout=30)
+        else:
+            self.others.release()
+        return i
+
+
+def test_out_of_order_hands_out_what_is_ready():
+    loader = rloader.DataLoader(
+        Gate(4), batch_size=None, num_workers=4, prefetch_factor=1, in_order=False, **THREADS
+    )
+    out = list(loader)
+    assert sorted(out) == [0, 1, 2, 3] and out[-1] == 0
+    in_order = rloader.DataLoader(
+        Gate(4), batch_size=None, num_workers=4, prefetch_factor=1, **THREADS
+    )
+    assert list(in_order) == [0, 1, 2, 3]
+
+
+class Concurrent(tud.Dataset):
+    """Each sample waits until `parties` samples are being fetched at once."""
+
+    def __init__(self, n, parties):
+        self.n = n
+        self.barrier = threading.Barrier(parties, timeout=30)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.barrier.wait()  # raises BrokenBarrierError if fewer are ever in flight at once
+        return i
+
+
+def test_workers_fetch_at_the_same_time_without_holding_the_gil_while_waiting():
+    # 8 threads each inside __getitem__ at once: a worker waiting (here on a barrier, as on
+    # I/O) does not keep the others out.
+    loader = rloader.DataLoader(Concurrent(32, 8), batch_size=None, num_workers=8, **THREADS)
+    assert list(loader) == list(range(32))
+
+
+class InfoReport(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        theirs = tud.get_worker_info()
+        ours = rloader.get_worker_info()
+        return (
+            theirs is ours,
+            theirs.id,
+            theirs.num_workers,
+            theirs.seed,
+            theirs.worker_method,
+            theirs.dataset is self,
+            threading.current_thread() is not threading.main_thread(),
+        )
+
+
+def test_get_worker_info_is_each_threads_own():
+    torch.manual_seed(123)
+    theirs = list(tud.DataLoader(InfoReport(), batch_size=None, num_workers=2))
+    torch.manual_seed(123)
+    ours = list(rloader.DataLoader(InfoReport(), batch_size=None, num_workers=2, **THREADS))
+    # The same ids and seeds as torch's worker processes (base seed from the same RNG state).
+    assert [r[1:4] for r in ours] == [r[1:4] for r in theirs]
+    assert all(r[0] and r[4] == "thread" and r[5] and r[6] for r in ours)
+    # The main thread is no worker, during an epoch and after.
+    it = iter(rloader.DataLoader(InfoReport(), batch_size=None, num_workers=2, **THREADS))
+    next(it)
+    assert tud.get_worker_info() is None and rloader.get_worker_info() is None
+    del it
+    assert tud.get_worker_info() is None
+
+
+class RngReport(tud.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        rng = info.rng
+        fresh = random.Random(info.seed).random()
+        return (
+            info.id,
+            rng.random_generator.random(),
+            float(torch.rand((), generator=rng.torch_generator)),
+            float(rng.numpy_generator.random()),
+            rng.torch_generator.initial_seed() == info.seed,
+            fresh,
+        )
+
+
+def test_each_thread_has_generators_of_its_own_and_the_global_ones_are_left_alone():
+    def run(seed):
+        torch.manual_seed(seed)
+        loader = rloader.DataLoader(RngReport(), batch_size=None, num_workers=2, **THREADS)
+        return sorted(list(loader))
+
+    random.seed(5)
+    np.random.seed(5)
+    before = (random.getstate(), np.random.get_state()[1].tolist())
+    first = run(1)
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == before
+    assert first == run(1)  # reproducible from the seed
+    assert first != run(2)
+    by_worker = {w: [row[1:4] for row in first if row[0] == w] for w in (0, 1)}
+    assert by_worker[0] != by_worker[1]  # seeded per worker
+    # Seeded as a worker process seeds the global ones: random's and torch's with its seed.
+    assert all(row[4] for row in first)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.parametrize("workers", [2, 12])
+def test_documented_iterable_examples(workers):
+    ds = MyIterableDataset(start=3, end=7)
+    theirs, ours = both(ds, num_workers=workers)
+    assert same(ours, theirs)
+    theirs, ours = both(PlainRange(3, 7), num_workers=workers, worker_init_fn=split_init_fn)
+    assert same(ours, theirs)
+    theirs, ours = both(PlainRange(3, 7), num_workers=workers)  # duplicated, as documented
+    assert same(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)]
+)
+def test_iterable_batches_per_worker_like_torch(kwargs):
+    theirs, ours = both(PlainRange(0, 10), num_workers=2, **kwargs)
+    assert same(ours, theirs)
+
+
+def test_iterable_dataset_with_in_order_false_ends():
+    loader = rloader.DataLoader(
+        PlainRange(0, 10), batch_size=3, num_workers=2, in_order=False, **THREADS
+    )
+    assert sorted(x for b in loader for x in b.tolist()) == sorted(list(range(10)) * 2)
+
+
+INIT_THREADS: list = []
+
+
+def recording_init(worker_id):
+    INIT_THREADS.append((worker_id, threading.get_ident(), tud.get_worker_info().id))
+
+
+class ThreadOf(tud.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return threading.get_ident()
+
+
+def test_persistent_workers_survive_epochs_and_init_once_per_thread():
+    INIT_THREADS.clear()
+    loader = rloader.DataLoader(
+        ThreadOf(),
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        worker_init_fn=recording_init,
+        **THREADS,
+    )
+    first, second = list(loader), list(loader)
+    assert set(first) == set(second) and len(set(first)) == 2
+    assert sorted((w, i) for w, _, i in INIT_THREADS) == [(0, 0), (1, 1)]
+    assert {t for _, t, _ in INIT_THREADS} == set(first)  # run on the worker threads
+    assert len(worker_threads()) == 2
+    loader._iterator._rloader_pool.stop()
+    assert not worker_threads()
+
+
+def test_persistent_workers_on_iterable_dataset():
+    loader = rloader.DataLoader(
+        PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True, **THREADS
+    )
+    theirs = tud.DataLoader(PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True)
+    for _ in range(3):
+        assert same(list(loader), list(theirs))
+    loader._iterator._rloader_pool.stop()
+
+
+def test_persistent_workers_restart_after_an_abandoned_epoch():
+    loader = rloader.DataLoader(
+        Squares(20), batch_size=2, num_workers=2, persistent_workers=True, **THREADS
+    )
+    it = iter(loader)
+    next(it)
+    assert same(list(loader), list(rloader.DataLoader(Squares(20), batch_size=2)))
+    loader._iterator._rloader_pool.stop()
+
+
+def test_a_workers_exception_reraises_with_type_message_and_traceback():
+    with pytest.raises(ValueError) as theirs:
+        list(tud.DataLoader(Failing(), batch_size=2, num_workers=2))
+    with pytest.raises(ValueError) as ours:
+        list(rloader.DataLoader(Failing(), batch_size=2, num_workers=2, **THREADS))
+    text = str(ours.value)
+    assert text.startswith("Caught ValueError in DataLoader worker thread 0.")
+    assert "sample 5 is broken" in text and "Traceback" in text
+    first_line = str(theirs.value).splitlines()[0]
+    assert first_line.replace("worker process", "worker thread") == text.splitlines()[0]
+
+
+def test_the_loader_goes_on_after_a_workers_exception():
+    # As with torch's workers: the error is that batch's, the others still come.
+    out = read_past_errors(rloader.DataLoader(Failing(), batch_size=2, num_workers=2, **THREADS))
+    theirs = read_past_errors(tud.DataLoader(Failing(), batch_size=2, num_workers=2))
+    assert same(out, theirs), (out, theirs)
+
+
+def test_worker_init_fn_error_is_reported():
+    with pytest.raises(KeyError, match="in DataLoader worker thread"):
+        list(rloader.DataLoader(Squares(), num_workers=2, worker_init_fn=failing_init, **THREADS))
+
+
+def test_timeout_names_the_timeout():
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
+        list(rloader.DataLoader(Slow(), num_workers=1, timeout=0.5, **THREADS))
+
+
+@pytest.mark.parametrize("in_order, persistent", [(True, False), (False, False), (True, True)])
+def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
+    def draws(lib, extra):
+        sampler = CountingSampler(60)
+        loader = lib.DataLoader(
+            Squares(60),
+            batch_size=2,
+            sampler=sampler,
+            num_workers=2,
+            prefetch_factor=3,
+            in_order=in_order,
+            persistent_workers=persistent,
+            **extra,
+        )
+        counts = []
+        for _ in range(2):
+            sampler.drawn = 0
+            it = iter(loader)
+            counts.append(sampler.drawn)
+            for _ in range(5):
+                next(it)
+                time.sleep(0.05)  # the workers answer everything in flight meanwhile
+                counts.append(sampler.drawn)
+        return counts
+
+    assert draws(rloader, THREADS) == draws(tud, {}) == [12, 14, 16, 18, 20, 22] * 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("good, workers, prefetch", [(5, 2, 2), (1, 1, 1), (3, 1, 1), (2, 2, 1)])
+def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch):
+    def read(lib, extra):
+        return read_past_errors(
+            lib.DataLoader(
+                Squares(10),
+                batch_size=1,
+                sampler=FailingSampler(good),
+                num_workers=workers,
+                prefetch_factor=prefetch,
+                **extra,
+            )
+        )
+
+    theirs = read(tud, {})
+    assert "IndexError" in theirs
+    assert same(read(rloader, THREADS), theirs)
+
+
+class Unpicklable(tud.Dataset):
+    """A dataset (and keys) that cannot be pickled: worker processes under spawn could not
+    take it; threads need nothing pickled."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, key):
+        with self.lock:
+            return key() if callable(key) else key
+
+
+def test_nothing_is_pickled_on_the_way_to_a_thread():
+    with pytest.raises(TypeError):
+        pickle.dumps(Unpicklable())
+    keys = [lambda i=i: i * 10 for i in range(6)]
+    loader = rloader.DataLoader(Unpicklable(), batch_size=2, sampler=keys, num_workers=2, **THREADS)
+    assert [b.tolist() for b in loader] == [[0, 10], [20, 30], [40, 50]]
+
+
+def test_abandoned_iterators_leave_no_threads_behind():
+    assert no_worker_threads_within()
+    loader = rloader.DataLoader(Squares(100), batch_size=2, num_workers=3, **THREADS)
+    for k in range(50):
+        it = iter(loader)
+        next(it)
+        if k % 2:
+            del it  # dropped half-consumed
+        else:
+            for _ in it:  # or broken out of
+                break
+            del it
+    assert no_worker_threads_within()
+    for _ in loader:  # an epoch run to its end stops its threads at once
+        pass
+    assert not worker_threads()
+
+
+def test_a_persistent_loader_in_a_reference_cycle_is_collected():
+    class Cyclic(Squares):
+        pass
+
+    ds = Cyclic(10)
+    loader = rloader.DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True, **THREADS)
+    loader.me = loader  # the cycle
+    list(loader)
+    del loader
+    assert no_worker_threads_within()
+
+
+def pin_stand_in(loader):
+    """Stands in for pinning on a machine without an accelerator: records the thread each
+    batch was pinned on (test_pin_thread.py does the same for processes)."""
+    if not loader.pin_memory:
+        return None
+
+    def pin(batch):
+        batch["pinned_on"] = threading.current_thread().name
+        return batch
+
+    return pin
+
+
+def test_pin_memory_pins_on_the_worker_threads(monkeypatch):
+    monkeypatch.setattr(rloader._pin, "pin_plan", pin_stand_in)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
+    loader = rloader.DataLoader(Squares(8), batch_size=2, num_workers=2, pin_memory=True, **THREADS)
+    out = list(loader)
+    assert [b["i"].tolist() for b in out] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert all(b["pinned_on"] != threading.main_thread().name for b in out)
+
+
+def test_state_dict_resumes_with_threads():
+    def loader():
+        return rloader.DataLoader(
+            Squares(30),
+            batch_size=3,
+            shuffle=True,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(3),
+            **THREADS,
+        )
+
+    full = [b["i"].tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    seen = [next(it)["i"].tolist() for _ in range(4)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert seen + [b["i"].tolist() for b in resumed] == full
+
+
+def test_argument_errors_say_what_to_fix():
+    with pytest.raises(ValueError, match="worker_type must be 'process' or 'thread'"):
+        rloader.DataLoader(Squares(), num_workers=2, worker_type="fiber")
+    with pytest.raises(ValueError, match="starts none: its workers are threads"):
+        rloader.DataLoader(Squares(), num_workers=2, multiprocessing_context="spawn", **THREADS)
+
+
+def test_many_threads_are_no_warning():
+    # torch's warning counts worker processes against the CPU cores; threads waiting on I/O
+    # are meant to outnumber them.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = rloader.DataLoader(Squares(8), num_workers=32, **THREADS)
+        assert len(list(loader)) == 8
+
+
+def test_two_iterators_at_once():
+    loader = rloader.DataLoader(Squares(10), batch_size=2, num_workers=2, **THREADS)
+    a, b = iter(loader), iter(loader)
+    assert next(a)["i"].tolist() == [0, 1]
+    assert next(b)["i"].tolist() == [0, 1]
+    assert [x["i"].tolist() for x in a] == [[2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+def test_iterable_length_warning_as_torchs():
+    class Four(tud.IterableDataset):
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return iter(range(4))
+
+    loader = rloader.DataLoader(Four(), num_workers=1, **THREADS)
+    assert len(loader) == 2
+    with pytest.warns(UserWarning, match="Length of IterableDataset"):
+        assert len(list(loader)) == 4
+
+
+@pytest.mark.parametrize("inherited", ["handled", "ignored"])
+def test_ctrl_c_interrupts_cleanly(inherited):
+    import signal
+    import subprocess
+    import sys
+
+    code = """
+import rloader, signal, sys
+from test_workers import Slow
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (see test_workers.py)
+print("start", flush=True)
+try:
+    for _ in rloader.DataLoader(Slow(), num_workers=2, worker_type="thread"):
+        pass
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(__file__),
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if inherited == "ignored"
+        else None,
+    )
+    assert proc.stdout.readline().startswith("start")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert "interrupted" in out, (proc.returncode, out, err)
+    assert proc.returncode == 0, err
+
+
+def test_interpreter_exit_with_a_live_iterator_is_prompt():
+    done = run_script("""
+        import time, rloader
+        from test_workers import Squares
+        it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=4,
+                                     worker_type="thread", persistent_workers=True))
+        next(it)
+        print(time.monotonic(), flush=True)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - float(done.stdout.split()[0]) < 4
+    assert done.stderr == ""
