@@ -3,6 +3,7 @@ processes, torch's process workers being the oracle for the batches."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import pickle
@@ -579,3 +580,140 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt():
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - float(done.stdout.split()[0]) < 4
     assert done.stderr == ""
+
+
+# ---------------------------------------------------------------- async datasets
+
+
+class AsyncSquares(tud.Dataset):
+    """Squares, with ``async def __getitem__``."""
+
+    def __init__(self, n=37):
+        self.sync = Squares(n)
+
+    def __len__(self):
+        return len(self.sync)
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(0.001 * (i % 3))  # samples finish out of order
+        return self.sync[i]
+
+
+class AsyncBatches(AsyncSquares):
+    async def __getitems__(self, keys):
+        return [self.sync[i] for i in keys]
+
+    async def __getitem__(self, i):
+        raise AssertionError("__getitems__ is used when present")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # torch's, 3 workers
+@pytest.mark.parametrize("dataset", [AsyncSquares, AsyncBatches])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(batch_size=4),
+        dict(batch_size=5, drop_last=True, in_order=False),
+        dict(batch_size=3, prefetch_factor=1, num_workers=3),
+        dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
+    ],
+)
+def test_async_datasets_give_the_batches_of_their_sync_twin(dataset, kwargs):
+    kwargs = {"num_workers": 2, **kwargs}
+    theirs = list(tud.DataLoader(Squares(), **kwargs))
+    ours = list(rloader.DataLoader(dataset(), **kwargs, **THREADS))
+    if kwargs.get("in_order", True):
+        assert same(ours, theirs)
+    else:
+        key = lambda b: b["i"].tolist()  # noqa: E731
+        assert same(sorted(ours, key=key), sorted(theirs, key=key))
+
+
+def test_async_dataset_without_batching():
+    theirs = list(tud.DataLoader(Squares(9), batch_size=None, num_workers=2))
+    ours = list(rloader.DataLoader(AsyncSquares(9), batch_size=None, num_workers=2, **THREADS))
+    assert same(ours, theirs)
+
+
+class AllAtOnce(tud.Dataset):
+    """Each sample waits until `expected` samples are awaited at the same time (the count is
+    in a list: each worker thread has a shallow copy of the dataset, and the list is shared)."""
+
+    def __init__(self, n, expected):
+        self.n, self.expected = n, expected
+        self.lock = threading.Lock()
+        self.in_flight = [0]
+
+    def __len__(self):
+        return self.n
+
+    async def __getitem__(self, i):
+        with self.lock:
+            self.in_flight[0] += 1
+        deadline = time.monotonic() + 30
+        while self.in_flight[0] < self.expected:
+            assert time.monotonic() < deadline, f"only {self.in_flight[0]} samples in flight"
+            await asyncio.sleep(0.001)
+        return i
+
+
+def test_async_datasets_keep_every_sample_of_the_prefetch_window_in_flight():
+    # prefetch_factor * batch_size * num_workers = 2 * 8 * 2 samples awaited at once, on two
+    # threads.
+    loader = rloader.DataLoader(
+        AllAtOnce(32, 32), batch_size=8, num_workers=2, prefetch_factor=2, **THREADS
+    )
+    assert [x for b in loader for x in b.tolist()] == list(range(32))
+
+
+class AsyncFailing(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    async def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("sample 5 is broken")
+        return i
+
+
+def test_async_errors_reraise_as_worker_errors():
+    with pytest.raises(ValueError) as ours:
+        list(rloader.DataLoader(AsyncFailing(), batch_size=2, num_workers=2, **THREADS))
+    text = str(ours.value)
+    assert text.startswith("Caught ValueError in DataLoader worker thread 0.")
+    assert "sample 5 is broken" in text and "Traceback" in text
+    loader = rloader.DataLoader(AsyncFailing(), batch_size=2, num_workers=2, **THREADS)
+    assert [b if isinstance(b, str) else b.tolist() for b in read_past_errors(loader)] == [
+        [0, 1],
+        [2, 3],
+        "ValueError",
+        [6, 7],
+    ]
+    with pytest.raises(KeyError, match="in DataLoader worker thread"):
+        list(
+            rloader.DataLoader(
+                AsyncSquares(), num_workers=2, worker_init_fn=failing_init, **THREADS
+            )
+        )
+
+
+class AsyncStuck(tud.Dataset):
+    def __len__(self):
+        return 4
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(30)
+
+
+def test_async_timeout_and_no_threads_left_behind():
+    assert no_worker_threads_within()
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
+        list(rloader.DataLoader(AsyncStuck(), num_workers=2, timeout=0.5, **THREADS))
+    gc.collect()
+    assert no_worker_threads_within()  # the stuck samples were cancelled with their loops
+    loader = rloader.DataLoader(AsyncSquares(40), batch_size=2, num_workers=2, **THREADS)
+    for _ in range(10):
+        it = iter(loader)
+        next(it)
+        del it
+    assert no_worker_threads_within()

@@ -203,11 +203,19 @@ class ThreadPool:
         collate_fn: Callable[[Any], Any],
         collate_plan: Any | None,
         pin: Callable[[Any], Any] | None,
+        asynchronous: bool = False,
     ) -> ThreadPool: ...
     @property
     def stopped(self) -> bool: ...
     def stop(self) -> None: ...
     def _alive(self) -> int: ...
+
+@final
+class Reporter:
+    """How an async worker's event loop reports a task's result."""
+
+    def batch(self, task: int, batch: Any) -> bool: ...
+    def error(self, task: int, wrapper: Any) -> bool: ...
 
 @final
 class ThreadIter:

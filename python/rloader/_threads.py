@@ -27,13 +27,16 @@ streams, and their order between threads is not reproducible). Each thread's
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import inspect
 import random
 import threading
 import weakref
 from typing import NamedTuple, Optional
 
 import torch
+import torch.utils.data as tud
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data.dataloader import _DatasetKind
@@ -111,7 +114,7 @@ class _ThreadWorker:
     """One worker thread's setup, run on that thread by the Rust worker loop."""
 
     def __init__(
-        self, worker_id: int, num_workers: int, base_seed: int, loader, iterable: bool, device
+        self, worker_id: int, num_workers: int, base_seed: int, *, loader, device=None
     ) -> None:
         self.worker_id = worker_id
         self.num_workers = num_workers
@@ -119,8 +122,9 @@ class _ThreadWorker:
         self.seed = base_seed + worker_id  # torch's per-worker seed
         self.dataset = _worker_copy(loader.dataset)
         self.worker_init_fn = loader.worker_init_fn
-        self.iterable = iterable
-        self.device = device
+        self.iterable = loader._dataset_kind == _DatasetKind.Iterable
+        self.device = device  # pinning on this thread: the accelerator in use at iter()
+        self.init_error: Optional[ExceptionWrapper] = None
 
     def start(self):
         """Makes this thread worker ``worker_id``: its ``get_worker_info()``, then
@@ -142,7 +146,8 @@ class _ThreadWorker:
                 self.worker_init_fn(self.worker_id)
             return self.dataset, (iter(self.dataset) if self.iterable else None), None
         except Exception as exc:
-            return self.dataset, None, self.wrap_error(exc, exc.__traceback__)
+            self.init_error = self.wrap_error(exc, exc.__traceback__)
+            return self.dataset, None, self.init_error
 
     def restart(self):
         return iter(self.dataset)
@@ -154,6 +159,88 @@ class _ThreadWorker:
 
     def finish(self) -> None:
         _thread_info.local.__dict__.clear()
+
+
+def is_async(dataset) -> bool:
+    """Whether ``dataset`` is a map-style dataset whose ``__getitems__`` or ``__getitem__`` is
+    a coroutine function (``async def``): its thread workers then await it (NOTE [Async
+    datasets])."""
+    if isinstance(dataset, tud.IterableDataset):
+        return False
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems:
+        return inspect.iscoroutinefunction(getitems)
+    return inspect.iscoroutinefunction(getattr(dataset, "__getitem__", None))
+
+
+class _AsyncThreadWorker(_ThreadWorker):
+    """A worker thread over an async dataset: it runs an event loop of its own.
+
+    NOTE [Async datasets]: the main thread hands each task to the worker's loop
+    (``submit``, ``loop.call_soon_threadsafe``) instead of its task channel, and every task
+    runs at once as a task of that loop: its samples are awaited together (``__getitems__``
+    once, or ``__getitem__`` per key under ``asyncio.gather``), then collated (and pinned) on
+    the loop's thread, and the result goes back through the pool's report channel
+    (``_rloader.Reporter``). The Scheduler still bounds the tasks in flight to
+    ``prefetch_factor`` per worker, so up to ``prefetch_factor * batch_size * num_workers``
+    samples are awaited at once. ``ThreadPool.stop`` stops the loops; a task still running
+    is cancelled.
+    """
+
+    def __init__(self, *args, loader, device=None) -> None:
+        super().__init__(*args, loader=loader, device=device)
+        self.loop = asyncio.new_event_loop()  # made here: tasks may be submitted before it runs
+        self.collate_fn = loader.collate_fn
+        self.auto_collation = loader._auto_collation
+        self.pin = None
+        self.reporter = None
+
+    def run_async(self, reporter) -> None:
+        """The thread's life after ``start``: runs the loop until ``stop_async``."""
+        self.reporter = reporter
+        getitems = getattr(self.dataset, "__getitems__", None)
+        self.getitems = getitems if getitems else None
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            asyncio.set_event_loop(None)
+            self.loop.close()
+
+    def submit(self, task: int, keys) -> None:
+        """Called on the main thread: hands ``task`` to this worker's loop."""
+        self.loop.call_soon_threadsafe(self._begin, task, keys)
+
+    def stop_async(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _begin(self, task: int, keys) -> None:
+        if self.init_error is not None:  # the answer to the first task, as with processes
+            error, self.init_error = self.init_error, None
+            self.reporter.error(task, error)
+            return
+        self.loop.create_task(self._fetch(task, keys))
+
+    async def _fetch(self, task: int, keys) -> None:
+        try:
+            if not self.auto_collation:
+                data = await self.dataset[keys]
+            elif self.getitems is not None:
+                data = await self.getitems(keys)
+            else:
+                data = list(await asyncio.gather(*(self.dataset[key] for key in keys)))
+            batch = self.collate_fn(data)
+            if self.pin is not None:
+                batch = self.pin(batch)
+        except Exception as exc:
+            self.reporter.error(task, self.wrap_error(exc, exc.__traceback__))
+        else:
+            self.reporter.batch(task, batch)
 
 
 def start_threads(loader) -> "_rloader.ThreadIter":
@@ -169,11 +256,21 @@ def start_threads(loader) -> "_rloader.ThreadIter":
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
         )
     pin = _pin.pin_plan(loader)
-    device: Optional[int] = torch.accelerator.current_device_index() if pin is not None else None
+    device = torch.accelerator.current_device_index() if pin is not None else None
     _install_per_thread_worker_info()
     n = loader.num_workers
+    asynchronous = is_async(loader.dataset)
+    workers = []
+    for w in range(n):
+        if asynchronous:
+            worker = _AsyncThreadWorker(w, n, base_seed, loader=loader, device=device)
+            worker.pin = pin
+        else:
+            worker = _ThreadWorker(w, n, base_seed, loader=loader, device=device)
+        workers.append(worker)
     pool = _rloader.ThreadPool(
-        workers=[_ThreadWorker(w, n, base_seed, loader, iterable, device) for w in range(n)],
+        workers=workers,
+        asynchronous=asynchronous,
         iterable=iterable,
         auto_collation=loader._auto_collation,
         batch_size=loader.batch_size if iterable else None,

@@ -55,6 +55,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
     m.add_class::<threads::ThreadPool>()?;
     m.add_class::<threads::ThreadIter>()?;
+    m.add_class::<threads::Reporter>()?;
     m.add_class::<buffers::SlotView>()?;
     m.add_class::<buffers::Lease>()?;
     m.add_function(wrap_pyfunction!(slots::py_slot_empty, m)?)?;

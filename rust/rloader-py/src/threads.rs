@@ -53,7 +53,10 @@ enum TaskKeys {
 }
 
 enum Job {
-    Task { task: u64, keys: TaskKeys },
+    Task {
+        task: u64,
+        keys: TaskKeys,
+    },
     /// A new epoch of persistent workers: an iterable dataset's iterator is made anew.
     Restart,
 }
@@ -74,6 +77,8 @@ struct Report {
 /// What every worker thread of a pool is given.
 struct Shared {
     iterable: bool,
+    /// The dataset's `__getitem__` (or `__getitems__`) is a coroutine function.
+    asynchronous: bool,
     auto_collation: bool,
     batch_size: Option<usize>,
     drop_last: bool,
@@ -86,6 +91,7 @@ impl Shared {
     fn clone_ref(&self, py: Python<'_>) -> Shared {
         Shared {
             iterable: self.iterable,
+            asynchronous: self.asynchronous,
             auto_collation: self.auto_collation,
             batch_size: self.batch_size,
             drop_last: self.drop_last,
@@ -114,12 +120,16 @@ struct Worker {
 impl Worker {
     fn start(py: Python<'_>, id: usize, hooks: Py<PyAny>, shared: Shared) -> PyResult<Worker> {
         // (its dataset: a shallow copy of the loader's, see `_worker_copy` in _threads.py)
-        let (dataset, samples, error) = hooks
-            .bind(py)
-            .call_method0("start")?
-            .extract::<(Py<PyAny>, Option<Bound<'_, PyAny>>, Option<Py<PyAny>>)>()?;
+        let (dataset, samples, error) = hooks.bind(py).call_method0("start")?.extract::<(
+            Py<PyAny>,
+            Option<Bound<'_, PyAny>>,
+            Option<Py<PyAny>>,
+        )>()?;
         let init_error = error.map(Answer::Error);
-        let collate = Collate::new(shared.collate_fn, shared.collate_plan.map(|p| p.into_bound(py)))?;
+        let collate = Collate::new(
+            shared.collate_fn,
+            shared.collate_plan.map(|p| p.into_bound(py)),
+        )?;
         let fetcher = if shared.iterable {
             let samples = match samples {
                 Some(s) => s.try_iter()?,
@@ -225,6 +235,7 @@ fn worker_main(
     mut jobs: Receiver<Job>,
     reports: Sender<Report>,
 ) {
+    let asynchronous = shared.asynchronous;
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
     let _ = Python::try_attach(|py| {
@@ -238,19 +249,33 @@ fn worker_main(
                 return;
             }
         };
-        loop {
-            let (back, job) = py.detach(move || {
-                let job = jobs.recv();
-                (jobs, job)
-            });
-            jobs = back;
-            let Ok(job) = job else { break };
-            if let Some(report) = worker.run(py, job) {
-                if reports.send(report).is_err() {
-                    break; // the iterator is gone
+        if asynchronous {
+            // NOTE [Async datasets]: the thread runs its event loop until the pool stops it;
+            // tasks reach the loop from the main thread (`ThreadPool::send`), and the loop
+            // reports through `reporter`.
+            let reporter = Reporter {
+                worker: id,
+                reports,
+            };
+            if let Err(err) = hooks.bind(py).call_method1("run_async", (reporter,)) {
+                err.write_unraisable(py, Some(hooks.bind(py)));
+            }
+        } else {
+            loop {
+                let (back, job) = py.detach(move || {
+                    let job = jobs.recv();
+                    (jobs, job)
+                });
+                jobs = back;
+                let Ok(job) = job else { break };
+                if let Some(report) = worker.run(py, job) {
+                    if reports.send(report).is_err() {
+                        break; // the iterator is gone
+                    }
                 }
             }
         }
+        drop(worker);
         let _ = hooks.bind(py).call_method0("finish");
     });
 }
@@ -285,9 +310,43 @@ fn fail_every_task(
     }
 }
 
+/// How an async worker's event loop reports a task's result (NOTE [Async datasets]).
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct Reporter {
+    worker: usize,
+    reports: Sender<Report>,
+}
+
+#[pymethods]
+impl Reporter {
+    /// `task`'s batch; false when no one takes reports any more (the iterator is gone).
+    fn batch(&self, task: u64, batch: Py<PyAny>) -> bool {
+        self.send(task, Answer::Batch(batch))
+    }
+
+    /// `task`'s error, as an ExceptionWrapper re-raised when its turn comes.
+    fn error(&self, task: u64, wrapper: Py<PyAny>) -> bool {
+        self.send(task, Answer::Error(wrapper))
+    }
+}
+
+impl Reporter {
+    fn send(&self, task: u64, answer: Answer) -> bool {
+        let report = Report {
+            worker: self.worker,
+            task,
+            done: Done::Answer(answer),
+        };
+        self.reports.send(report).is_ok()
+    }
+}
+
 /// The worker threads of one iterator (`worker_type="thread"`), and how to stop them.
 #[pyclass(module = "rloader._rloader", frozen)]
 pub struct ThreadPool {
+    /// With an async dataset, each worker's hooks, whose `submit` hands a task to the worker's
+    /// event loop (NOTE [Async datasets]).
+    loops: Option<Vec<Py<PyAny>>>,
     /// Each worker's task channel; emptied by `stop` (closing them tells the workers to leave).
     jobs: Mutex<Vec<Sender<Job>>>,
     handles: Mutex<Vec<Option<JoinHandle<()>>>>,
@@ -304,7 +363,7 @@ impl ThreadPool {
     /// each batch on its worker thread when set.
     #[new]
     #[pyo3(signature = (*, workers, iterable, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin))]
+                        collate_plan, pin, asynchronous=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -316,12 +375,14 @@ impl ThreadPool {
         collate_fn: Py<PyAny>,
         collate_plan: Option<Py<PyAny>>,
         pin: Option<Py<PyAny>>,
+        asynchronous: bool,
     ) -> PyResult<Self> {
         if workers.is_empty() {
             return Err(to_py(PoolError::NoWorkers));
         }
         let shared = Shared {
             iterable,
+            asynchronous,
             auto_collation,
             batch_size,
             drop_last,
@@ -333,6 +394,7 @@ impl ThreadPool {
         let size = workers.len();
         let mut jobs = Vec::with_capacity(size);
         let mut handles = Vec::with_capacity(size);
+        let loops: Vec<Py<PyAny>> = workers.iter().map(|h| h.clone_ref(py)).collect();
         for (id, hooks) in workers.into_iter().enumerate() {
             let (tx, rx) = mpsc::channel();
             let (shared, reports) = (shared.clone_ref(py), report_tx.clone());
@@ -348,6 +410,7 @@ impl ThreadPool {
             handles.push(Some(handle));
         }
         Ok(ThreadPool {
+            loops: asynchronous.then_some(loops),
             jobs: Mutex::new(jobs),
             handles: Mutex::new(handles),
             reports: Mutex::new(report_rx),
@@ -369,6 +432,12 @@ impl ThreadPool {
             return;
         }
         lock(&self.jobs).clear();
+        for hooks in self.loops.iter().flatten() {
+            // Stops its event loop (the thread then leaves); an error is the user's to see.
+            if let Err(err) = hooks.bind(py).call_method0("stop_async") {
+                err.write_unraisable(py, Some(hooks.bind(py)));
+            }
+        }
         let handles: Vec<JoinHandle<()>> = lock(&self.handles)
             .iter_mut()
             .filter_map(Option::take)
@@ -401,7 +470,21 @@ impl ThreadPool {
 }
 
 impl ThreadPool {
-    fn send(&self, worker: usize, job: Job) -> PyResult<()> {
+    fn send(&self, py: Python<'_>, worker: usize, job: Job) -> PyResult<()> {
+        if let (Some(loops), Job::Task { task, keys }) = (&self.loops, &job) {
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(to_py(PoolError::Stopped));
+            }
+            let keys = match keys {
+                TaskKeys::Indices(ix) => pyo3::types::PyList::new(py, ix)?.into_any(),
+                TaskKeys::Object(obj) => obj.bind(py).clone(),
+                TaskKeys::Next => py.None().into_bound(py),
+            };
+            loops[worker]
+                .bind(py)
+                .call_method1("submit", (*task, keys))?;
+            return Ok(());
+        }
         let jobs = lock(&self.jobs);
         match jobs.get(worker) {
             Some(tx) => tx
@@ -571,7 +654,7 @@ impl ThreadIter {
             self.restarted = 0;
             let size = self.pool.get().size;
             for w in 0..size {
-                self.pool.get().send(w, Job::Restart)?;
+                self.pool.get().send(py, w, Job::Restart)?;
             }
             while self.restarted < size {
                 self.wait_for_reports(py, started)?;
@@ -640,7 +723,7 @@ impl ThreadIter {
             };
             // No worker may take it (iterable datasets out of order): dropped, as torch does.
             if let Some((worker, task)) = self.scheduler.assign() {
-                self.pool.get().send(worker, Job::Task { task, keys })?;
+                self.pool.get().send(py, worker, Job::Task { task, keys })?;
             }
         }
         Ok(())
