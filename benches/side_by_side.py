@@ -13,6 +13,11 @@ images and ``torch.tensor`` of its labels, for the same number of shuffled batch
 row it is a plain memcpy of the same bytes; for the first-batch row, the time to fork two bare children of this
 process (both libraries fork their workers, and a fork's cost grows with the process's memory).
 
+The "threads:" rows run rloader with ``worker_type="thread"`` against torch's worker processes
+(2 unless the row says otherwise); the memory row measures the proportional set size (PSS) of
+the loader's processes, the main one and its workers, with every sample read once, and its
+ratio is torch's PSS over rloader's.
+
 Each workload builds its data, and one DataLoader per library, before its runs and frees them
 after, handing the freed memory back to the OS, so no row pays for another row's memory (forks
 copy page tables). A run is one epoch of
@@ -26,6 +31,7 @@ epoch.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import gc
 import os
@@ -52,6 +58,8 @@ class Workload:
     target: float  # the ratio this row should reach (rloader/torch throughput)
     floor: Optional[Callable[[object], object]] = None  # floor(data)
     self_timed: bool = False  # run(lib) returns the seconds to count (it leaves out its cleanup)
+    # run(lib) returns bytes of memory, not seconds: the ratio is torch's over rloader's.
+    memory: bool = False
     # Builds the workload's data before its runs; it is freed after them, so a row's forks do not
     # copy the page tables of other rows' datasets.
     data: Callable[[], object] = lambda: None
@@ -141,6 +149,37 @@ class SleepyDataset(tud.Dataset):
         return i
 
 
+class AsyncSleepyDataset(tud.Dataset):
+    """Waits 1 ms per sample without blocking its thread: an async I/O-bound dataset (an HTTP
+    or object-store client). torch calls it as any dataset and gets coroutines, so its side of
+    the row is ``SleepyDataset`` with processes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, i: int) -> int:
+        await asyncio.sleep(0.001)
+        return i
+
+
+class StringDataset(tud.Dataset):
+    """Python strings held in a list, as a tokenized text corpus or a file list is: each
+    worker process that reads one touches its reference count, which copies the page it is
+    on into that worker (pytorch/pytorch#13246)."""
+
+    def __init__(self, n: int) -> None:
+        self.strings = [f"sample-{i:09d}-{'x' * (i % 23)}" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+    def __getitem__(self, i: int) -> str:
+        return self.strings[i]
+
+
 class IntStream(tud.IterableDataset):
     """Small ints, split between workers as the documentation shows."""
 
@@ -158,13 +197,20 @@ class Epochs:
     """A dataset and one DataLoader per library over it, built once and iterated once per run:
     a training loop's pattern (one loader, an epoch per iteration)."""
 
-    def __init__(self, dataset, **kwargs) -> None:
+    def __init__(self, dataset, ours: Optional[dict] = None, theirs=None, **kwargs) -> None:
+        """``ours``: rloader's arguments where they differ (``worker_type="thread"``);
+        ``theirs``: torch's dataset where it differs (an async dataset's sync twin)."""
         self.dataset, self.kwargs = dataset, kwargs
+        self.ours, self.theirs = ours or {}, theirs
         self.loaders: dict = {}
 
     def loader(self, lib):
         if id(lib) not in self.loaders:
-            self.loaders[id(lib)] = lib.DataLoader(self.dataset, **self.kwargs)
+            if lib is rloader:
+                loader = lib.DataLoader(self.dataset, **{**self.kwargs, **self.ours})
+            else:
+                loader = lib.DataLoader(self.theirs or self.dataset, **self.kwargs)
+            self.loaders[id(lib)] = loader
         return self.loaders[id(lib)]
 
     def __call__(self, lib) -> int:
@@ -184,6 +230,7 @@ def workloads(quick: bool) -> list[Workload]:
     n_weights = 1_000_000 // scale
     n_dist = 10_000_000 // scale
     n_ints, n_images = 200_000 // scale, 50_000 // scale
+    n_strings = 2_000_000 // scale
     n_pairs, n_arrays, n_busy, n_sleepy, n_stream = (
         20_000 // scale,
         1_024 // scale,
@@ -233,6 +280,86 @@ def workloads(quick: bool) -> list[Workload]:
         elapsed = time.perf_counter() - start
         del it
         return elapsed
+
+    def threads(
+        dataset, batch_size: int, workers: int = 2, theirs=None, shuffle=False
+    ) -> Callable[[], Epochs]:
+        """rloader with ``workers`` threads against torch with 2 processes."""
+        return lambda: Epochs(
+            dataset(),
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=2,
+            ours=dict(worker_type="thread", num_workers=workers),
+            theirs=theirs() if theirs else None,
+        )
+
+    def loader_pss(lib, epochs: Epochs) -> float:
+        """PSS of this process and its worker processes, bytes, with the epoch's last batch
+        still to come (every worker alive, every sample read once)."""
+        loader = epochs.loader(lib)
+        it = iter(loader)
+        for _ in range(len(loader) - 1):
+            next(it)
+        total = pss(os.getpid()) + sum(pss(pid) for pid in child_pids())
+        for _ in it:
+            pass
+        return float(total)
+
+    thread_loads = [
+        Workload(
+            f"threads: sleeps 1 ms per sample x {n_sleepy:,}, 32 threads vs 2 processes",
+            "samples",
+            n_sleepy,
+            epoch,
+            10,
+            data=threads(lambda: SleepyDataset(n_sleepy), 16, workers=32),
+        ),
+        Workload(
+            f"threads: async, awaits 1 ms per sample x {n_sleepy:,}, 2 threads vs 2 processes",
+            "samples",
+            n_sleepy,
+            epoch,
+            10,
+            data=threads(
+                lambda: AsyncSleepyDataset(n_sleepy), 16, theirs=lambda: SleepyDataset(n_sleepy)
+            ),
+        ),
+        Workload(
+            f"threads: (float32[3,32,32], int) x {n_pairs:,}, batch 256",
+            "samples",
+            n_pairs,
+            epoch,
+            3,
+            data=threads(lambda: ImageLabelDataset(n_pairs), 256),
+        ),
+        Workload(
+            f"threads: pure-Python __getitem__ of ~50 us x {n_busy:,}",
+            "samples",
+            n_busy,
+            epoch,
+            1,
+            data=threads(lambda: BusyDataset(n_busy), 32),
+        ),
+        Workload(
+            "threads: time from iter() to the first batch",
+            "first batches",
+            1,
+            first_batch,
+            5,
+            self_timed=True,
+            data=threads(lambda: ImageLabelDataset(n_pairs), 256),
+        ),
+        Workload(
+            f"threads: memory (PSS) of the loader's processes, {n_strings:,} strings",
+            "bytes of PSS",
+            1,
+            loader_pss,
+            1.43,  # rloader at most 0.7x torch's
+            memory=True,
+            data=threads(lambda: StringDataset(n_strings), 1024, shuffle=True),
+        ),
+    ]
 
     worker_loads = [
         Workload(
@@ -341,7 +468,36 @@ def workloads(quick: bool) -> list[Workload]:
             data=image_epochs,
         ),
         *worker_loads,
+        *thread_loads,
     ]
+
+
+def pss(pid: int) -> int:
+    """A process's proportional set size in bytes (its own pages, plus its share of those it
+    shares with others): the sum over processes counts each page once."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def child_pids() -> list:
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                    out.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
 
 
 def release_freed_memory() -> None:
@@ -359,7 +515,7 @@ def timed(fn: Callable[[], object], self_timed: bool = False) -> float:
     start = time.perf_counter()
     result = fn()
     elapsed = time.perf_counter() - start
-    if self_timed:
+    if self_timed:  # (or a memory row's bytes)
         assert isinstance(result, float)
         elapsed = result
     del result
@@ -420,7 +576,8 @@ def main() -> None:
         times: dict[str, list[float]] = {"torch": [], "rloader": [], "floor": []}
         for _ in range(args.repeats):
             for name, lib in libs.items():
-                times[name].append(timed(lambda: w.run(lib, data), w.self_timed))  # noqa: B023 - called at once
+                measure = w.self_timed or w.memory
+                times[name].append(timed(lambda: w.run(lib, data), measure))  # noqa: B023 - called at once
                 progress.step(f"{name}: {w.name}")
             if w.floor is not None:
                 times["floor"].append(timed(lambda: w.floor(data), w.self_timed))  # noqa: B023
@@ -438,11 +595,15 @@ def main() -> None:
             floor = f"memcpy {w.count / med['floor'] / 1e9:.1f} GB/s"
         if w.self_timed and "floor" in med:  # the first-batch row: two bare forks
             floor = f"2 forks {med['floor'] * 1e3:.0f} ms"
+        if w.memory:  # bytes, not seconds: less is better, and the ratio is torch's over ours
+            shown = {k: f"{med[k] / 1e9:.2f} GB" for k in ("torch", "rloader")}
+        else:
+            shown = {k: f"{human(w.count / med[k])}/s" for k in ("torch", "rloader")}
         rows.append(
             (
                 w.name,
-                f"{human(w.count / med['torch'])}/s",
-                f"{human(w.count / med['rloader'])}/s",
+                shown["torch"],
+                shown["rloader"],
                 f"{ratio:.2f}x",
                 spread,
                 f">= {w.target:g}x",
