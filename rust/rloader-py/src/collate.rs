@@ -270,6 +270,9 @@ fn numbers_tensor<'py, T: Copy>(
     Ok(out)
 }
 
+/// Bytes from which `arrays_tensor` copies without the GIL.
+const DETACHED_COPY: usize = 64 * 1024;
+
 /// numpy arrays of one dtype and shape → one tensor `[len(batch), *shape]`, filled by memcpy.
 fn arrays_tensor<'py>(
     py: Python<'py>,
@@ -312,18 +315,41 @@ fn arrays_tensor<'py>(
                 .call((PyTuple::new(py, shape)?,), Some(&kwargs))?
         }
     };
-    let base = out.call_method0("data_ptr")?.extract::<usize>()? as *mut u8;
+    let base = out.call_method0("data_ptr")?.extract::<usize>()?;
     let each = first.bytes().len();
-    for (i, v) in views.iter().enumerate() {
+    let mut sources = Vec::with_capacity(views.len());
+    for v in &views {
         let src = v.bytes();
         if src.len() != each {
             return Err(PyBufferError::new_err(
                 "numpy array changed size during collation",
             ));
         }
-        // SAFETY: `out` holds len(views) * each bytes; slot i is [i*each, (i+1)*each).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(i * each), each) };
+        sources.push(src.as_ptr() as usize);
     }
+    let copy = move || {
+        for (i, src) in sources.into_iter().enumerate() {
+            // SAFETY: `out` holds len(views) * each bytes, row i at [i*each, (i+1)*each), and
+            // no one else has it yet; each source is `each` bytes of an array whose buffer
+            // export (`views`, alive until this function returns) keeps it from being freed
+            // or resized.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src as *const u8,
+                    (base as *mut u8).add(i * each),
+                    each,
+                )
+            };
+        }
+    };
+    // A large copy lets go of the GIL (worker threads run Python meanwhile, as torch.stack
+    // lets them); a small one is not worth the hand-over.
+    if each * views.len() >= DETACHED_COPY {
+        py.detach(copy);
+    } else {
+        copy();
+    }
+    drop(views);
     Ok(Some(out))
 }
 
