@@ -39,7 +39,14 @@ mod threads;
 mod wait;
 mod worker;
 
-#[pymodule]
+/// Free-threaded CPython (3.13t, 3.14t): the module declares that it does not need the GIL, so
+/// thread workers (threads.rs) run in parallel there. Nothing in this crate relies on the GIL
+/// for mutual exclusion: the `#[pyclass]` types are either `frozen` with their mutable parts
+/// behind mutexes or atomics (`ThreadPool`, `Reporter`), or borrowed mutably through PyO3's
+/// runtime borrow checking, which is atomic on those builds (two threads advancing one
+/// iterator get "Already borrowed", never a race); the process-wide caches are `PyOnceLock`s;
+/// a worker's batch slots are thread-local (slots.rs). On a standard build this changes nothing.
+#[pymodule(gil_used = false)]
 fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<streams::IndexChunks>()?;
