@@ -10,6 +10,9 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
   ``_rloader.worker_loop`` (``rust/rloader-py/src/pool.rs`` and ``worker.rs``,
   ``python/rloader/_workers.py``).
+- ``num_workers>0, worker_type="thread"``: worker threads of this process, in
+  ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads.rs``,
+  ``python/rloader/_threads.py``).
 """
 
 from __future__ import annotations
