@@ -177,7 +177,7 @@ class InfoReport(tud.Dataset):
             theirs.id,
             theirs.num_workers,
             theirs.seed,
-            theirs.worker_method,
+            getattr(theirs, "worker_method", None),  # (torch < 2.15 workers have none)
             theirs.dataset is self,
             threading.current_thread() is not threading.main_thread(),
         )
