@@ -258,6 +258,18 @@ def test_arguments_reach_the_rebuilt_loader(acc, installed):
     assert base.batch_sampler is original.batch_sampler  # one process: accelerate keeps it
 
 
+def test_thread_workers_stay_thread_workers(acc, installed):
+    original = rloader.DataLoader(Pairs(), batch_size=4, num_workers=2, worker_type="thread")
+    prepared = acc.prepare(original)
+    base = base_of(prepared)
+    assert is_ours(base) and base.worker_type == "thread"
+    it = iter(base)
+    assert type(it) is rloader._rloader.ThreadIter
+    del it
+    torch_prepared = acc.prepare(tud.DataLoader(Pairs(), batch_size=4, num_workers=2))
+    assert [b["i"].tolist() for b in prepared] == [b["i"].tolist() for b in torch_prepared]
+
+
 def test_torch_loaders_are_left_to_accelerate(acc, installed):
     for kwargs in (dict(batch_size=4), dict(batch_size=4, num_workers=2)):
         prepared = acc.prepare(tud.DataLoader(Pairs(), **kwargs))

@@ -46,3 +46,11 @@ def test_lightning_rebuilds_an_rloader_loader_as_it_rebuilds_torchs(num_workers,
     it = iter(ours_new)
     engine = _rloader.LoaderIter if num_workers == 0 else _rloader.PoolIter
     assert type(it) is engine
+
+
+def test_lightning_rebuilds_thread_workers_as_thread_workers():
+    ours, ours_new = rebuilt(rloader, 1, True, num_workers=2, worker_type="thread")
+    theirs, theirs_new = rebuilt(tud, 1, True, num_workers=2)
+    assert seen(ours_new) == seen(theirs_new)
+    assert ours_new.worker_type == "thread"
+    assert type(iter(ours_new)) is _rloader.ThreadIter

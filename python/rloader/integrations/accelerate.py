@@ -87,6 +87,10 @@ _CARRIED = (
     "in_order",
 )
 
+# rloader's own arguments, which accelerate's torch loader does not have: read from the
+# rloader loader that was prepared.
+_OURS = ("worker_type",)
+
 _STATEFUL_WARNING = (
     "use_stateful_dataloader=True: this prepared loader runs on torchdata's StatefulDataLoader, "
     "not on rloader's engine (accelerate adjusts torchdata's state format, not rloader's)"
@@ -141,7 +145,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(dataloader: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(dataloader, *args, **kwargs)
         if _backed_by_rloader(dataloader):
-            result = _keep_engine(result)
+            result = _keep_engine(result, _own_arguments(dataloader))
         return result
 
     wrapper._rloader_original = original  # type: ignore[attr-defined]
@@ -161,29 +165,38 @@ def _adapter(obj: Any) -> Optional[Any]:
     return None
 
 
-def _backed_by_rloader(obj: Any) -> bool:
+def _base(obj: Any) -> Any:
     adapter = _adapter(obj)
-    loader = obj if adapter is None else adapter.base_dataloader
-    return DataLoader in type(loader).__mro__
+    return obj if adapter is None else adapter.base_dataloader
 
 
-def _keep_engine(result: Any) -> Any:
+def _backed_by_rloader(obj: Any) -> bool:
+    return DataLoader in type(_base(obj)).__mro__
+
+
+def _own_arguments(obj: Any) -> dict:
+    base = _base(obj)
+    return {k: getattr(base, k) for k in _OURS if hasattr(base, k)}
+
+
+def _keep_engine(result: Any, own: dict) -> Any:
     adapter = _adapter(result)
     if adapter is None:
         # skip_first_batches over a loader that was never prepared returns a torch DataLoader.
-        return _rebuild(result) if type(result) is tud.DataLoader else result
+        return _rebuild(result, own) if type(result) is tud.DataLoader else result
     base = adapter.base_dataloader
     if type(base) is tud.DataLoader:
-        adapter.base_dataloader = _rebuild(base)
+        adapter.base_dataloader = _rebuild(base, own)
     elif getattr(adapter, "use_stateful_dataloader", False):
         warnings.warn(_STATEFUL_WARNING, stacklevel=3)
     return result
 
 
-def _rebuild(loader: tud.DataLoader) -> DataLoader:
-    """An rloader DataLoader with ``loader``'s arguments (read back from its attributes)."""
+def _rebuild(loader: tud.DataLoader, own: dict) -> DataLoader:
+    """An rloader DataLoader with ``loader``'s arguments (read back from its attributes), and
+    rloader's own arguments ``own`` of the loader that was prepared."""
     kwargs = {k: getattr(loader, k) for k in _CARRIED if hasattr(loader, k)}
-    return DataLoader(loader.dataset, **_batching(loader), **kwargs)
+    return DataLoader(loader.dataset, **_batching(loader), **kwargs, **own)
 
 
 def _batching(loader: tud.DataLoader) -> dict:
