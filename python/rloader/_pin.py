@@ -116,6 +116,9 @@ class PinnedBatches:
         self._in_flight = drawn
         self._rloader_pool = source._rloader_pool
         self._taken, self._finished = 0, False
+        # The PoolIter's Stats (its transport; this iterator's waits; the thread's pinning),
+        # taken now: while the thread runs, only the thread may touch `source`.
+        self._stats = source._stats
         self._start()
 
     def _start(self) -> None:
@@ -127,7 +130,7 @@ class PinnedBatches:
         )
         self._thread = threading.Thread(
             target=_pin_loop,
-            args=(self._source, self._pin, self._queue, self._stop, device),
+            args=(self._source, self._pin, self._queue, self._stop, device, self._stats),
             name="rloader_pin_memory",
             daemon=True,
         )
@@ -145,6 +148,17 @@ class PinnedBatches:
         return len(self._length_of)
 
     def __next__(self) -> Any:
+        stats = self._stats
+        stats.next_called()
+        try:
+            batch = self._next()
+        except BaseException:
+            stats.next_returned(False)
+            raise
+        stats.next_returned(True)
+        return batch
+
+    def _next(self) -> Any:
         if self._ended:
             raise StopIteration
         if self._feed is not None and self._in_flight == 0:
@@ -223,7 +237,7 @@ def _stop_thread(thread: threading.Thread, stop: threading.Event) -> None:
         thread.join()
 
 
-def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> None:
+def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device, stats) -> None:
     # As torch's _pin_memory_loop: one intra-op thread, and the main thread's accelerator.
     torch.set_num_threads(1)
     if device is not None:
@@ -244,7 +258,9 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device) -> N
                 item = ("error", value, True)
             else:
                 try:
+                    started = time.perf_counter()
                     item = ("batch", pin(value), True)
+                    stats.add_seconds("pin", time.perf_counter() - started)
                 except Exception:
                     wrapper = ExceptionWrapper(where=f"in pin memory thread for device {device}")
                     item = ("error", _reraised(wrapper), True)

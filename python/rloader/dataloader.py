@@ -17,6 +17,7 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -39,6 +40,10 @@ from .sampler import (
 __all__ = ["DataLoader"]
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+# Each loader's latest epoch's Stats (kept beside the loader, as NOTE [Resume] keeps its
+# records: a loader pickles as torch's does).
+_STATS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
@@ -242,7 +247,20 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         finally:
             epoch.end_window()
         epoch.bind(it)
+        _STATS[self] = it._stats
         return it
+
+    def stats(self) -> Optional[dict]:
+        """Where the latest epoch's time went, in seconds, so you can tell whether the loader
+        is your bottleneck: ``waiting_for_data_s`` (your loop inside ``next()``, waiting for a
+        batch) against ``waiting_for_user_s`` (your loop's own work between batches), and the
+        loader's stages where they ran: ``fetch_s`` (your dataset), ``collate_s``,
+        ``transport_s`` (taking batches in from worker processes), ``pin_s``; with
+        ``batches``, the number handed out. Worker threads' stages are summed over the
+        threads; worker processes' ``fetch_s`` and ``collate_s`` are None (they are not
+        reported back). None before the first ``iter()``. An rloader extension."""
+        stats = _STATS.get(self)
+        return None if stats is None else stats.as_dict()
 
     def state_dict(self) -> dict:
         """Where this loader is: a small dict of plain values (``torch.save`` and

@@ -11,6 +11,7 @@ use pyo3::types::{PyIterator, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::collate::fast_collate;
+use crate::stats::{Stage, Stats};
 
 /// One batch of keys for a map-style dataset.
 pub enum KeyBatch<'py> {
@@ -59,6 +60,8 @@ pub struct Fetcher {
     dataset: Py<PyAny>,
     kind: Kind,
     collate: Collate,
+    /// Where the time of fetching and collating is added (`DataLoader.stats()`).
+    stats: Option<Py<Stats>>,
 }
 
 impl Fetcher {
@@ -78,6 +81,7 @@ impl Fetcher {
             dataset,
             kind: Kind::Map { batched, getitems },
             collate,
+            stats: None,
         })
     }
 
@@ -98,6 +102,20 @@ impl Fetcher {
                 ended: false,
             },
             collate,
+            stats: None,
+        }
+    }
+
+    /// Adds this fetcher's fetch and collate times to `stats`.
+    pub fn with_stats(mut self, stats: Py<Stats>) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    fn timed<T>(&self, stage: Stage, f: impl FnOnce() -> T) -> T {
+        match &self.stats {
+            Some(stats) => stats.get().time(stage, f),
+            None => f(),
         }
     }
 
@@ -142,11 +160,26 @@ impl Fetcher {
                 KeyBatch::Object(k) => k,
                 KeyBatch::Indices(ix) => ix[0].into_pyobject(py)?.into_any(),
             };
-            return self.collate(py, ds.get_item(key)?);
+            let sample = self.timed(Stage::Fetch, || ds.get_item(key))?;
+            return self.collate(py, sample);
         }
+        let samples = self.timed(Stage::Fetch, || {
+            Self::samples(py, ds, getitems, keys, spent)
+        })?;
+        self.collate(py, samples)
+    }
+
+    /// The samples of `keys`, as torch's fetcher gets them.
+    fn samples<'py>(
+        py: Python<'py>,
+        ds: &Bound<'py, PyAny>,
+        getitems: &Option<Py<PyAny>>,
+        keys: KeyBatch<'py>,
+        spent: &mut Vec<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         // As torch's fetcher: `__getitems__(batch)` when the dataset has it, else one
         // `dataset[key]` per key. A batch sampler's own batch object is passed as it is.
-        let samples = match (getitems, keys) {
+        Ok(match (getitems, keys) {
             (Some(f), KeyBatch::Indices(ix)) => {
                 let list = PyList::new(py, &ix)?;
                 *spent = ix;
@@ -168,8 +201,7 @@ impl Fetcher {
                 }
                 samples.into_any()
             }
-        };
-        self.collate(py, samples)
+        })
     }
 
     /// The next collated batch of an iterable-style dataset, or None once it is exhausted.
@@ -186,6 +218,7 @@ impl Fetcher {
         if *ended {
             return Ok(None);
         }
+        let start = std::time::Instant::now();
         let mut it = samples.bind(py).clone();
         let data = match *batch_size {
             None => match it.next() {
@@ -213,10 +246,21 @@ impl Fetcher {
                 out.into_any()
             }
         };
+        if let Some(stats) = &self.stats {
+            stats.get().add(Stage::Fetch, start.elapsed());
+        }
         self.collate(py, data).map(Some)
     }
 
     fn collate<'py>(
+        &self,
+        py: Python<'py>,
+        data: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.timed(Stage::Collate, || self.collate_untimed(py, data))
+    }
+
+    fn collate_untimed<'py>(
         &self,
         py: Python<'py>,
         data: Bound<'py, PyAny>,

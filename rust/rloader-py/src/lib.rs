@@ -15,6 +15,7 @@
 //! - `slots.rs`: a worker's batch slots as its collate reaches them (`slot_empty`);
 //! - `buffers.rs`: every buffer-protocol export and read (`Message`, `SlotView`, `Lease`);
 //! - `wait.rs`: waiting without the GIL (NOTE [Waiting]);
+//! - `stats.rs`: `Stats`, where an epoch's time went (`DataLoader.stats()`);
 //! - `errors.rs`: how core errors become the exceptions torch raises.
 //!
 //! What needs no interpreter lives in the pure-Rust crates: index arithmetic in rloader-core,
@@ -34,6 +35,7 @@ mod pool;
 mod region;
 mod samplers;
 mod slots;
+mod stats;
 mod streams;
 mod threads;
 mod wait;
@@ -63,6 +65,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<threads::ThreadPool>()?;
     m.add_class::<threads::ThreadIter>()?;
     m.add_class::<threads::Reporter>()?;
+    m.add_class::<stats::Stats>()?;
     m.add_class::<buffers::SlotView>()?;
     m.add_class::<buffers::Lease>()?;
     m.add_function(wrap_pyfunction!(slots::py_slot_empty, m)?)?;

@@ -14,6 +14,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::errors::not_picklable;
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::length_warning::LengthWarning;
+use crate::stats::{Stage, Stats};
 use crate::streams::{Batch, BatchStream};
 
 /// Where the keys of a map-style dataset come from.
@@ -81,6 +82,8 @@ pub struct LoaderIter {
     /// Batches handed out this epoch (as batches or as their errors), and whether it ended.
     taken: u64,
     finished: bool,
+    /// Where this epoch's time went (`DataLoader.stats()`).
+    stats: Py<Stats>,
 }
 
 #[pymethods]
@@ -111,6 +114,7 @@ impl LoaderIter {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
         let collate = Collate::new(collate_fn, collate_plan)?;
+        let stats = Py::new(py, Stats::new_in(false))?;
         let (keys, fetcher) = match keys {
             Some(keys) => (
                 Some(Keys::new(&keys, auto_collation)?),
@@ -124,6 +128,7 @@ impl LoaderIter {
                 )
             }
         };
+        let fetcher = fetcher.with_stats(stats.clone_ref(py));
         Ok(LoaderIter {
             keys,
             fetcher,
@@ -134,7 +139,14 @@ impl LoaderIter {
             cleared: false,
             taken: 0,
             finished: false,
+            stats,
         })
+    }
+
+    /// This epoch's `Stats`.
+    #[getter]
+    fn _stats(&self, py: Python<'_>) -> Py<Stats> {
+        self.stats.clone_ref(py)
     }
 
     /// (batches of keys taken from the sampler, whether the epoch has ended): a batch whose
@@ -179,6 +191,16 @@ impl LoaderIter {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let stats = self.stats.clone_ref(py);
+        stats.get().next_called();
+        let next = self.next_batch(py);
+        stats.get().next_returned(matches!(next, Ok(Some(_))));
+        next
+    }
+}
+
+impl LoaderIter {
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if self.cleared {
             return Ok(None);
         }
@@ -209,7 +231,10 @@ impl LoaderIter {
             },
         };
         let batch = match &self.pin {
-            Some(pin) => pin.bind(py).call1((batch,))?,
+            Some(pin) => self
+                .stats
+                .get()
+                .time(Stage::Pin, || pin.bind(py).call1((batch,)))?,
             None => batch,
         };
         if let Some(warning) = &mut self.len_warning {

@@ -35,6 +35,7 @@ use crate::fetch::KeyBatch;
 use crate::key_feed::{Fed, Source};
 use crate::length_warning::LengthWarning;
 use crate::region::PoolRegion;
+use crate::stats::{Stage, Stats};
 use crate::wait;
 
 /// How long the main process waits to send a worker a control message (RESUME, into a task
@@ -113,6 +114,8 @@ pub struct PoolIter {
     /// whether it ended: what `DataLoader.state_dict()` counts as consumed (NOTE [Resume]).
     taken: u64,
     finished: bool,
+    /// Where this epoch's time went (`DataLoader.stats()`); fetch and collate are the workers'.
+    stats: Py<Stats>,
 }
 
 #[pymethods]
@@ -122,6 +125,7 @@ impl PoolIter {
                         length_of, hooks, reported_len=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         region: Py<PoolRegion>,
         in_order: bool,
         keys: Option<Bound<'_, PyAny>>,
@@ -166,7 +170,14 @@ impl PoolIter {
             buffers_inline: 0,
             taken: 0,
             finished: false,
+            stats: Py::new(py, Stats::new_in(true))?,
         })
+    }
+
+    /// This epoch's `Stats`.
+    #[getter]
+    fn _stats(&self, py: Python<'_>) -> Py<Stats> {
+        self.stats.clone_ref(py)
     }
 
     /// (tensor buffers received in shared-memory slots, received inline and copied).
@@ -197,38 +208,12 @@ impl PoolIter {
         }
     }
 
-    fn __next__<'py>(mut slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let py = slf.py();
-        let polled = match slf.next_batch(py, Instant::now(), None) {
-            Ok(polled) => polled,
-            Err(err) => {
-                // torch raises from Python frames that hold its iterator, so the workers
-                // outlive the exception and are stopped after the user has seen it (a stuck
-                // one is waited for for seconds). The exception holds this iterator likewise.
-                let this: Py<PoolIter> = slf.into();
-                let _ = err.value(py).setattr("_rloader_iterator", this);
-                return Err(err);
-            }
-        };
-        match polled {
-            Polled::Batch(_) | Polled::Failed(_) => slf.taken += 1,
-            Polled::Done => slf.finished = true,
-            Polled::NotYet => {}
-        }
-        match polled {
-            Polled::Batch(batch) => {
-                let batch = match &slf.pin {
-                    Some(pin) => pin.bind(py).call1((batch,))?,
-                    None => batch,
-                };
-                if let Some(warning) = &mut slf.len_warning {
-                    warning.yielded(py)?;
-                }
-                Ok(Some(batch))
-            }
-            Polled::Failed(err) => Err(err),
-            Polled::Done | Polled::NotYet => Ok(None),
-        }
+    fn __next__<'py>(slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let stats = slf.stats.clone_ref(slf.py());
+        stats.get().next_called();
+        let next = Self::next_handed_out(slf);
+        stats.get().next_returned(matches!(next, Ok(Some(_))));
+        next
     }
 
     /// `__next__` for a thread that must notice when to stop (the pin_memory thread): waits at
@@ -282,6 +267,7 @@ impl PoolIter {
         self.scheduler.reset();
         self.taken = 0;
         self.finished = false;
+        self.stats.get().clear();
         self.len_warning = LengthWarning::new(reported_len, true);
         self.waiting_since = None;
         self.end_tokens = 0;
@@ -364,6 +350,44 @@ enum Polled<'py> {
 }
 
 impl PoolIter {
+    /// `__next__` without its timing (`Stats`).
+    fn next_handed_out<'py>(mut slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let polled = match slf.next_batch(py, Instant::now(), None) {
+            Ok(polled) => polled,
+            Err(err) => {
+                // torch raises from Python frames that hold its iterator, so the workers
+                // outlive the exception and are stopped after the user has seen it (a stuck
+                // one is waited for for seconds). The exception holds this iterator likewise.
+                let this: Py<PoolIter> = slf.into();
+                let _ = err.value(py).setattr("_rloader_iterator", this);
+                return Err(err);
+            }
+        };
+        match polled {
+            Polled::Batch(_) | Polled::Failed(_) => slf.taken += 1,
+            Polled::Done => slf.finished = true,
+            Polled::NotYet => {}
+        }
+        match polled {
+            Polled::Batch(batch) => {
+                let batch = match &slf.pin {
+                    Some(pin) => slf
+                        .stats
+                        .get()
+                        .time(Stage::Pin, || pin.bind(py).call1((batch,)))?,
+                    None => batch,
+                };
+                if let Some(warning) = &mut slf.len_warning {
+                    warning.yielded(py)?;
+                }
+                Ok(Some(batch))
+            }
+            Polled::Failed(err) => Err(err),
+            Polled::Done | Polled::NotYet => Ok(None),
+        }
+    }
+
     /// The next batch, unpinned; waits until `until` at most (`None`: as long as it takes, up
     /// to `timeout` counted from `started`).
     fn next_batch<'py>(
@@ -648,10 +672,11 @@ impl PoolIter {
                     Some(slot) => return Err(to_py(PoolError::NoSuchSlot { worker, slot })),
                 };
                 let message = Py::new(py, Message::new(msg))?;
-                let batch = self
-                    .hooks
-                    .bind(py)
-                    .call_method1("loads", (message, lease, table.pickle, table.buffers));
+                let batch = self.stats.get().time(Stage::Transport, || {
+                    self.hooks
+                        .bind(py)
+                        .call_method1("loads", (message, lease, table.pickle, table.buffers))
+                });
                 let answer = match batch {
                     Ok(batch) => Answer::Batch(batch.unbind()),
                     Err(err) => Answer::Failed(err),

@@ -39,6 +39,7 @@ use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::length_warning::LengthWarning;
 use crate::loader::Keys;
 use crate::pool::Answer;
+use crate::stats::{Stage, Stats};
 use crate::wait;
 
 /// How long `ThreadPool::stop` waits for its threads to leave.
@@ -85,6 +86,7 @@ struct Shared {
     collate_fn: Py<PyAny>,
     collate_plan: Option<Py<PyAny>>,
     pin: Option<Py<PyAny>>,
+    stats: Py<Stats>,
 }
 
 impl Shared {
@@ -98,6 +100,7 @@ impl Shared {
             collate_fn: self.collate_fn.clone_ref(py),
             collate_plan: self.collate_plan.as_ref().map(|p| p.clone_ref(py)),
             pin: self.pin.as_ref().map(|p| p.clone_ref(py)),
+            stats: self.stats.clone_ref(py),
         }
     }
 }
@@ -109,6 +112,7 @@ struct Worker {
     /// `worker_init_fn`, `iter(dataset)`) and its error wrapping.
     hooks: Py<PyAny>,
     fetcher: Fetcher,
+    stats: Py<Stats>,
     pin: Option<Py<PyAny>>,
     /// The error of `worker_init_fn` or `iter(dataset)`: the answer to the next task.
     init_error: Option<Answer>,
@@ -148,7 +152,8 @@ impl Worker {
         Ok(Worker {
             id,
             hooks,
-            fetcher,
+            fetcher: fetcher.with_stats(shared.stats.clone_ref(py)),
+            stats: shared.stats,
             pin: shared.pin,
             init_error,
             ended: false,
@@ -190,7 +195,11 @@ impl Worker {
                 .map(Some),
         };
         let pinned = fetched.and_then(|batch| match (batch, &self.pin) {
-            (Some(batch), Some(pin)) => pin.bind(py).call1((batch,)).map(Some),
+            (Some(batch), Some(pin)) => self
+                .stats
+                .get()
+                .time(Stage::Pin, || pin.bind(py).call1((batch,)))
+                .map(Some),
             (batch, _) => Ok(batch),
         });
         let done = match pinned {
@@ -344,6 +353,8 @@ impl Reporter {
 /// The worker threads of one iterator (`worker_type="thread"`), and how to stop them.
 #[pyclass(module = "rloader._rloader", frozen)]
 pub struct ThreadPool {
+    /// Where the epoch's time went; the workers add their fetch, collate and pin times.
+    stats: Py<Stats>,
     /// With an async dataset, each worker's hooks, whose `submit` hands a task to the worker's
     /// event loop (NOTE [Async datasets]).
     loops: Option<Vec<Py<PyAny>>>,
@@ -380,7 +391,9 @@ impl ThreadPool {
         if workers.is_empty() {
             return Err(to_py(PoolError::NoWorkers));
         }
+        let stats = Py::new(py, Stats::new_in(false))?;
         let shared = Shared {
+            stats: stats.clone_ref(py),
             iterable,
             asynchronous,
             auto_collation,
@@ -410,6 +423,7 @@ impl ThreadPool {
             handles.push(Some(handle));
         }
         Ok(ThreadPool {
+            stats,
             loops: asynchronous.then_some(loops),
             jobs: Mutex::new(jobs),
             handles: Mutex::new(handles),
@@ -600,26 +614,18 @@ impl ThreadIter {
         }
     }
 
+    /// This epoch's `Stats`.
+    #[getter]
+    fn _stats(&self, py: Python<'_>) -> Py<Stats> {
+        self.pool.get().stats.clone_ref(py)
+    }
+
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if self.cleared || self.pool.get().stopped() && !self.persistent {
-            return Ok(None);
-        }
-        let answer = match self.next_answer(py)? {
-            None => {
-                self.finished = true;
-                if !self.persistent {
-                    self.pool.get().stop(py);
-                }
-                return Ok(None);
-            }
-            Some(answer) => answer,
-        };
-        self.taken += 1;
-        let batch = answer.into_batch(py)?;
-        if let Some(warning) = &mut self.len_warning {
-            warning.yielded(py)?;
-        }
-        Ok(Some(batch))
+        let stats = self.pool.get().stats.clone_ref(py);
+        stats.get().next_called();
+        let next = self.next_handed_out(py);
+        stats.get().next_returned(matches!(next, Ok(Some(_))));
+        next
     }
 
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
@@ -646,6 +652,7 @@ impl ThreadIter {
         self.scheduler.reset();
         self.taken = 0;
         self.finished = false;
+        self.pool.get().stats.get().clear();
         self.len_warning = LengthWarning::new(reported_len, true);
         let keys = keys
             .map(|k| Keys::new(&k, self.auto_collation))
@@ -688,6 +695,29 @@ impl ThreadIter {
 }
 
 impl ThreadIter {
+    /// `__next__` without its timing (`Stats`).
+    fn next_handed_out<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.cleared || self.pool.get().stopped() && !self.persistent {
+            return Ok(None);
+        }
+        let answer = match self.next_answer(py)? {
+            None => {
+                self.finished = true;
+                if !self.persistent {
+                    self.pool.get().stop(py);
+                }
+                return Ok(None);
+            }
+            Some(answer) => answer,
+        };
+        self.taken += 1;
+        let batch = answer.into_batch(py)?;
+        if let Some(warning) = &mut self.len_warning {
+            warning.yielded(py)?;
+        }
+        Ok(Some(batch))
+    }
+
     /// The next result to hand out, waiting for it; None at the end of the epoch.
     fn next_answer(&mut self, py: Python<'_>) -> PyResult<Option<Answer>> {
         let started = Instant::now();

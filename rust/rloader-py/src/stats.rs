@@ -1,0 +1,158 @@
+//! `Stats`: where an epoch's time went, for `DataLoader.stats()`.
+//!
+//! Each iterator keeps one `Stats` for its epoch and adds to it as it goes: the time the
+//! training loop spent inside `next()` (waiting for data) and between calls (its own work),
+//! and the loader's stages where they run in this process: fetching from the dataset, collating,
+//! taking batches in from worker processes (transport) and pinning. Worker threads add to their
+//! iterator's `Stats` from their own threads, hence atomics; worker processes' fetch and collate
+//! times stay in those processes and read as None.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// A stage of the loader, or of the training loop around it.
+#[derive(Clone, Copy)]
+pub enum Stage {
+    Fetch,
+    Collate,
+    Transport,
+    Pin,
+    WaitingForData,
+    WaitingForUser,
+}
+
+const STAGES: [(&str, Stage); 6] = [
+    ("fetch", Stage::Fetch),
+    ("collate", Stage::Collate),
+    ("transport", Stage::Transport),
+    ("pin", Stage::Pin),
+    ("waiting_for_data", Stage::WaitingForData),
+    ("waiting_for_user", Stage::WaitingForUser),
+];
+
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct Stats {
+    nanos: [AtomicU64; 6],
+    batches: AtomicU64,
+    /// Fetch and collate run in worker processes, whose times are not reported here.
+    elsewhere: AtomicBool,
+    /// When `next()` last returned, and when the current call began.
+    handed_out_at: Mutex<Option<Instant>>,
+    called_at: Mutex<Option<Instant>>,
+}
+
+impl Stats {
+    pub fn new_in(fetch_elsewhere: bool) -> Stats {
+        Stats {
+            nanos: Default::default(),
+            batches: AtomicU64::new(0),
+            elsewhere: AtomicBool::new(fetch_elsewhere),
+            handed_out_at: Mutex::new(None),
+            called_at: Mutex::new(None),
+        }
+    }
+
+    pub fn add(&self, stage: Stage, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos[stage as usize].fetch_add(nanos, Relaxed);
+    }
+
+    /// Times `f` as `stage`.
+    pub fn time<T>(&self, stage: Stage, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        self.add(stage, start.elapsed());
+        out
+    }
+
+    /// `next()` was called: the time since the last batch was the training loop's.
+    pub fn next_called(&self) {
+        let now = Instant::now();
+        if let Some(last) = lock(&self.handed_out_at).take() {
+            self.add(Stage::WaitingForUser, now - last);
+        }
+        *lock(&self.called_at) = Some(now);
+    }
+
+    /// `next()` returns (a batch, or its error when `batch` is false, or the end).
+    pub fn next_returned(&self, batch: bool) {
+        let now = Instant::now();
+        if let Some(called) = lock(&self.called_at).take() {
+            self.add(Stage::WaitingForData, now - called);
+        }
+        if batch {
+            self.batches.fetch_add(1, Relaxed);
+            *lock(&self.handed_out_at) = Some(now);
+        }
+    }
+
+    /// A new epoch on the same iterator (persistent workers).
+    pub fn clear(&self) {
+        for n in &self.nanos {
+            n.store(0, Relaxed);
+        }
+        self.batches.store(0, Relaxed);
+        *lock(&self.handed_out_at) = None;
+        *lock(&self.called_at) = None;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[pymethods]
+impl Stats {
+    #[new]
+    #[pyo3(signature = (fetch_elsewhere=false))]
+    fn py_new(fetch_elsewhere: bool) -> Stats {
+        Stats::new_in(fetch_elsewhere)
+    }
+
+    /// `{"batches": n, "<stage>_s": seconds, ...}`; fetch and collate are None when they ran in
+    /// worker processes.
+    fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        out.set_item("batches", self.batches.load(Relaxed))?;
+        let elsewhere = self.elsewhere.load(Relaxed);
+        for (name, stage) in STAGES {
+            let key = format!("{name}_s");
+            if elsewhere && matches!(stage, Stage::Fetch | Stage::Collate) {
+                out.set_item(key, py.None())?;
+            } else {
+                let nanos = self.nanos[stage as usize].load(Relaxed);
+                out.set_item(key, nanos as f64 / 1e9)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// For the Python iterators (`PinnedBatches`): adds `seconds` to `stage`.
+    fn add_seconds(&self, stage: &str, seconds: f64) -> PyResult<()> {
+        let Some((_, stage)) = STAGES.iter().find(|(name, _)| *name == stage) else {
+            return Err(PyValueError::new_err(format!("no stage {stage:?}")));
+        };
+        self.add(*stage, Duration::from_secs_f64(seconds.max(0.0)));
+        Ok(())
+    }
+
+    #[pyo3(name = "next_called")]
+    fn py_next_called(&self) {
+        self.next_called();
+    }
+
+    #[pyo3(name = "next_returned")]
+    fn py_next_returned(&self, batch: bool) {
+        self.next_returned(batch);
+    }
+
+    #[pyo3(name = "clear")]
+    fn py_clear(&self) {
+        self.clear();
+    }
+}

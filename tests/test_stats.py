@@ -1,0 +1,99 @@
+"""DataLoader.stats(): where an epoch's time went. Each stage's time is checked against work
+of a known least duration (sleeps), so the bounds hold however loaded the machine is."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+
+pytestmark = pytest.mark.timeout(120)
+
+SLEEP = 0.005
+
+
+class Sleepy(tud.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(SLEEP)
+        return torch.zeros(2), i
+
+
+def slow_collate(batch):
+    time.sleep(SLEEP)
+    return tud.default_collate(batch)
+
+
+def run(loader, pause=SLEEP):
+    n = 0
+    for _ in loader:
+        time.sleep(pause)  # the training step
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(num_workers=2, worker_type="thread"),
+        dict(num_workers=2, persistent_workers=True),
+    ],
+    ids=["single", "threads", "processes"],
+)
+def test_stages_add_up_what_happened(kwargs):
+    loader = rloader.DataLoader(Sleepy(), batch_size=4, collate_fn=slow_collate, **kwargs)
+    assert loader.stats() is None  # no epoch yet
+    for _ in range(2):  # the second epoch counts afresh (persistent workers too)
+        assert run(loader) == 4
+        stats = loader.stats()
+        assert stats["batches"] == 4
+        assert stats["waiting_for_user_s"] >= 3 * SLEEP  # between the 4 batches
+        if kwargs.get("worker_type") == "thread" or not kwargs:
+            assert stats["fetch_s"] >= 16 * SLEEP  # every sample, over all threads
+            assert stats["collate_s"] >= 4 * SLEEP
+            assert stats["transport_s"] == 0.0
+        else:  # fetched and collated in other processes: not reported
+            assert stats["fetch_s"] is None and stats["collate_s"] is None
+            assert stats["transport_s"] > 0.0
+        if not kwargs:  # the single-process loop does the work inside next()
+            assert stats["waiting_for_data_s"] >= stats["fetch_s"] + stats["collate_s"]
+        assert stats["pin_s"] == 0.0
+
+
+def slow_pin(loader):
+    if not loader.pin_memory:
+        return None
+
+    def pin(batch):
+        time.sleep(SLEEP)
+        return batch
+
+    return pin
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(), dict(num_workers=2), dict(num_workers=2, worker_type="thread")]
+)
+def test_pinning_is_counted_where_it_happens(kwargs, monkeypatch):
+    # Stands in for pinning on a machine without an accelerator (as test_pin_thread.py does).
+    monkeypatch.setattr(rloader._pin, "pin_plan", slow_pin)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
+    loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **kwargs)
+    assert run(loader, pause=0) == 4
+    assert loader.stats()["pin_s"] >= 4 * SLEEP
+
+
+def test_a_loader_that_is_the_bottleneck_shows_it():
+    # The dataset is slow and the loop is not: the loop waits for data most of the time.
+    loader = rloader.DataLoader(Sleepy(), batch_size=2)
+    run(loader, pause=0)
+    stats = loader.stats()
+    assert stats["waiting_for_data_s"] > stats["waiting_for_user_s"]
