@@ -293,34 +293,9 @@ mod tests {
         tasks: u64,
         reverse: bool,
     ) -> Vec<u64> {
-        let mut s = Scheduler::new(num_workers, prefetch, in_order);
-        let mut next_index = 0;
-        let mut out = Vec::new();
-        let mut inbox: Vec<(usize, u64)> = Vec::new();
-        loop {
-            while s.draws_owed() > 0 {
-                s.spend_draw();
-                if next_index == tasks {
-                    s.mark_exhausted();
-                    break;
-                }
-                next_index += 1;
-                inbox.push(s.assign().unwrap());
-            }
-            match s.next() {
-                Next::Ready(r) => out.push(r),
-                Next::Done => break,
-                Next::Wait => {
-                    let (_, task) = if reverse {
-                        inbox.pop().unwrap()
-                    } else {
-                        inbox.remove(0)
-                    };
-                    s.on_result(task, task);
-                }
-            }
-        }
-        out
+        let pick = |n: usize| if reverse { n - 1 } else { 0 };
+        let (out, _, _) = handed_out(num_workers, prefetch, in_order, tasks, pick);
+        out.into_iter().map(|(_, task)| task).collect()
     }
 
     #[test]
