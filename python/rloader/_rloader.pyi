@@ -23,6 +23,7 @@ __all__ = [
     "distributed_sizes",
     "fast_collate",
     "PoolIter",
+    "HandOuts",
     "KeyFeed",
     "Message",
     "PoolRegion",
@@ -54,7 +55,7 @@ class BatchStream:
     def from_indices(chunks: IndexChunks, batch_size: int, drop_last: bool) -> BatchStream: ...
     @staticmethod
     def from_iterable(iterable: Iterable[Any], batch_size: int, drop_last: bool) -> BatchStream: ...
-    def skip(self, batches: int) -> None:
+    def skip(self, batches: int, keep: list[int] = ...) -> None:
         """Discards the next ``batches`` batches as if handed out (NOTE [Resume])."""
     def __iter__(self) -> BatchStream: ...
     def __next__(self) -> list[Any]: ...
@@ -84,10 +85,14 @@ class LoaderIter:
         pin: Callable[[Any], Any] | None,
         length_of: Sized,
         reported_len: int | None,
+        exhausted: bool = False,
     ) -> LoaderIter: ...
     @property
     def _progress(self) -> tuple[int, bool]:
         """(batches handed out this epoch, whether the epoch ended)."""
+    @property
+    def _exhausted(self) -> bool:
+        """Whether an iterable dataset's iterator has ended."""
     def __iter__(self) -> LoaderIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
@@ -169,6 +174,8 @@ class PoolIter:
         length_of: Sized | None,
         hooks: Any,
         reported_len: tuple[Any, int] | None = None,
+        worker_states: bool = False,
+        first_worker: int = 0,
     ) -> PoolIter: ...
     @property
     def _transport_counts(self) -> tuple[int, int]:
@@ -176,6 +183,9 @@ class PoolIter:
     @property
     def _progress(self) -> tuple[int, bool]:
         """(batches handed out this epoch, whether the epoch ended)."""
+    @property
+    def _handouts(self) -> HandOuts:
+        """What ``__next__`` handed out this epoch."""
     def __iter__(self) -> PoolIter: ...
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
@@ -184,7 +194,24 @@ class PoolIter:
     ) -> None: ...
     def _shutdown_workers(self) -> None: ...
     def _prefill(self) -> None: ...
-    def _poll(self, wait: float) -> tuple[str, Any]: ...
+    def _poll(self, wait: float) -> tuple[str, Any, tuple[int, int, Any] | None]: ...
+
+# handouts.rs
+
+@final
+class HandOuts:
+    """What a multi-process iterator handed out this epoch (for DataLoader.state_dict())."""
+
+    def record(self, task: int, worker: int, state: Any = None) -> None: ...
+    @property
+    def tasks(self) -> tuple[int, list[int]]:
+        """(end, holes): every task below end was handed out but those in holes."""
+    @property
+    def count(self) -> int: ...
+    @property
+    def states(self) -> list[Any]: ...
+    @property
+    def last_worker(self) -> int | None: ...
 
 # key_feed.rs
 

@@ -205,6 +205,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
 
     def __iter__(self):
         persistent = self.persistent_workers and self.num_workers > 0
+        if persistent and self._iterator is not None and _resume.restarts_workers(self):
+            self._iterator._shutdown_workers()  # a resume's workers start from saved states
         fresh = not persistent or self._iterator is None or self._iterator._rloader_pool.stopped
         epoch = _resume.Epoch.begin(self, draws_base_seed=fresh)  # NOTE [Resume]
         try:
@@ -272,6 +274,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         pin=pin,
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
+        exhausted=_resume.epoch_of(loader).stream_ended,
     )
 
 

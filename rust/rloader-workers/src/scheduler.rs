@@ -522,13 +522,21 @@ mod tests {
         for (workers, prefetch) in [(1, 1), (2, 2), (3, 2), (4, 3)] {
             let mut state = 12345u64;
             let (out, holes, handed) = handed_out(workers, prefetch, false, 200, |n| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (state >> 33) as usize % n
             });
             let mut tasks: Vec<u64> = out.iter().map(|&(_, t)| t).collect();
-            assert!(workers == 1 || tasks.windows(2).any(|w| w[0] > w[1]), "out of order");
+            assert!(
+                workers == 1 || tasks.windows(2).any(|w| w[0] > w[1]),
+                "out of order"
+            );
             assert!(holes <= workers * prefetch, "{holes} holes");
-            assert!(workers == 1 || holes > 0, "some tasks were left behind for a while");
+            assert!(
+                workers == 1 || holes > 0,
+                "some tasks were left behind for a while"
+            );
             assert_eq!((handed.end(), handed.count()), (200, 200));
             tasks.sort_unstable();
             assert_eq!(tasks, (0..200).collect::<Vec<_>>());
