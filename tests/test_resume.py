@@ -184,6 +184,27 @@ def test_resume_with_persistent_workers():
     assert interrupted(make, 2, 2, 1, 3, 3, True) == uninterrupted(make, 2, 3, True)
 
 
+@pytest.mark.parametrize("epoch", [0, 1])
+@pytest.mark.parametrize("explicit", [True, False])
+def test_resume_between_epochs_with_persistent_workers(epoch, explicit):
+    # The saving loader's next epoch reuses its workers (no base seed drawn); the resumed one
+    # starts a pool (one drawn): the generator is put back as if it had not.
+    def make(nw, g):
+        return rloader.DataLoader(
+            list(range(N)),
+            batch_size=4,
+            shuffle=True,
+            num_workers=nw,
+            persistent_workers=nw > 0,
+            generator=g,
+        )
+
+    expected = uninterrupted(make, 2, 3, explicit)
+    assert interrupted(make, 2, 2, epoch, None, 3, explicit) == expected
+    if epoch == 1:  # (without workers every epoch draws a base seed: only the next one matches)
+        assert interrupted(make, 2, 0, epoch, None, 3, explicit) == expected
+
+
 def test_the_saved_order_travels_with_the_state():
     # The resumed epoch is the saved one whatever generator the new loader has (or none).
     g = torch.Generator().manual_seed(5)
@@ -754,3 +775,28 @@ def test_worker_states_resume_as_torchdatas(workers, point):
     epoch, batch = stream_point(uninterrupted(make, workers, 2, True), point)
     ours = interrupted(make, workers, workers, epoch, batch, 2, True)
     assert ours == interrupted(reference, workers, workers, epoch, batch, 2, True)
+
+
+def test_elastic_resume_of_ranks_that_handed_out_out_of_order(tmp_path):
+    # Each old rank held its first batch back: what no old rank handed out (those first
+    # batches included) is shared by the new ranks, once each.
+    def rank_loader(world, rank, workers, gates=None):
+        sampler = rloader.DistributedSampler(range(48), num_replicas=world, rank=rank, seed=4)
+        return rloader.DataLoader(
+            Gated(48, gates), batch_size=3, sampler=sampler, num_workers=workers, in_order=False
+        )
+
+    states, consumed = [], []
+    for rank in range(2):
+        gate = str(tmp_path / f"gate{rank}")
+        first = next(iter(rank_loader(2, rank, 0))).tolist()
+        got, state = take_holding_back(rank_loader(2, rank, 2, {i: gate for i in first}), gate, 3)
+        assert 0 in state["holes"]
+        states.append(state)
+        consumed += [x for b in got for x in b]
+    shares = []
+    for rank in range(3):
+        loader = rank_loader(3, rank, 0)
+        loader.load_state_dict(states)
+        shares += [x for b in loader for x in b.tolist()]
+    assert sorted(shares) == sorted(set(range(48)) - set(consumed))

@@ -3,13 +3,32 @@
 NOTE [Resume]: an epoch's order is a function of the random generators' states when it starts
 (rloader's samplers take one seed per pass from them; so do torch's, and the workers' base
 seed), so a position in an epoch is (those states, batches handed out). Each ``iter()`` records
-the states before its first draw (``Epoch.begin``); ``state_dict()`` saves them with the count
-of batches the iterator has handed out (batches loaded ahead by workers but not handed out
-are not counted: they are produced again after a resume). ``load_state_dict()`` leaves a
+the states before its first draw (``Epoch.begin``); ``state_dict()`` saves them with the
+batches of keys the iterator has handed out, numbered in draw order (batches loaded ahead by
+workers but not handed out are not counted: they are produced again after a resume). In
+order they are a prefix, saved as its length ``position``. With ``in_order=False`` and workers
+they are every batch below ``position`` but a few ``holes``: each hole is a batch drawn and not
+handed out yet, and the scheduler never lets more than ``prefetch_factor × num_workers`` of
+those exist (``HandOuts``, rust/rloader-py/src/handouts.rs, records them as the batches reach
+the user; the Scheduler says which task each one answered). ``load_state_dict()`` leaves a
 pending resume that the next ``iter()`` applies: the generators are put back in their saved
 states, the epoch's draws happen in the usual order (base seed, then the sampler's seed at its
-first pull), and the first ``k`` batches of keys are skipped. Keys made in Rust are skipped
-without Python objects (``BatchStream.skip``); keys of another sampler are drawn and dropped.
+first pull), and the batches below ``position`` are skipped but the holes, which come first.
+Keys made in Rust are skipped without Python objects (``BatchStream.skip``); keys of another
+sampler are drawn and dropped (``_skip_handed``). A resumed iterator numbers its batches anew:
+``_rebase`` maps them back to the saved epoch's numbers for the next ``state_dict()``.
+
+An IterableDataset with ``state_dict``/``load_state_dict`` read in the main process saves its
+own state. Read by workers, each worker's copy has its own place: the worker sends its
+dataset's state (and whether its iterator ended, on a short last batch) with each batch, and
+the state after the last batch of that worker handed out is saved, with the worker whose batch
+comes next. A resumed pool's workers load their states before ``iter(dataset)`` (a worker whose
+stream had ended makes nothing more) and the round robin starts at that next worker: each
+worker's stream goes on where it was and the round robin over those still going is the
+uninterrupted one's, so the whole stream is. Persistent workers also send their dataset's
+state as they restart for an epoch (what a worker that has handed out nothing yet saves) and as
+their stream ends (what a state between epochs saves, for the next epoch's workers to load).
+The states are per worker: another ``num_workers`` is refused.
 
 A generator the loader was given (``generator=``, or a sampler's ``generator``) takes the saved
 state and keeps it: later epochs are the uninterrupted run's. torch's global RNG is only
@@ -152,6 +171,10 @@ class Epoch:
         self.elastic_from: Optional[list] = None
         self._plan: Optional[dict] = None
         self._borrowed: Optional[torch.Tensor] = None
+        # Resumed between epochs where only one of the saving loader's next iter() and this one
+        # draws a base seed (persistent workers): the generator before this one's draw, to put
+        # back after it, or "draw" to draw the seed the saving loader would have.
+        self._base_fix: Any = None
         self._applied: set = set()
         self._loader: Any = None
         self.restored_stream = False
@@ -163,7 +186,7 @@ class Epoch:
         """Starts an ``iter()`` (which draws the workers' base seed unless it resets persistent
         workers): records the states, and applies a pending resume."""
         pending = _PENDING.pop(loader, None)
-        workers = None
+        workers = between = None
         if pending is not None and pending["position"] is None:
             _set_generators(loader, pending["generators"], borrow_global=False)  # between epochs
             saved = pending["sampler"] or {}
@@ -173,9 +196,14 @@ class Epoch:
                 workers = pending["workers"]
             if "dataset" in pending and _stateful_stream(loader):
                 loader.dataset.load_state_dict(pending["dataset"])
+            between = pending
             pending = None
         epoch = cls(loader)
         epoch.workers = workers
+        if between is not None and between.get("next_draws_base", True) != draws_base_seed:
+            gen = loader.generator if loader.generator is not None else torch.default_generator
+            epoch._base_fix = gen.get_state() if draws_base_seed else "draw"
+            epoch._loader = loader
         epoch.base_drawn = draws_base_seed
         if pending is not None:
             try:
@@ -226,6 +254,13 @@ class Epoch:
         """The epoch's keys (``iter`` of the index sampler, after the base seed's draw), with
         the batches a resumed epoch already handed out skipped. The window in which saved
         generator states stand in for torch's global RNG ends here."""
+        if self._base_fix is not None:  # resumed between epochs (see __init__)
+            gen = self._loader.generator
+            if isinstance(self._base_fix, str):
+                draw_seed(gen)
+            else:
+                (gen if gen is not None else torch.default_generator).set_state(self._base_fix)
+            self._base_fix = self._loader = None
         if self._plan is None:
             return keys
         if "loader" not in self._applied:  # the saved epoch drew no base seed; this one just did
@@ -445,6 +480,14 @@ def state_dict(loader) -> dict:
         state["workers"] = progress["workers"]  # an epoch ended: where persistent workers are
     if _stateful_stream(loader):
         state["dataset"] = loader.dataset.state_dict()  # where the next epoch starts from
+    # Persistent workers' next epoch draws no base seed; a fresh pool's does (Epoch.begin).
+    it = loader._iterator
+    state["next_draws_base"] = not (
+        loader.persistent_workers
+        and loader.num_workers > 0
+        and it is not None
+        and not it._rloader_pool.stopped
+    )
     return state
 
 
