@@ -693,7 +693,7 @@ impl PoolIter {
                 let answer = match batch {
                     Ok(batch) if self.worker_states => match batch.extract() {
                         Ok((batch, state)) => Answer::Batch(batch, Some(state)),
-                        Err(err) => Answer::Failed(err.into()),
+                        Err(err) => Answer::Failed(err),
                     },
                     Ok(batch) => Answer::Batch(batch.unbind(), None),
                     Err(err) => Answer::Failed(err),
