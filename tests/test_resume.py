@@ -2,7 +2,9 @@
 uninterrupted run would have, compared with that run in the same test (NOTE [Resume])."""
 
 import io
+import os
 import pickle
+import time
 import warnings
 
 import pytest
@@ -10,6 +12,13 @@ import torch
 import torch.utils.data as tud
 
 import rloader
+
+pytestmark = [
+    # Tests with 3 workers on this 2-core machine: torch's (and torchdata's) warning about it
+    # is expected, as is torchdata's own deprecation notice.
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
 
 N = 37  # samples: batches of 4 leave a short last batch
 
@@ -180,6 +189,27 @@ def test_resume_with_persistent_workers():
         )
 
     assert interrupted(make, 2, 2, 1, 3, 3, True) == uninterrupted(make, 2, 3, True)
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+@pytest.mark.parametrize("explicit", [True, False])
+def test_resume_between_epochs_with_persistent_workers(epoch, explicit):
+    # The saving loader's next epoch reuses its workers (no base seed drawn); the resumed one
+    # starts a pool (one drawn): the generator is put back as if it had not.
+    def make(nw, g):
+        return rloader.DataLoader(
+            list(range(N)),
+            batch_size=4,
+            shuffle=True,
+            num_workers=nw,
+            persistent_workers=nw > 0,
+            generator=g,
+        )
+
+    expected = uninterrupted(make, 2, 3, explicit)
+    assert interrupted(make, 2, 2, epoch, None, 3, explicit) == expected
+    if epoch == 1:  # (without workers every epoch draws a base seed: only the next one matches)
+        assert interrupted(make, 2, 0, epoch, None, 3, explicit) == expected
 
 
 def test_the_saved_order_travels_with_the_state():
@@ -468,3 +498,327 @@ def test_states_saved_during_an_elastic_epoch_resume_on_that_world_only():
     assert [b.tolist() for b in again] == rest
     with pytest.raises(ValueError, match="itself resumed on another world size"):
         rank_loader(4, 0)[0].load_state_dict([mid, mid, mid])
+
+
+# ---------------------------------------------------------------- stateful iterable datasets, workers
+
+
+class ShardedStream(rloader.IterableDataset):
+    """A stateful stream each worker reads its own shard of, of uneven lengths (the workers end
+    at different times), with an epoch counter: a fresh pass (not a resumed one) starts the next
+    epoch, whose items differ, so persistent workers' epochs differ from fresh workers'."""
+
+    def __init__(self, n):
+        self.n, self.epoch, self.next = n, 0, 0
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        w, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        items = list(range(w, self.n + 12 * w, nw))
+        if self.next == 0:
+            self.epoch += 1
+        while self.next < len(items):
+            self.next += 1
+            yield 1000 * self.epoch + items[self.next - 1]
+        self.next = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "next": self.next}
+
+    def load_state_dict(self, state):
+        self.epoch, self.next = state["epoch"], state["next"]
+
+
+def sharded(nw, persistent=False, in_order=True, batch_size=4):
+    def make(workers, g):
+        return rloader.DataLoader(
+            ShardedStream(N),
+            batch_size=batch_size,
+            num_workers=workers,
+            persistent_workers=persistent and workers > 0,
+            in_order=in_order,
+        )
+
+    return make
+
+
+# (epoch, batches taken): "all" and "all-2" count from the end of that epoch.
+STREAM_POINTS = {**POINTS, "a worker has ended": (1, "all-2")}
+
+
+def stream_point(expected, point):
+    epoch, batch = STREAM_POINTS[point]
+    if isinstance(batch, str):  # the epoch's length, from the uninterrupted run
+        batch = len(expected[epoch]) - (2 if batch == "all-2" else 0)
+    return epoch, batch
+
+
+@pytest.mark.parametrize("point", STREAM_POINTS)
+@pytest.mark.parametrize(
+    "workers,persistent", [(0, False)] + [(w, p) for w in (1, 2, 3) for p in (False, True)]
+)
+def test_a_stateful_iterable_dataset_resumes_from_each_workers_state(workers, persistent, point):
+    make = sharded(workers, persistent)
+    expected = uninterrupted(make, workers, 3, True)
+    epoch, batch = stream_point(expected, point)
+    with warnings.catch_warnings():  # restored from the workers' states: nothing fetched again
+        warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
+        assert interrupted(make, workers, workers, epoch, batch, 3, True) == expected
+
+
+def test_the_sharded_stream_is_torchs():
+    # The uninterrupted stream the resumes are compared with is torch's (round robin over the
+    # workers still going), persistent workers' epochs included.
+    for persistent in (False, True):
+        make = sharded(3, persistent)
+        torch_loader = tud.DataLoader(
+            ShardedStream(N), batch_size=4, num_workers=3, persistent_workers=persistent
+        )
+        assert uninterrupted(make, 3, 3, True) == epochs_of(torch_loader, 3)
+
+
+def test_worker_states_resume_through_the_pin_thread(monkeypatch):
+    # With pin_memory the batches reach the user through a thread: what counts is what the
+    # user got (the thread may hold one more).
+    monkeypatch.setattr(rloader._pin, "pin_plan", lambda loader: lambda b: b)
+    make = sharded(2, persistent=True)
+    expected = uninterrupted(make, 2, 3, True)
+    for epoch, batch in [(0, 3), (1, len(expected[1]) - 2)]:
+        assert interrupted(make, 2, 2, epoch, batch, 3, True) == expected
+
+
+def test_worker_states_survive_a_resume_of_a_resume():
+    make = sharded(3)
+    expected = uninterrupted(make, 3, 2, True)[0]
+    loader = make(3, None)
+    it = iter(loader)
+    seen = [next(it).tolist() for _ in range(4)]
+    state = checkpointed(loader.state_dict())
+    again = make(3, None)
+    again.load_state_dict(state)
+    it = iter(again)
+    seen += [next(it).tolist() for _ in range(3)]
+    state = checkpointed(again.state_dict())
+    last = make(3, None)
+    last.load_state_dict(state)
+    assert seen + [b.tolist() for b in last] == expected
+
+
+@pytest.mark.parametrize("saved,loaded", [(2, 3), (2, 0), (0, 2), (3, 1)])
+def test_worker_states_need_the_same_number_of_workers(saved, loaded):
+    loader = sharded(saved)(saved, None)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    other = sharded(loaded)(loaded, None)
+    with pytest.raises(ValueError, match=f"num_workers={saved}.*it has {loaded}"):
+        other.load_state_dict(state)
+    list(it)  # between epochs, any number of workers goes on
+    other.load_state_dict(loader.state_dict())
+    assert len([b for b in other]) > 0
+
+
+def test_worker_states_are_small_and_plain():
+    loader = sharded(3)(3, None)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["workers"]["num_workers"] == 3 and state["workers"]["next_worker"] == 1
+    assert state["workers"]["states"][0] == {"epoch": 1, "next": 4}
+    assert checkpointed(state) == state
+
+
+def test_a_stateful_iterable_dataset_out_of_order_gives_each_batch_once():
+    # Out of order the interleaving is the workers' timing, but each worker resumes its own
+    # stream exactly: together, every batch of the epoch once.
+    make = sharded(3, in_order=False)
+    expected = sorted(b for b in uninterrupted(make, 3, 1, True)[0])
+    loader = make(3, None)
+    it = iter(loader)
+    seen = [next(it).tolist() for _ in range(5)]
+    resumed = make(3, None)
+    resumed.load_state_dict(checkpointed(loader.state_dict()))
+    assert sorted(seen + [b.tolist() for b in resumed]) == expected
+
+
+# ---------------------------------------------------------------- in_order=False
+
+
+class Gated(tud.Dataset):
+    """Index i -> i, after a delay that varies with i; the indices in `gates` wait until their
+    gate's file exists, so that a test holds one batch back and others overtake it."""
+
+    def __init__(self, n, gates=None):
+        self.n, self.gates = n, dict(gates or {})
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        gate = self.gates.get(i)
+        deadline = time.monotonic() + 30
+        while gate is not None and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.001 * (i % 4))
+        return i
+
+
+def out_of_order(workers, gates=None, worker_type="process"):
+    return rloader.DataLoader(
+        Gated(48, gates),
+        batch_size=3,
+        shuffle=True,
+        num_workers=workers,
+        in_order=False,
+        generator=torch.Generator().manual_seed(7),
+        worker_type=worker_type,
+    )
+
+
+def first_batch_indices(workers):
+    """The indices of the first batch of keys the loader draws (epoch 0)."""
+    return next(iter(out_of_order(0)))  # same generator, same draws
+
+
+def take_holding_back(loader, gate, count):
+    """`count` batches of a loader whose gated batch is held back, the state then, and the
+    gate opened (so the workers can stop)."""
+    it = iter(loader)
+    got = [sorted(next(it).tolist()) for _ in range(count)]
+    state = checkpointed(loader.state_dict())
+    open(gate, "w").close()
+    del it
+    return got, state
+
+
+def epoch_batches(batches):
+    return sorted(sorted(b) for b in batches)
+
+
+@pytest.mark.parametrize("workers,resume_workers", [(2, 2), (3, 3), (2, 0), (3, 1)])
+def test_out_of_order_resume_gives_each_batch_of_the_epoch_once(tmp_path, workers, resume_workers):
+    expected = [epoch_batches(e) for e in epochs_of(out_of_order(workers), 2)]
+    gate = str(tmp_path / "gate")
+    held = {int(i): gate for i in first_batch_indices(workers)}
+    seen, state = take_holding_back(out_of_order(workers, held), gate, 4)
+    assert 0 in state["holes"]  # the held-back batch was not handed out: a hole below position
+    resumed = out_of_order(resume_workers)
+    resumed.load_state_dict(state)
+    rest = [sorted(b.tolist()) for b in resumed]
+    assert epoch_batches(seen + rest) == expected[0]  # each batch once
+    assert epoch_batches(b.tolist() for b in resumed) == expected[1]  # then the next epoch
+
+
+@pytest.mark.parametrize("resume_type", ["thread", "process"])
+def test_out_of_order_resume_with_thread_workers(tmp_path, resume_type):
+    expected = [epoch_batches(e) for e in epochs_of(out_of_order(2), 2)]
+    gate = str(tmp_path / "gate")
+    held = {int(i): gate for i in first_batch_indices(2)}
+    seen, state = take_holding_back(out_of_order(2, held, worker_type="thread"), gate, 4)
+    assert 0 in state["holes"]
+    resumed = out_of_order(2, worker_type=resume_type)
+    resumed.load_state_dict(state)
+    rest = [sorted(b.tolist()) for b in resumed]
+    assert epoch_batches(seen + rest) == expected[0]
+    assert epoch_batches(b.tolist() for b in resumed) == expected[1]
+
+
+def test_out_of_order_resume_of_a_resume(tmp_path):
+    expected = epoch_batches(epochs_of(out_of_order(2), 1)[0])
+    gate1, gate2 = str(tmp_path / "one"), str(tmp_path / "two")
+    first = [int(i) for i in first_batch_indices(2)]
+    seen, state = take_holding_back(out_of_order(2, {i: gate1 for i in first}), gate1, 4)
+    # The resumed epoch starts with the batches left behind (task 0 is the first batch): hold
+    # that one back again, so the second state has holes in the resumed numbering.
+    again = out_of_order(2, {i: gate2 for i in first})
+    again.load_state_dict(state)
+    more, state2 = take_holding_back(again, gate2, 3)
+    assert state2["holes"] and state2["position"] > state["position"]
+    last = out_of_order(2)
+    last.load_state_dict(state2)
+    assert epoch_batches(seen + more + [b.tolist() for b in last]) == expected
+
+
+def test_skipping_handed_out_batches_in_python_and_in_rust_agree():
+    # BatchStream.skip (Rust) and _skip_handed (other samplers' keys) keep the same batches.
+    from rloader import _resume
+
+    for end, holes in [(0, []), (5, []), (6, [0, 2]), (7, [6]), (4, [1, 9])]:
+        stream = rloader.BatchSampler(rloader.SequentialSampler(range(30)), 3, False)
+        rust = iter(stream)
+        rust.skip(end, holes)
+        python = _resume._skip_handed(iter(stream), end, holes)
+        assert [list(b) for b in rust] == [list(b) for b in python]
+
+
+# ---------------------------------------------------------------- torchdata as a reference
+
+
+def stateful_dataloader():
+    return pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sequential_resume_is_torchdatas(workers, point):
+    # The same points are checked against the uninterrupted run by test_resume_with_workers and
+    # test_resume_is_the_uninterrupted_run ("sequential"), without torchdata.
+    theirs = stateful_dataloader()
+    data = list(range(N))
+
+    def ours(nw, g):
+        return rloader.DataLoader(data, batch_size=4, num_workers=nw)
+
+    def reference(nw, g):
+        return theirs(data, batch_size=4, num_workers=nw)
+
+    epoch, batch = POINTS[point]
+    assert interrupted(ours, workers, workers, epoch, batch, 3, True) == interrupted(
+        reference, workers, workers, epoch, batch, 3, True
+    )
+
+
+# Not "last batch" nor "a worker has ended": there a worker's stream had ended with a short
+# batch, and torchdata (0.11) asks it for one more batch after a resume ("always force fetcher to
+# request at least one batch"), which this dataset, back at its start, answers with a new pass:
+# batches an uninterrupted run never yields. rloader keeps that worker ended (checked against
+# the uninterrupted run by test_a_stateful_iterable_dataset_resumes_from_each_workers_state).
+@pytest.mark.parametrize("point", ["start", "middle", "epoch end"])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_worker_states_resume_as_torchdatas(workers, point):
+    # The same points are checked against the uninterrupted run by
+    # test_a_stateful_iterable_dataset_resumes_from_each_workers_state, without torchdata.
+    theirs = stateful_dataloader()
+
+    def reference(nw, g):
+        return theirs(ShardedStream(N), batch_size=4, num_workers=nw)
+
+    make = sharded(workers)
+    epoch, batch = stream_point(uninterrupted(make, workers, 2, True), point)
+    ours = interrupted(make, workers, workers, epoch, batch, 2, True)
+    assert ours == interrupted(reference, workers, workers, epoch, batch, 2, True)
+
+
+def test_elastic_resume_of_ranks_that_handed_out_out_of_order(tmp_path):
+    # Each old rank held its first batch back: what no old rank handed out (those first
+    # batches included) is shared by the new ranks, once each.
+    def rank_loader(world, rank, workers, gates=None):
+        sampler = rloader.DistributedSampler(range(48), num_replicas=world, rank=rank, seed=4)
+        return rloader.DataLoader(
+            Gated(48, gates), batch_size=3, sampler=sampler, num_workers=workers, in_order=False
+        )
+
+    states, consumed = [], []
+    for rank in range(2):
+        gate = str(tmp_path / f"gate{rank}")
+        first = next(iter(rank_loader(2, rank, 0))).tolist()
+        got, state = take_holding_back(rank_loader(2, rank, 2, {i: gate for i in first}), gate, 3)
+        assert 0 in state["holes"]
+        states.append(state)
+        consumed += [x for b in got for x in b]
+    shares = []
+    for rank in range(3):
+        loader = rank_loader(3, rank, 0)
+        loader.load_state_dict(states)
+        shares += [x for b in loader for x in b.tolist()]
+    assert sorted(shares) == sorted(set(range(48)) - set(consumed))

@@ -119,6 +119,8 @@ class PinnedBatches:
         # The PoolIter's Stats (its transport; this iterator's waits; the thread's pinning),
         # taken now: while the thread runs, only the thread may touch `source`.
         self._stats = source._stats
+        # What reached the user, recorded here as it does (handouts.rs: the thread only polls).
+        self._handouts = source._handouts
         self._start()
 
     def _start(self) -> None:
@@ -168,7 +170,7 @@ class PinnedBatches:
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
             try:
-                kind, value, answers_task = self._queue.get(timeout=wait)
+                kind, value, tag = self._queue.get(timeout=wait)
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RuntimeError(
@@ -177,17 +179,19 @@ class PinnedBatches:
                 if self._thread.is_alive():
                     continue
                 try:  # it may have queued its last item just before it ended
-                    kind, value, answers_task = self._queue.get_nowait()
+                    kind, value, tag = self._queue.get_nowait()
                 except queue.Empty:
                     self._ended = True
                     raise RuntimeError(
                         "the DataLoader's pin memory thread exited unexpectedly"
                     ) from None
-            if answers_task and self._feed is not None:
+            if tag is not None and self._feed is not None:
                 # torch's _try_put_index: the next task's keys, drawn here, before the batch
                 # (or the worker's error) is handed out; a sampler's error goes to the user.
                 self._in_flight -= 1
                 self._in_flight += self._feed.draw(1)
+            if tag is not None:  # a batch or a worker's error, in answer to its task
+                self._handouts.record(*tag)
             if kind == "batch":
                 self._taken += 1
                 if self._len_warning is not None:
@@ -243,27 +247,27 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device, stat
     if device is not None:
         torch.accelerator.set_device_index(device)
     while not stop.is_set():
-        # Items are (kind, value, whether it answers a task): a batch or a worker's error does,
-        # the end or the pool's own failure (a dead worker) does not.
+        # Items are (kind, value, tag): a batch or a worker's error answers a task, whose
+        # HandOuts record is the tag; the end or the pool's own failure (a dead worker) has None.
         try:
-            kind, value = source._poll(_POLL)
+            kind, value, tag = source._poll(_POLL)
             if kind == "none":
                 continue
         except StopIteration:
-            item = ("end", None, False)
+            item = ("end", None, None)
         except Exception as exc:  # a dead worker, the pool's own failure: the epoch is over
-            item = ("fatal", exc, False)
+            item = ("fatal", exc, None)
         else:
             if kind == "error":
-                item = ("error", value, True)
+                item = ("error", value, tag)
             else:
                 try:
                     started = time.perf_counter()
-                    item = ("batch", pin(value), True)
+                    item = ("batch", pin(value), tag)
                     stats.add_seconds("pin", time.perf_counter() - started)
                 except Exception:
                     wrapper = ExceptionWrapper(where=f"in pin memory thread for device {device}")
-                    item = ("error", _reraised(wrapper), True)
+                    item = ("error", _reraised(wrapper), tag)
             del value
         while not stop.is_set():
             try:

@@ -3,13 +3,32 @@
 NOTE [Resume]: an epoch's order is a function of the random generators' states when it starts
 (rloader's samplers take one seed per pass from them; so do torch's, and the workers' base
 seed), so a position in an epoch is (those states, batches handed out). Each ``iter()`` records
-the states before its first draw (``Epoch.begin``); ``state_dict()`` saves them with the count
-of batches the iterator has handed out (batches loaded ahead by workers but not handed out
-are not counted: they are produced again after a resume). ``load_state_dict()`` leaves a
+the states before its first draw (``Epoch.begin``); ``state_dict()`` saves them with the
+batches of keys the iterator has handed out, numbered in draw order (batches loaded ahead by
+workers but not handed out are not counted: they are produced again after a resume). In
+order they are a prefix, saved as its length ``position``. With ``in_order=False`` and workers
+they are every batch below ``position`` but a few ``holes``: each hole is a batch drawn and not
+handed out yet, and the scheduler never lets more than ``prefetch_factor × num_workers`` of
+those exist (``HandOuts``, rust/rloader-py/src/handouts.rs, records them as the batches reach
+the user; the Scheduler says which task each one answered). ``load_state_dict()`` leaves a
 pending resume that the next ``iter()`` applies: the generators are put back in their saved
 states, the epoch's draws happen in the usual order (base seed, then the sampler's seed at its
-first pull), and the first ``k`` batches of keys are skipped. Keys made in Rust are skipped
-without Python objects (``BatchStream.skip``); keys of another sampler are drawn and dropped.
+first pull), and the batches below ``position`` are skipped but the holes, which come first.
+Keys made in Rust are skipped without Python objects (``BatchStream.skip``); keys of another
+sampler are drawn and dropped (``_skip_handed``). A resumed iterator numbers its batches anew:
+``_rebase`` maps them back to the saved epoch's numbers for the next ``state_dict()``.
+
+An IterableDataset with ``state_dict``/``load_state_dict`` read in the main process saves its
+own state. Read by workers, each worker's copy has its own place: the worker sends its
+dataset's state (and whether its iterator ended, on a short last batch) with each batch, and
+the state after the last batch of that worker handed out is saved, with the worker whose batch
+comes next. A resumed pool's workers load their states before ``iter(dataset)`` (a worker whose
+stream had ended makes nothing more) and the round robin starts at that next worker: each
+worker's stream goes on where it was and the round robin over those still going is the
+uninterrupted one's, so the whole stream is. Persistent workers also send their dataset's
+state as they restart for an epoch (what a worker that has handed out nothing yet saves) and as
+their stream ends (what a state between epochs saves, for the next epoch's workers to load).
+The states are per worker: another ``num_workers`` is refused.
 
 A generator the loader was given (``generator=``, or a sampler's ``generator``) takes the saved
 state and keeps it: later epochs are the uninterrupted run's. torch's global RNG is only
@@ -141,14 +160,25 @@ class Epoch:
         self.iterable = isinstance(loader.dataset, tud.IterableDataset)
         # Whether iter() itself pulls the sampler's first keys (workers get tasks in iter()).
         self.pulls_in_iter = loader.num_workers > 0
+        # Workers whose copies of an IterableDataset say where they are: their states are saved.
+        self.stateful_workers = loader.num_workers if _stateful_workers(loader) else 0
+        # Of a resumed epoch: the batches (in draw order) below `skipped` handed out before the
+        # checkpoint but `holes`, and the saved workers' states ("workers" of state_dict()).
         self.skipped = 0
+        self.holes: list = []
+        self.workers: Optional[dict] = None
         self._iterator: Optional[weakref.ref] = None
         self.elastic_from: Optional[list] = None
         self._plan: Optional[dict] = None
         self._borrowed: Optional[torch.Tensor] = None
+        # Resumed between epochs where only one of the saving loader's next iter() and this one
+        # draws a base seed (persistent workers): the generator before this one's draw, to put
+        # back after it, or "draw" to draw the seed the saving loader would have.
+        self._base_fix: Any = None
         self._applied: set = set()
         self._loader: Any = None
         self.restored_stream = False
+        self.stream_ended = False  # a restored stream that had ended: nothing more comes
         self.base_drawn = True
 
     @classmethod
@@ -156,13 +186,24 @@ class Epoch:
         """Starts an ``iter()`` (which draws the workers' base seed unless it resets persistent
         workers): records the states, and applies a pending resume."""
         pending = _PENDING.pop(loader, None)
+        workers = between = None
         if pending is not None and pending["position"] is None:
             _set_generators(loader, pending["generators"], borrow_global=False)  # between epochs
             saved = pending["sampler"] or {}
             if "state_dict" in saved:
                 _drawing_sampler(loader).load_state_dict(saved["state_dict"])
+            if restarts_workers(loader, pending):  # persistent workers' datasets' states
+                workers = pending["workers"]
+            if "dataset" in pending and _stateful_stream(loader):
+                loader.dataset.load_state_dict(pending["dataset"])
+            between = pending
             pending = None
         epoch = cls(loader)
+        epoch.workers = workers
+        if between is not None and between.get("next_draws_base", True) != draws_base_seed:
+            gen = loader.generator if loader.generator is not None else torch.default_generator
+            epoch._base_fix = gen.get_state() if draws_base_seed else "draw"
+            epoch._loader = loader
         epoch.base_drawn = draws_base_seed
         if pending is not None:
             try:
@@ -180,9 +221,14 @@ class Epoch:
         self.generators = pending["generators"]
         self.sampler = pending["sampler"]
         self.skipped = pending["position"]
+        self.holes = list(pending.get("holes", ()))
         self._loader = loader
         if "dataset" in pending and _stateful_stream(loader):
             loader.dataset.load_state_dict(pending["dataset"])  # it goes on from there
+            self.restored_stream = True
+            self.stream_ended = bool(pending.get("dataset_ended", False))
+        if restarts_workers(loader, pending):
+            self.workers = pending["workers"]  # each worker loads its own (start_pool)
             self.restored_stream = True
         sampler = _drawing_sampler(loader)
         saved = pending["sampler"] or {}
@@ -208,6 +254,13 @@ class Epoch:
         """The epoch's keys (``iter`` of the index sampler, after the base seed's draw), with
         the batches a resumed epoch already handed out skipped. The window in which saved
         generator states stand in for torch's global RNG ends here."""
+        if self._base_fix is not None:  # resumed between epochs (see __init__)
+            gen = self._loader.generator
+            if isinstance(self._base_fix, str):
+                draw_seed(gen)
+            else:
+                (gen if gen is not None else torch.default_generator).set_state(self._base_fix)
+            self._base_fix = self._loader = None
         if self._plan is None:
             return keys
         if "loader" not in self._applied:  # the saved epoch drew no base seed; this one just did
@@ -228,16 +281,23 @@ class Epoch:
             return keys
         skip = getattr(keys, "skip", None)
         if callable(skip):  # an rloader BatchStream: skipped in Rust
-            skip(self.skipped)
+            skip(self.skipped, self.holes)
         else:
-            keys = iter(keys)
-            for _ in range(self.skipped):
-                if next(keys, _END) is _END:
-                    break
-            first = next(keys, _END)  # the sampler's first draw, now (see NOTE [Resume])
-            keys = iter(()) if first is _END else itertools.chain([first], keys)
+            keys = _skip_handed(keys, self.skipped, self.holes)
         self.end_window()
         return keys
+
+    def worker_states(self) -> Optional[list]:
+        """Of a resumed epoch over stateful workers: per worker, the state its dataset loads
+        before ``iter()`` (None: it starts as the loader's dataset), and whether its stream had
+        ended (then it makes nothing more this epoch)."""
+        if self.workers is None:
+            return None
+        return list(zip(self.workers["states"], self.workers["ended"]))
+
+    def first_worker(self) -> int:
+        """The worker whose batch comes first (that after the last one handed out)."""
+        return 0 if self.workers is None else int(self.workers["next_worker"])
 
     def end_window(self) -> None:
         """After ``iter()``'s draws: torch's global RNG is the user's again."""
@@ -259,20 +319,95 @@ class Epoch:
         self._plan = None
         self._loader = None  # the record is kept beside the loader: it must not keep it alive
 
-    def progress(self) -> Optional[tuple]:
-        """(batches handed out, whether the epoch ended), or None once the iterator is gone.
+    def progress(self) -> Optional[dict]:
+        """Where the epoch is, or None once the iterator is gone: ``position`` and ``holes``
+        (the batches handed out, in draw order: all below ``position`` but ``holes``),
+        ``finished``, and the stateful workers' ``workers`` (see ``state_dict``).
 
-        For a map-style dataset the iterator counts from the resumed position; an iterable
-        dataset's iterator fetched the skipped batches itself, so they are in its count."""
+        For a map-style dataset the iterator numbers its batches from the resumed position; an
+        iterable dataset's iterator fetched the skipped batches itself, so they are in its count
+        (unless its datasets were restored from their states)."""
         iterator = self._iterator() if self._iterator is not None else None
         if iterator is None:
             return None
         taken, finished = iterator._progress
-        fetched_again = self.iterable and not self.restored_stream
-        return (taken if fetched_again else self.skipped + taken), finished
+        handouts = getattr(iterator, "_handouts", None)  # with workers (handouts.rs)
+        holes: list = []
+        if self.iterable:
+            fetched_again = not self.restored_stream
+            position = taken if fetched_again else self.skipped + taken
+        else:
+            end, new_holes = (taken, []) if handouts is None else handouts.tasks
+            position, holes = _rebase(self.skipped, self.holes, end, new_holes)
+        workers = None
+        if self.stateful_workers and handouts is not None:
+            # Per worker (state, ended) after its last batch handed out (or as it started the
+            # epoch); if none since a resume, what it was resumed from.
+            saved = self.worker_states() or [(None, False)] * self.stateful_workers
+            now = [
+                (state, ended) if state is not None else saved[w]
+                for w, (state, ended) in enumerate(zip(handouts.states, handouts.ended))
+            ]
+            last = handouts.last_worker
+            workers = dict(
+                num_workers=self.stateful_workers,
+                states=[state for state, _ in now],
+                ended=[bool(ended) for _, ended in now],
+                next_worker=(
+                    self.first_worker() if last is None else (last + 1) % self.stateful_workers
+                ),
+            )
+        if finished and workers is not None:
+            # Between epochs: where each worker's dataset was once its stream ended, from which
+            # persistent workers start the next epoch (fresh ones start as the loader's dataset).
+            n = self.stateful_workers
+            workers = dict(
+                num_workers=n, states=handouts.end_states, ended=[False] * n, next_worker=0
+            )
+        exhausted = bool(getattr(iterator, "_exhausted", False))  # LoaderIter's stream
+        return dict(
+            position=position, holes=holes, finished=finished, workers=workers, exhausted=exhausted
+        )
 
 
 _END = object()
+
+
+def _skip_handed(keys, end: int, holes: list):
+    """``keys`` (batches of keys) without those among the first ``end`` that were handed out
+    (all but ``holes``), drawn now, as ``BatchStream.skip`` does in Rust: the kept ones come
+    first, then the rest. The sampler's first draw is made here, in the window of NOTE
+    [Resume], even when nothing is skipped."""
+    keys = iter(keys)
+    keep, kept = set(holes), []
+    for i in range(end):
+        batch = next(keys, _END)
+        if batch is _END:
+            break
+        if i in keep:
+            kept.append(batch)
+    first = next(keys, _END)
+    rest = iter(()) if first is _END else itertools.chain([first], keys)
+    return itertools.chain(kept, rest) if kept else rest
+
+
+def _rebase(end: int, holes: list, new_end: int, new_holes: list) -> tuple:
+    """The batches handed out in an epoch resumed with (``end``, ``holes``) — the saved
+    epoch's batches below ``end`` but ``holes`` were handed out before — after its iterator
+    handed out its own batches below ``new_end`` but ``new_holes``, as (end, holes) in the
+    saved epoch's numbering: the resumed iterator's batch ``t`` is ``holes[t]``, then ``end``,
+    ``end + 1``, ... (``_skip_handed``)."""
+    if new_end == 0:
+        return end, list(holes)
+    k = len(holes)
+
+    def original(t: int) -> int:
+        return holes[t] if t < k else end + t - k
+
+    missing = set(new_holes)
+    left = [holes[t] for t in range(k) if t >= new_end or t in missing]
+    left += [original(t) for t in missing if t >= k]
+    return max(end, original(new_end - 1) + 1), sorted(left)
 
 
 def _set_generators(loader, packed: dict, role: Optional[str] = None, borrow_global: bool = True):
@@ -311,17 +446,19 @@ def state_dict(loader) -> dict:
     )
     epoch = _EPOCHS.get(loader)
     progress = epoch.progress() if epoch is not None else None
-    if progress is not None and not progress[1]:
+    if progress is not None and not progress["finished"]:
+        position = int(progress["position"])
+        if progress["holes"]:  # out of order: batches below `position` not handed out yet
+            state["holes"] = [int(h) for h in progress["holes"]]
         if epoch.elastic_from is not None:
             world = _drawing_sampler(loader)
             return dict(
                 state,
-                position=int(progress[0]),
+                position=position,
                 generators={},
                 elastic_from=epoch.elastic_from,
                 world=[int(world.num_replicas), int(world.rank)],
             )
-        position = int(progress[0])
         state = dict(
             state,
             position=position,
@@ -332,23 +469,71 @@ def state_dict(loader) -> dict:
         )
         if _stateful_stream(loader):
             state["dataset"] = loader.dataset.state_dict()
+            # Its iterator may have ended with a short last batch: nothing more comes then.
+            state["dataset_ended"] = bool(progress["exhausted"])
+        if progress["workers"] is not None:
+            state["workers"] = progress["workers"]
         return state
     state["generators"] = {role: _pack(gen) for role, gen in _generators(loader).items()}
     state["sampler"] = _sampler_state(_drawing_sampler(loader))
+    if progress is not None and progress["workers"] is not None and loader.persistent_workers:
+        state["workers"] = progress["workers"]  # an epoch ended: where persistent workers are
+    if _stateful_stream(loader):
+        state["dataset"] = loader.dataset.state_dict()  # where the next epoch starts from
+    # Persistent workers' next epoch draws no base seed; a fresh pool's does (Epoch.begin).
+    it = loader._iterator
+    state["next_draws_base"] = not (
+        loader.persistent_workers
+        and loader.num_workers > 0
+        and it is not None
+        and not it._rloader_pool.stopped
+    )
     return state
 
 
-def _stateful_stream(loader) -> bool:
-    """An IterableDataset that says where it is (``state_dict``/``load_state_dict``), read in
-    the main process: its state is exact there (with workers each holds its own copy, whose
-    states are not gathered yet; such a dataset is resumed by fetching and dropping)."""
-    dataset = loader.dataset
+def stateful_iterable(dataset) -> bool:
+    """An IterableDataset that says where it is (``state_dict``/``load_state_dict``)."""
     return (
         isinstance(dataset, tud.IterableDataset)
-        and loader.num_workers == 0
         and callable(getattr(dataset, "state_dict", None))
         and callable(getattr(dataset, "load_state_dict", None))
     )
+
+
+def _stateful_stream(loader) -> bool:
+    """A stateful IterableDataset read in the main process: its own state is saved."""
+    return loader.num_workers == 0 and stateful_iterable(loader.dataset)
+
+
+def _stateful_workers(loader) -> bool:
+    """A stateful IterableDataset read by workers: each worker's copy's state is saved (the
+    state after the last of its batches handed out), and restored in that worker."""
+    return loader.num_workers > 0 and stateful_iterable(loader.dataset)
+
+
+def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
+    """Whether a resume (the pending one by default) starts workers that load their datasets'
+    states first (a persistent loader's running workers are then replaced)."""
+    pending = _PENDING.get(loader) if pending is None else pending
+    return pending is not None and pending.get("workers") is not None and _stateful_workers(loader)
+
+
+def _check_workers(loader, state: dict) -> None:
+    """A stateful IterableDataset's place is per worker (each has its own copy): it resumes
+    only with the same number of workers."""
+    if not stateful_iterable(loader.dataset):
+        return
+    workers = state.get("workers")
+    mid_epoch_stream = "dataset" in state and state.get("position") is not None
+    saved = workers["num_workers"] if workers is not None else 0 if mid_epoch_stream else None
+    if saved is not None and saved != loader.num_workers:
+        raise ValueError(
+            f"this state was saved by a DataLoader with num_workers={saved} over an "
+            "IterableDataset with state_dict(): each worker's copy of the dataset has its own "
+            f"place in the stream, which cannot be split or merged; build this loader with "
+            f"num_workers={saved} (it has {loader.num_workers}) to resume it (a state saved "
+            "between epochs without persistent_workers holds no such places)"
+        )
 
 
 def load_state_dict(loader, state) -> None:
@@ -359,7 +544,9 @@ def load_state_dict(loader, state) -> None:
         # Saved during an epoch resumed from another world size: that epoch again, from here,
         # on the same new world.
         _check_rank(loader, *state["world"])
-        plan = _elastic_plan(loader, list(state["elastic_from"]), state["position"])
+        plan = _elastic_plan(
+            loader, list(state["elastic_from"]), state["position"], list(state.get("holes", ()))
+        )
         _PENDING[loader] = plan
         return
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -370,13 +557,7 @@ def load_state_dict(loader, state) -> None:
     distributed = (state.get("sampler") or {}).get("distributed")
     if state["position"] is not None and distributed is not None:
         _check_rank(loader, distributed["num_replicas"], distributed["rank"])
-    if state["position"] is not None and loader.num_workers > 0 and not loader.in_order:
-        warnings.warn(
-            "resuming a DataLoader with in_order=False: the batches handed out before the "
-            "checkpoint are taken to be the first ones of the epoch, which with workers out of "
-            "order they may not have been",
-            stacklevel=3,
-        )
+    _check_workers(loader, state)
     _PENDING[loader] = dict(state)
 
 
@@ -393,7 +574,7 @@ def _check_rank(loader, num_replicas: int, rank: int) -> None:
         )
 
 
-def _elastic_plan(loader, states: list, position: int) -> dict:
+def _elastic_plan(loader, states: list, position: int, holes: list = ()) -> dict:
     if not states:
         raise ValueError("load_state_dict() was given an empty list of rank states")
     sampler = _drawing_sampler(loader)
@@ -472,7 +653,12 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
                 "batch_sampler of its own, or without batching, cannot say how many samples "
                 "its batches held)"
             )
-        consumed.update(shard[: state["position"] * batch_size])
+        not_yet = set(state.get("holes", ()))  # out of order: not handed out yet
+        for b in range(state["position"]) if not_yet else ():
+            if b not in not_yet:
+                consumed.update(shard[b * batch_size : (b + 1) * batch_size])
+        if not not_yet:
+            consumed.update(shard[: state["position"] * batch_size])
     limit = min(n, num_samples * world)
     left = [i for i in order[:limit] if i not in consumed]
     new_world, rank = sampler.num_replicas, sampler.rank
@@ -489,12 +675,13 @@ def _elastic_plan(loader, states: list, position: int) -> dict:
             if loader.batch_size is not None
             else mine
         )
-        return itertools.islice(iter(batches), position, None)
+        return _skip_handed(batches, position, holes)
 
     sampler.epoch = first["epoch"]
     return dict(
         format=FORMAT,
         position=position,
+        holes=list(holes),
         sampler=None,
         generators={},
         elastic=keys,

@@ -207,8 +207,11 @@ def _worker_main(spec: dict) -> None:
     try:
         if spec["worker_init_fn"] is not None:
             spec["worker_init_fn"](worker_id)
+        if spec["dataset_state"] is not None:  # a resumed epoch: where this worker was
+            dataset.load_state_dict(spec["dataset_state"])
         if spec["iterable"]:
-            samples = iter(dataset)
+            # (a worker whose stream had ended makes nothing more this epoch)
+            samples = iter(()) if spec["dataset_ended"] else iter(dataset)
     except Exception as exc:  # reported with the first task, as torch does
         init_error = dump_error(worker_id, exc)
     # The spec, with what this process made of it (rust/rloader-py/src/worker.rs, WorkerSpec).
@@ -219,7 +222,7 @@ def _worker_main(spec: dict) -> None:
             samples=samples,
             collate_plan=_collate_plan(spec["collate_fn"]),
             init_error=init_error,
-            hooks=_WorkerHooks(worker_id, dataset),
+            hooks=_WorkerHooks(worker_id, dataset, spec["worker_states"]),
         )
     )
 
@@ -227,11 +230,31 @@ def _worker_main(spec: dict) -> None:
 class _WorkerHooks:
     """What the Rust worker loop calls back for."""
 
-    def __init__(self, worker_id: int, dataset) -> None:
+    def __init__(self, worker_id: int, dataset, worker_states: bool) -> None:
         self.worker_id = worker_id
         self.dataset = dataset
+        self.worker_states = worker_states
 
-    dumps = staticmethod(dumps)
+    def dumps(self, batch, ended: bool = False):
+        """A batch as bytes; with ``worker_states`` (an IterableDataset with ``state_dict``)
+        paired with ``(the dataset's state right after making it, whether its iterator ended
+        making it)``, which the main process keeps once the batch is handed out
+        (``_Pool.loads``; NOTE [Resume]). A state that will not pickle is that batch's error."""
+        if self.worker_states:
+            return dumps((batch, (self.dataset.state_dict(), ended)))
+        return dumps(batch)
+
+    def dump_state(self) -> bytes:
+        """The dataset's state, pickled, as a new epoch of persistent workers starts or as the
+        stream ends (empty without ``worker_states``, or if ``state_dict()`` fails: the state
+        is then not known there, and a resume from that point starts the worker as the
+        loader's dataset)."""
+        if not self.worker_states:
+            return b""
+        try:
+            return pickle.dumps(self.dataset.state_dict())
+        except Exception:
+            return b""
 
     def dump_error(self, exc: BaseException, traceback=None) -> bytes:
         return dump_error(self.worker_id, exc, traceback)
@@ -312,9 +335,15 @@ class _Pool:
         self.procs: list = []
         self.stopped = False
 
+    # With worker_states, what a worker's ``dumps`` sent is ``(batch, its dataset's state)``:
+    # PoolIter splits the pair and keeps the state for when the batch is handed out.
     loads = staticmethod(loads)
 
     def load_error(self, data: bytes):
+        return pickle.loads(data)
+
+    def load_state(self, data: bytes):
+        """A worker's dataset state as it restarted or ended (``_WorkerHooks.dump_state``)."""
         return pickle.loads(data)
 
     @staticmethod
@@ -364,7 +393,12 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
-    keys = _resume.epoch_of(loader).keys(keys)  # NOTE [Resume]
+    epoch = _resume.epoch_of(loader)
+    keys = epoch.keys(keys)  # NOTE [Resume]
+    # Workers of a stateful IterableDataset send its state with each batch; those of a resumed
+    # epoch load theirs first, and the round robin starts where it was.
+    worker_states = iterable and _resume.stateful_iterable(loader.dataset)
+    dataset_states = epoch.worker_states() or [(None, False)] * loader.num_workers
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
@@ -398,6 +432,8 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
             length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
             hooks=pool,
             reported_len=None if pin is not None else _reported_len(loader),
+            worker_states=worker_states,
+            first_worker=epoch.first_worker(),
         )
         it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
         # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
@@ -424,6 +460,9 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
                 collate_fn=loader.collate_fn,
                 worker_init_fn=loader.worker_init_fn,
                 parent_pid=os.getpid(),
+                worker_states=worker_states,
+                dataset_state=dataset_states[worker_id][0],
+                dataset_ended=dataset_states[worker_id][1],
             )
             proc = context.Process(target=_worker_main, args=(spec,), daemon=True)
             proc.start()

@@ -232,6 +232,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
 
     def __iter__(self):
         persistent = self.persistent_workers and self.num_workers > 0
+        if persistent and self._iterator is not None and _resume.restarts_workers(self):
+            self._iterator._shutdown_workers()  # a resume's workers start from saved states
         fresh = not persistent or self._iterator is None or self._iterator._rloader_pool.stopped
         epoch = _resume.Epoch.begin(self, draws_base_seed=fresh)  # NOTE [Resume]
         try:
@@ -267,10 +269,11 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         ``torch.load(weights_only=True)`` round-trip it) that ``load_state_dict`` resumes from.
 
         It may be taken at any time: before ``iter()``, between batches, after an epoch. Mid-epoch
-        it holds the random generators' states at the epoch's start and the number of batches
+        it holds the random generators' states at the epoch's start and which batches were
         handed out since (batches workers loaded ahead are not counted: they come again after a
-        resume). An extension of torch's DataLoader, with torchdata ``StatefulDataLoader``'s
-        method names.
+        resume; out of order, the few not handed out below the last one are named), and for an
+        IterableDataset with ``state_dict()`` its state, or each worker's. An extension of
+        torch's DataLoader, with torchdata ``StatefulDataLoader``'s method names.
         """
         return _resume.state_dict(self)
 
@@ -278,7 +281,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         """Resume from ``state_dict()``: the next ``iter()`` yields exactly the batches the saved
         loader had not handed out yet, then later epochs are those of an uninterrupted run.
 
-        Build the loader with the same arguments (``num_workers`` may differ). The saved order
+        Build the loader with the same arguments (``num_workers`` may differ, but not for an
+        IterableDataset whose workers' states were saved: a ``ValueError``). The saved order
         travels in the state, whatever generator this loader has. ``state`` may also be a list
         of the states of every rank of a job over a ``DistributedSampler``: the samples of that
         epoch no rank handed out are then shared by this job's ranks (see the README).
@@ -312,6 +316,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         pin=pin,
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
+        exhausted=_resume.epoch_of(loader).stream_ended,
     )
 
 

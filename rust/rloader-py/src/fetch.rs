@@ -135,6 +135,11 @@ impl Fetcher {
         }
     }
 
+    /// Whether an iterable dataset's iterator has ended (the last batch may have been short).
+    pub fn ended(&self) -> bool {
+        matches!(self.kind, Kind::Iterable { ended: true, .. })
+    }
+
     /// Replaces an iterable dataset's iterator (a new epoch of persistent workers).
     pub fn restart(&mut self, new_samples: Py<PyIterator>) {
         if let Kind::Iterable { samples, ended, .. } = &mut self.kind {

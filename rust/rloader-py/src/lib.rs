@@ -8,6 +8,7 @@
 //! - `loader.rs`: `LoaderIter`, the single-process loop;
 //! - `length_warning.rs`: `LengthWarning`, torch's warning past an IterableDataset's length;
 //! - `pool.rs`: `PoolIter`, the main process's side of multi-process loading;
+//! - `handouts.rs`: `HandOuts`, what a PoolIter handed out (for `DataLoader.state_dict()`);
 //! - `key_feed.rs`: `KeyFeed`, keys drawn on the main thread for the pin thread's `PoolIter`;
 //! - `region.rs`: `PoolRegion`, the shared memory of a loader's worker pools;
 //! - `worker.rs`: `worker_loop`, a worker process's side;
@@ -28,6 +29,7 @@ mod buffers;
 mod collate;
 mod errors;
 mod fetch;
+mod handouts;
 mod key_feed;
 mod length_warning;
 mod loader;
@@ -58,6 +60,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     samplers::register(m)?;
     collate::register(m)?;
     m.add_class::<pool::PoolIter>()?;
+    m.add_class::<handouts::HandOuts>()?;
     m.add_class::<key_feed::KeyFeed>()?;
     m.add_class::<buffers::Message>()?;
     m.add_class::<region::PoolRegion>()?;

@@ -94,9 +94,11 @@ impl LoaderIter {
     /// - `batch_size`/`drop_last`: batching of an iterable dataset (None: no auto-collation).
     /// - `collate_plan`: the `CollatePlan` (python/rloader/_collate.py) when `collate_fn` is a
     ///   default collate, else None.
+    /// - `exhausted`: a resumed epoch whose iterable dataset had ended: nothing more comes
+    ///   (`iter(dataset)` is not called).
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin, length_of, reported_len))]
+                        collate_plan, pin, length_of, reported_len, exhausted=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -110,6 +112,7 @@ impl LoaderIter {
         pin: Option<Py<PyAny>>,
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
+        exhausted: bool,
     ) -> PyResult<Self> {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
@@ -121,7 +124,11 @@ impl LoaderIter {
                 Fetcher::map(py, dataset, auto_collation, collate)?,
             ),
             None => {
-                let samples = dataset.bind(py).try_iter()?.unbind();
+                let samples = if exhausted {
+                    pyo3::types::PyTuple::empty(py).try_iter()?.unbind()
+                } else {
+                    dataset.bind(py).try_iter()?.unbind()
+                };
                 (
                     None,
                     Fetcher::iterable(dataset, samples, batch_size, drop_last, collate),
@@ -147,6 +154,13 @@ impl LoaderIter {
     #[getter]
     fn _stats(&self, py: Python<'_>) -> Py<Stats> {
         self.stats.clone_ref(py)
+    }
+
+    /// Whether an iterable dataset's iterator has ended (its last batch, if short, may not have
+    /// been handed out yet): a resume then makes nothing more of it.
+    #[getter]
+    fn _exhausted(&self) -> bool {
+        self.fetcher.ended()
     }
 
     /// (batches of keys taken from the sampler, whether the epoch has ended): a batch whose

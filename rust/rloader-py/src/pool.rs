@@ -32,6 +32,7 @@ use rloader_workers::{Next, PoolError, Scheduler};
 use crate::buffers::{Lease, Message};
 use crate::errors::{did_not_reraise, no_length, not_picklable, to_py};
 use crate::fetch::KeyBatch;
+use crate::handouts::HandOuts;
 use crate::key_feed::{Fed, Source};
 use crate::length_warning::LengthWarning;
 use crate::region::PoolRegion;
@@ -44,7 +45,9 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a worker (process or thread) answered to one task.
 pub(crate) enum Answer {
-    Batch(Py<PyAny>),
+    /// A batch, and with `worker_states` its worker's dataset state right after making it and
+    /// whether the dataset's iterator ended there.
+    Batch(Py<PyAny>, Option<WorkerState>),
     /// A worker's exception (an ExceptionWrapper, re-raised when handed out).
     Error(Py<PyAny>),
     /// The answer could not be taken in (unpickling the batch failed, say): the task's result
@@ -56,7 +59,7 @@ impl Answer {
     /// The batch to hand out, or the error to raise in its place.
     pub(crate) fn into_batch(self, py: Python<'_>) -> Result<Bound<'_, PyAny>, PyErr> {
         match self {
-            Answer::Batch(batch) => Ok(batch.into_bound(py)),
+            Answer::Batch(batch, _) => Ok(batch.into_bound(py)),
             Answer::Error(wrapper) => Err(match wrapper.bind(py).call_method0("reraise") {
                 Err(err) => err,
                 Ok(_) => did_not_reraise(),
@@ -68,7 +71,14 @@ impl Answer {
     /// Lets the garbage collector see a result waiting to be handed out.
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
-            Answer::Batch(obj) | Answer::Error(obj) => visit.call(obj),
+            Answer::Batch(obj, state) => {
+                visit.call(obj)?;
+                if let Some((state, _)) = state {
+                    visit.call(state)?;
+                }
+                Ok(())
+            }
+            Answer::Error(obj) => visit.call(obj),
             Answer::Failed(_) => Ok(()),
         }
     }
@@ -114,15 +124,29 @@ pub struct PoolIter {
     /// whether it ended: what `DataLoader.state_dict()` counts as consumed (NOTE [Resume]).
     taken: u64,
     finished: bool,
+    /// Which tasks `__next__` handed out, by which worker (NOTE [Resume]; handouts.rs says who
+    /// records what with pin_memory).
+    handouts: Py<HandOuts>,
+    /// Each batch comes with its worker's dataset state (`(batch, state)` from the hooks'
+    /// `loads`): an iterable dataset with `state_dict`.
+    worker_states: bool,
     /// Where this epoch's time went (`DataLoader.stats()`); fetch and collate are the workers'.
     stats: Py<Stats>,
 }
+
+/// A worker's dataset state after a batch, and whether its iterator ended making it.
+type WorkerState = (Py<PyAny>, bool);
+
+/// Which task a batch (or error) handed out answered, the worker that made it, and with
+/// `worker_states` that worker's dataset state after it (what `HandOuts.record` takes).
+type Tag = (u64, usize, Option<WorkerState>);
 
 #[pymethods]
 impl PoolIter {
     #[new]
     #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
-                        length_of, hooks, reported_len=None))]
+                        length_of, hooks, reported_len=None, worker_states=false,
+                        first_worker=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -136,6 +160,8 @@ impl PoolIter {
         length_of: Option<Py<PyAny>>,
         hooks: Py<PyAny>,
         reported_len: Option<(Py<PyAny>, usize)>,
+        worker_states: bool,
+        first_worker: usize,
     ) -> PyResult<Self> {
         let pr = region.get();
         let (doorbell, to_workers, from_workers) = pr.prepare()?;
@@ -144,12 +170,14 @@ impl PoolIter {
             Some(k) => Some(Source::new(&k, auto_collation)?),
             None => None,
         };
+        let mut scheduler = Scheduler::new(num_workers, prefetch_factor.max(1), in_order);
+        scheduler.start_at(first_worker); // a resumed iterable dataset's next worker
         Ok(PoolIter {
             pool_region: region,
             doorbell,
             to_workers,
             from_workers,
-            scheduler: Scheduler::new(num_workers, prefetch_factor.max(1), in_order),
+            scheduler,
             keys,
             auto_collation,
             hooks,
@@ -170,6 +198,8 @@ impl PoolIter {
             buffers_inline: 0,
             taken: 0,
             finished: false,
+            handouts: Py::new(py, HandOuts::new(num_workers))?,
+            worker_states,
             stats: Py::new(py, Stats::new_in(true))?,
         })
     }
@@ -178,6 +208,12 @@ impl PoolIter {
     #[getter]
     fn _stats(&self, py: Python<'_>) -> Py<Stats> {
         self.stats.clone_ref(py)
+    }
+
+    /// What was handed out this epoch (handouts.rs).
+    #[getter]
+    fn _handouts(&self, py: Python<'_>) -> Py<HandOuts> {
+        self.handouts.clone_ref(py)
     }
 
     /// (tensor buffers received in shared-memory slots, received inline and copied).
@@ -217,11 +253,16 @@ impl PoolIter {
     }
 
     /// `__next__` for a thread that must notice when to stop (the pin_memory thread): waits at
-    /// most `wait` seconds and returns `("batch", batch)`, `("error", exception)` for a
-    /// worker's error (which, like a batch, answers a task), or `("none", None)` if nothing
-    /// came in time; StopIteration at the end, and any other error (a dead worker, a timeout)
-    /// is raised. `timeout` counts from the first call of a wait.
-    fn _poll<'py>(&mut self, py: Python<'py>, wait: f64) -> PyResult<(&'static str, Py<PyAny>)> {
+    /// most `wait` seconds and returns `("batch", batch, tag)`, `("error", exception, tag)` for
+    /// a worker's error (which, like a batch, answers a task), or `("none", None, None)` if
+    /// nothing came in time; StopIteration at the end, and any other error (a dead worker, a
+    /// timeout) is raised. `timeout` counts from the first call of a wait. `tag` is what
+    /// `HandOuts.record` takes once the batch reaches the user: `(task, worker, state)`.
+    fn _poll<'py>(
+        &mut self,
+        py: Python<'py>,
+        wait: f64,
+    ) -> PyResult<(&'static str, Py<PyAny>, Option<Tag>)> {
         let now = Instant::now();
         let started = *self.waiting_since.get_or_insert(now);
         let until = now + Duration::from_secs_f64(wait.max(0.0));
@@ -230,10 +271,10 @@ impl PoolIter {
             self.waiting_since = None; // the wait is over, one way or another
         }
         match polled? {
-            Polled::Batch(batch) => Ok(("batch", batch.unbind())),
-            Polled::Failed(err) => Ok(("error", err.into_value(py).into_any())),
+            Polled::Batch(batch, tag) => Ok(("batch", batch.unbind(), Some(tag))),
+            Polled::Failed(err, tag) => Ok(("error", err.into_value(py).into_any(), Some(tag))),
             Polled::Done => Err(PyStopIteration::new_err(())),
-            Polled::NotYet => Ok(("none", py.None())),
+            Polled::NotYet => Ok(("none", py.None(), None)),
         }
     }
 
@@ -267,6 +308,7 @@ impl PoolIter {
         self.scheduler.reset();
         self.taken = 0;
         self.finished = false;
+        self.handouts.borrow_mut(py).reset();
         self.stats.get().clear();
         self.len_warning = LengthWarning::new(reported_len, true);
         self.waiting_since = None;
@@ -316,6 +358,7 @@ impl PoolIter {
         }
         visit.call(&self.pool_region)?;
         visit.call(&self.hooks)?;
+        visit.call(&self.handouts)?;
         visit.call(&self.pin)?;
         visit.call(&self.length_of)?;
         if let Some(warning) = &self.len_warning {
@@ -341,9 +384,9 @@ impl PoolIter {
 
 /// What `PoolIter::next_batch` found.
 enum Polled<'py> {
-    Batch(Bound<'py, PyAny>),
+    Batch(Bound<'py, PyAny>, Tag),
     /// A worker's error, in answer to its task.
-    Failed(PyErr),
+    Failed(PyErr, Tag),
     Done,
     /// Nothing arrived before the deadline.
     NotYet,
@@ -364,13 +407,17 @@ impl PoolIter {
                 return Err(err);
             }
         };
-        match polled {
-            Polled::Batch(_) | Polled::Failed(_) => slf.taken += 1,
+        match &polled {
+            Polled::Batch(_, (task, worker, state)) | Polled::Failed(_, (task, worker, state)) => {
+                slf.taken += 1;
+                let state = state.as_ref().map(|(s, ended)| (s.clone_ref(py), *ended));
+                slf.handouts.borrow_mut(py).record(*task, *worker, state);
+            }
             Polled::Done => slf.finished = true,
             Polled::NotYet => {}
         }
         match polled {
-            Polled::Batch(batch) => {
+            Polled::Batch(batch, _) => {
                 let batch = match &slf.pin {
                     Some(pin) => slf
                         .stats
@@ -383,7 +430,7 @@ impl PoolIter {
                 }
                 Ok(Some(batch))
             }
-            Polled::Failed(err) => Err(err),
+            Polled::Failed(err, _) => Err(err),
             Polled::Done | Polled::NotYet => Ok(None),
         }
     }
@@ -407,13 +454,23 @@ impl PoolIter {
                 // is handed out, and a sampler's error is raised instead of it.
                 self.send_tasks(py)?;
             }
+            // The task and worker a result handed out answered (for state_dict()).
+            let tag = |state| {
+                let (worker, task) = self.scheduler.last_handed_out().unwrap_or_default();
+                (task, worker, state)
+            };
             match next {
-                Next::Ready(answer) => {
-                    return Ok(match answer.into_batch(py) {
-                        Ok(batch) => Polled::Batch(batch),
-                        Err(err) => Polled::Failed(err),
-                    })
+                Next::Ready(Answer::Batch(batch, state)) => {
+                    return Ok(Polled::Batch(batch.into_bound(py), tag(state)))
                 }
+                Next::Ready(Answer::Error(wrapper)) => {
+                    let err = match wrapper.bind(py).call_method0("reraise") {
+                        Err(err) => err,
+                        Ok(_) => did_not_reraise(),
+                    };
+                    return Ok(Polled::Failed(err, tag(None)));
+                }
+                Next::Ready(Answer::Failed(err)) => return Ok(Polled::Failed(err, tag(None))),
                 Next::Done => {
                     if !self.persistent {
                         self.shutdown(py)?;
@@ -678,7 +735,11 @@ impl PoolIter {
                         .call_method1("loads", (message, lease, table.pickle, table.buffers))
                 });
                 let answer = match batch {
-                    Ok(batch) => Answer::Batch(batch.unbind()),
+                    Ok(batch) if self.worker_states => match batch.extract() {
+                        Ok((batch, state)) => Answer::Batch(batch, Some(state)),
+                        Err(err) => Answer::Failed(err),
+                    },
+                    Ok(batch) => Answer::Batch(batch.unbind(), None),
                     Err(err) => Answer::Failed(err),
                 };
                 self.scheduler.on_result(task, answer);
@@ -695,12 +756,23 @@ impl PoolIter {
                 self.scheduler.on_result(task, answer);
             }
             kind::ENDED => {
+                // With `worker_states`: the dataset's state once its stream ended.
+                if let Some(state) = self.worker_state(py, &msg)? {
+                    self.handouts.borrow_mut(py).set_end_state(worker, state);
+                }
                 self.scheduler.on_worker_ended(worker, task);
                 if matches!(self.keys, Some(Source::Fed(_))) {
                     self.end_tokens += 1; // NOTE [Key feed]: this one is the PoolIter's
                 }
             }
-            kind::RESUMED => self.resumed += 1,
+            kind::RESUMED => {
+                // A persistent worker restarted its iterable dataset; with `worker_states` it
+                // says the dataset's state at the start of the epoch.
+                self.resumed += 1;
+                if let Some(state) = self.worker_state(py, &msg)? {
+                    self.handouts.borrow_mut(py).set_start_state(worker, state);
+                }
+            }
             other => {
                 return Err(to_py(PoolError::UnexpectedKind {
                     kind: other,
@@ -709,6 +781,20 @@ impl PoolIter {
             }
         }
         Ok(())
+    }
+
+    /// The pickled dataset state a RESUMED or ENDED message carries, if any.
+    fn worker_state(&self, py: Python<'_>, msg: &[u8]) -> PyResult<Option<Py<PyAny>>> {
+        if msg.len() <= HEADER {
+            return Ok(None);
+        }
+        let body = PyBytes::new(py, &msg[HEADER..]);
+        Ok(Some(
+            self.hooks
+                .bind(py)
+                .call_method1("load_state", (body,))?
+                .unbind(),
+        ))
     }
 
     fn shutdown(&mut self, py: Python<'_>) -> PyResult<()> {

@@ -185,6 +185,16 @@ pub struct BatchStream {
     batch_size: usize,
     drop_last: bool,
     done: bool,
+    /// A resumed epoch's batches that were handed out before: dropped as they come.
+    handed: Option<Resumed>,
+}
+
+/// Of the first `end` batches, which a resumed epoch must still produce (`keep`, increasing;
+/// every other one was handed out before the checkpoint); `pos` is the next batch's number.
+struct Resumed {
+    pos: u64,
+    end: u64,
+    keep: std::collections::VecDeque<u64>,
 }
 
 /// One batch as `BatchStream` produces it.
@@ -196,6 +206,56 @@ pub enum Batch {
 impl BatchStream {
     /// Pulls the next batch, or `None` at the end. `buf` is reused between calls.
     pub fn next_batch(&mut self, py: Python<'_>, buf: &mut Vec<u64>) -> PyResult<Option<Batch>> {
+        self.drop_handed(py)?;
+        if let Some(r) = &mut self.handed {
+            // The batch about to be made is the next kept one, or the first past `end`.
+            if r.keep.front() == Some(&r.pos) {
+                r.keep.pop_front();
+            }
+            r.pos += 1;
+            if r.pos >= r.end && r.keep.is_empty() {
+                self.handed = None;
+            }
+        }
+        self.produce(py, buf)
+    }
+
+    /// Drops the batches handed out before a resume, up to the next one to produce.
+    fn drop_handed(&mut self, py: Python<'_>) -> PyResult<()> {
+        let Some(r) = &mut self.handed else {
+            return Ok(());
+        };
+        let next = r.keep.front().copied().unwrap_or(r.end).min(r.end);
+        let dropped = next.saturating_sub(r.pos);
+        r.pos = r.pos.max(next);
+        self.discard(py, dropped)
+    }
+
+    /// Discards the next `batches` batches, drawing them as if they had been handed out (a
+    /// stream's seed is drawn now if it was not yet, even for 0).
+    fn discard(&mut self, py: Python<'_>, batches: u64) -> PyResult<()> {
+        match &mut self.source {
+            BatchSource::Rust(src) => {
+                let it = src.ready(py)?;
+                skip_in(py, it, batches.saturating_mul(self.batch_size as u64))?;
+            }
+            _ => {
+                let mut buf = Vec::new();
+                if let BatchSource::PythonPending(iterable) = &self.source {
+                    let iter = iterable.bind(py).try_iter()?.unbind();
+                    self.source = BatchSource::Python(iter);
+                }
+                for _ in 0..batches {
+                    if self.produce(py, &mut buf)?.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn produce(&mut self, py: Python<'_>, buf: &mut Vec<u64>) -> PyResult<Option<Batch>> {
         if self.done {
             return Ok(None);
         }
@@ -214,7 +274,7 @@ impl BatchStream {
             BatchSource::PythonPending(iterable) => {
                 let iter = iterable.bind(py).try_iter()?.unbind();
                 self.source = BatchSource::Python(iter);
-                return self.next_batch(py, buf);
+                return self.produce(py, buf);
             }
             BatchSource::Python(iter) => {
                 let mut iter = iter.bind(py).clone();
@@ -242,30 +302,24 @@ impl BatchStream {
 
 #[pymethods]
 impl BatchStream {
-    /// Discards the next `batches` batches as if they had been handed out (the sampler's seed
-    /// is drawn now if it was not yet, even for 0): a resumed epoch starts where it stopped.
-    /// Indices made in Rust are skipped without a Python object each; keys of a Python
+    /// Discards the first `batches` batches as if they had been handed out, but those numbered
+    /// in `keep` (a resumed epoch out of order: NOTE [Resume]), which still come, in order,
+    /// before the rest. The batches up to the first kept one are discarded now (the sampler's
+    /// seed is drawn now if it was not yet, even for 0), the others as the stream reaches
+    /// them. Indices made in Rust are skipped without a Python object each; keys of a Python
     /// sampler are drawn and dropped.
-    fn skip(&mut self, py: Python<'_>, batches: u64) -> PyResult<()> {
-        match &mut self.source {
-            BatchSource::Rust(src) => {
-                let it = src.ready(py)?;
-                skip_in(py, it, batches.saturating_mul(self.batch_size as u64))?;
-            }
-            _ => {
-                let mut buf = Vec::new();
-                if let BatchSource::PythonPending(iterable) = &self.source {
-                    let iter = iterable.bind(py).try_iter()?.unbind();
-                    self.source = BatchSource::Python(iter);
-                }
-                for _ in 0..batches {
-                    if self.next_batch(py, &mut buf)?.is_none() {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+    #[pyo3(signature = (batches, keep=Vec::new()))]
+    fn skip(&mut self, py: Python<'_>, batches: u64, mut keep: Vec<u64>) -> PyResult<()> {
+        keep.retain(|&k| k < batches);
+        keep.sort_unstable();
+        keep.dedup();
+        self.handed = Some(Resumed {
+            pos: 0,
+            end: batches,
+            keep: keep.into(),
+        });
+        self.discard(py, 0)?; // the seed, now
+        self.drop_handed(py)
     }
 
     /// Batches of a Rust index stream (`IndexChunks`, started or not).
@@ -282,6 +336,7 @@ impl BatchStream {
             batch_size,
             drop_last,
             done: false,
+            handed: None,
         }
     }
 
@@ -293,6 +348,7 @@ impl BatchStream {
             batch_size,
             drop_last,
             done: false,
+            handed: None,
         }
     }
 

@@ -36,6 +36,7 @@ use rloader_workers::{Next, PoolError, Scheduler};
 
 use crate::errors::{no_length, not_picklable, to_py};
 use crate::fetch::{Collate, Fetcher, KeyBatch};
+use crate::handouts::HandOuts;
 use crate::length_warning::LengthWarning;
 use crate::loader::Keys;
 use crate::pool::Answer;
@@ -203,7 +204,7 @@ impl Worker {
             (batch, _) => Ok(batch),
         });
         let done = match pinned {
-            Ok(Some(batch)) => Done::Answer(Answer::Batch(batch.unbind())),
+            Ok(Some(batch)) => Done::Answer(Answer::Batch(batch.unbind(), None)),
             Ok(None) => {
                 self.ended = true;
                 Done::Ended
@@ -330,7 +331,7 @@ pub struct Reporter {
 impl Reporter {
     /// `task`'s batch; false when no one takes reports any more (the iterator is gone).
     fn batch(&self, task: u64, batch: Py<PyAny>) -> bool {
-        self.send(task, Answer::Batch(batch))
+        self.send(task, Answer::Batch(batch, None))
     }
 
     /// `task`'s error, as an ExceptionWrapper re-raised when its turn comes.
@@ -550,6 +551,8 @@ pub struct ThreadIter {
     /// what `DataLoader.state_dict()` counts as consumed (NOTE [Resume]).
     taken: u64,
     finished: bool,
+    /// Which tasks were handed out, by which worker (NOTE [Resume]: exact with in_order=False).
+    handouts: Py<HandOuts>,
 }
 
 #[pymethods]
@@ -559,6 +562,7 @@ impl ThreadIter {
                         persistent, length_of, reported_len=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         pool: Py<ThreadPool>,
         in_order: bool,
         prefetch_factor: usize,
@@ -584,7 +588,14 @@ impl ThreadIter {
             cleared: false,
             taken: 0,
             finished: false,
+            handouts: Py::new(py, HandOuts::new(size))?,
         })
+    }
+
+    /// What was handed out this epoch (handouts.rs).
+    #[getter]
+    fn _handouts(&self, py: Python<'_>) -> Py<HandOuts> {
+        self.handouts.clone_ref(py)
     }
 
     /// (batches handed out this epoch, whether the epoch ended); see `taken`.
@@ -653,6 +664,7 @@ impl ThreadIter {
         self.taken = 0;
         self.finished = false;
         self.pool.get().stats.get().clear();
+        self.handouts.borrow_mut(py).reset();
         self.len_warning = LengthWarning::new(reported_len, true);
         let keys = keys
             .map(|k| Keys::new(&k, self.auto_collation))
@@ -676,6 +688,7 @@ impl ThreadIter {
             keys.traverse(&visit)?;
         }
         visit.call(&self.pool)?;
+        visit.call(&self.handouts)?;
         visit.call(&self.length_of)?;
         if let Some(warning) = &self.len_warning {
             warning.traverse(&visit)?;
@@ -711,6 +724,8 @@ impl ThreadIter {
             Some(answer) => answer,
         };
         self.taken += 1;
+        let (worker, task) = self.scheduler.last_handed_out().unwrap_or_default();
+        self.handouts.borrow_mut(py).record(task, worker, None);
         let batch = answer.into_batch(py)?;
         if let Some(warning) = &mut self.len_warning {
             warning.yielded(py)?;

@@ -146,10 +146,14 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
         let wire::Header { kind: k, task, .. } = wire::parse_header(&msg).map_err(to_py)?;
         match k {
             kind::RESUME => {
+                // The dataset's state as the epoch starts (pickled; empty unless it has one),
+                // taken before iter(): what resuming a worker that hands out nothing sets.
+                let state = hooks.call_method0("dump_state")?;
                 let fresh = hooks.call_method0("restart")?;
                 fetcher.restart(fresh.try_iter()?.unbind());
                 ended = false;
-                if !send(&[&wire::header(kind::RESUMED, worker_id, 0)])? {
+                let state = state.cast::<PyBytes>()?.as_bytes();
+                if !send(&[&wire::header(kind::RESUMED, worker_id, 0), state])? {
                     return Ok(());
                 }
                 continue;
@@ -196,8 +200,11 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
         }
         // A batch that cannot be encoded or sent (its pickling raises, say) is that batch's
         // error, reported as any error of the dataset or collate_fn is: never a dead worker.
+        let ended_with_it = iterable && fetcher.ended(); // a short last batch
         let result = result.and_then(|batch| match batch {
-            Some(batch) => encode_and_send(hooks, &send, worker_id, task, batch).map(Some),
+            Some(batch) => {
+                encode_and_send(hooks, &send, worker_id, task, batch, ended_with_it).map(Some)
+            }
             None => Ok(None),
         });
         let delivered = match result {
@@ -205,7 +212,11 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
             Ok(None) => {
                 slots::with_arena(|a| a.finish(false));
                 ended = true;
-                send(&[&wire::header(kind::ENDED, worker_id, task)])?
+                // The dataset's state now its stream has ended (empty unless it has one): a
+                // persistent worker's next epoch starts from it.
+                let state = hooks.call_method0("dump_state")?;
+                let state = state.cast::<PyBytes>()?.as_bytes();
+                send(&[&wire::header(kind::ENDED, worker_id, task), state])?
             }
             Err(e) => {
                 slots::with_arena(|a| a.finish(false));
@@ -222,17 +233,18 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
     }
 }
 
-/// Encodes `batch` (the hooks' `dumps`) and sends it: Ok(false) when the main process closed
-/// the ring. On an error nothing was sent and no slot is left held (the caller's
-/// `finish(false)` ends the batch).
+/// Encodes `batch` (the hooks' `dumps`, told whether the dataset's iterator ended making it)
+/// and sends it: Ok(false) when the main process closed the ring. On an error nothing was
+/// sent and no slot is left held (the caller's `finish(false)` ends the batch).
 fn encode_and_send(
     hooks: &Bound<'_, PyAny>,
     send: &dyn Fn(&[&[u8]]) -> PyResult<bool>,
     worker_id: usize,
     task: u64,
     batch: Bound<'_, PyAny>,
+    ended: bool,
 ) -> PyResult<bool> {
-    let encoded = hooks.call_method1("dumps", (batch,))?;
+    let encoded = hooks.call_method1("dumps", (batch, ended))?;
     let (data, buffers): (Bound<'_, PyBytes>, Bound<'_, PyList>) = encoded.extract()?;
     let views: Vec<pyo3::buffer::PyBuffer<u8>> = buffers
         .iter()

@@ -17,6 +17,9 @@
 //! - when the epoch is over: every task answered and the sampler exhausted, or nothing in
 //!   flight and no draw owed (after a sampler's error), where torch ends it too.
 //!
+//! It also says which task (and worker) each result handed out answered
+//! ([`Scheduler::last_handed_out`]): a resumable position, out of order too ([`crate::Handed`]).
+//!
 //! An iterable-style dataset's worker may run out of data: its answer to a task is then
 //! "ended" ([`Scheduler::on_worker_ended`]), it gets no more tasks, and results it can no longer
 //! produce are skipped.
@@ -59,8 +62,10 @@ pub struct Scheduler<T> {
     /// Assigned tasks not handed out yet (in_order: with their results once they arrive;
     /// otherwise only until answered).
     tasks: BTreeMap<u64, Task<T>>,
-    /// !in_order: (worker, result) in arrival order.
-    arrived: VecDeque<(usize, T)>,
+    /// !in_order: (worker, task, result) in arrival order.
+    arrived: VecDeque<(usize, u64, T)>,
+    /// (worker, task) of the result `next` handed out last.
+    last: Option<(usize, u64)>,
     /// The sampler has no more tasks.
     exhausted: bool,
 }
@@ -80,8 +85,22 @@ impl<T> Scheduler<T> {
             owed: max_in_flight,
             tasks: BTreeMap::new(),
             arrived: VecDeque::new(),
+            last: None,
             exhausted: false,
         }
+    }
+
+    /// Starts the round robin at `worker` instead of worker 0: a resumed epoch of an iterable
+    /// dataset goes on with the worker whose batch came next (each worker resumes its own
+    /// dataset's stream, so the rest of the cycle is the uninterrupted one's).
+    pub fn start_at(&mut self, worker: usize) {
+        self.cursor = worker % self.active.len();
+    }
+
+    /// `(worker, task)` of the last result [`Scheduler::next`] handed out (None before the
+    /// first of an epoch).
+    pub fn last_handed_out(&self) -> Option<(usize, u64)> {
+        self.last
     }
 
     /// How many draws of the sampler are owed now: each is made (or tried: a draw that fails
@@ -157,7 +176,7 @@ impl<T> Scheduler<T> {
         self.outstanding = self.outstanding.saturating_sub(1);
         if !self.in_order {
             if let Some(t) = self.tasks.remove(&task) {
-                self.arrived.push_back((t.worker, result));
+                self.arrived.push_back((t.worker, task, result));
             }
         } else if let Some(t) = self.tasks.get_mut(&task) {
             t.result = Some(result);
@@ -221,13 +240,14 @@ impl<T> Scheduler<T> {
         } else {
             match self.tasks.first_entry() {
                 Some(entry) if entry.get().result.is_some() => {
-                    let task = entry.remove();
-                    task.result.map(|r| (task.worker, r))
+                    let (number, task) = entry.remove_entry();
+                    task.result.map(|r| (task.worker, number, r))
                 }
                 _ => None,
             }
         };
-        if let Some((worker, result)) = ready {
+        if let Some((worker, task, result)) = ready {
+            self.last = Some((worker, task));
             self.held[worker] = self.held[worker].saturating_sub(1);
             self.owed += 1;
             return Next::Ready(result);
@@ -242,7 +262,7 @@ impl<T> Scheduler<T> {
     /// The results received and not handed out yet.
     pub fn results(&self) -> impl Iterator<Item = &T> {
         let ordered = self.tasks.values().filter_map(|t| t.result.as_ref());
-        ordered.chain(self.arrived.iter().map(|(_, r)| r))
+        ordered.chain(self.arrived.iter().map(|(_, _, r)| r))
     }
 
     /// Begins a new epoch with every worker active again (persistent workers).
@@ -255,6 +275,7 @@ impl<T> Scheduler<T> {
         self.owed = self.max_in_flight;
         self.tasks.clear();
         self.arrived.clear();
+        self.last = None;
         self.exhausted = false;
     }
 }
@@ -272,34 +293,9 @@ mod tests {
         tasks: u64,
         reverse: bool,
     ) -> Vec<u64> {
-        let mut s = Scheduler::new(num_workers, prefetch, in_order);
-        let mut next_index = 0;
-        let mut out = Vec::new();
-        let mut inbox: Vec<(usize, u64)> = Vec::new();
-        loop {
-            while s.draws_owed() > 0 {
-                s.spend_draw();
-                if next_index == tasks {
-                    s.mark_exhausted();
-                    break;
-                }
-                next_index += 1;
-                inbox.push(s.assign().unwrap());
-            }
-            match s.next() {
-                Next::Ready(r) => out.push(r),
-                Next::Done => break,
-                Next::Wait => {
-                    let (_, task) = if reverse {
-                        inbox.pop().unwrap()
-                    } else {
-                        inbox.remove(0)
-                    };
-                    s.on_result(task, task);
-                }
-            }
-        }
-        out
+        let pick = |n: usize| if reverse { n - 1 } else { 0 };
+        let (out, _, _) = handed_out(num_workers, prefetch, in_order, tasks, pick);
+        out.into_iter().map(|(_, task)| task).collect()
     }
 
     #[test]
@@ -467,6 +463,95 @@ mod tests {
             None,
             "every worker at its share: dropped, as torch drops it"
         );
+    }
+
+    /// An epoch of `tasks` tasks whose answers arrive in an order picked by `pick` (from the
+    /// inbox's length), each result being its task's number; returns what `last_handed_out`
+    /// reported for each hand-out, and the largest number of holes seen (see `Handed`).
+    fn handed_out(
+        num_workers: usize,
+        prefetch: usize,
+        in_order: bool,
+        tasks: u64,
+        mut pick: impl FnMut(usize) -> usize,
+    ) -> (Vec<(usize, u64)>, usize, crate::Handed) {
+        let mut s = Scheduler::new(num_workers, prefetch, in_order);
+        let (mut drawn, mut inbox, mut out) = (0, Vec::new(), Vec::new());
+        let mut handed = crate::Handed::new();
+        let mut most_holes = 0;
+        loop {
+            while s.draws_owed() > 0 {
+                s.spend_draw();
+                if drawn == tasks {
+                    s.mark_exhausted();
+                    break;
+                }
+                drawn += 1;
+                inbox.push(s.assign().unwrap());
+            }
+            match s.next() {
+                Next::Ready(r) => {
+                    let (worker, task) = s.last_handed_out().unwrap();
+                    assert_eq!(task, r, "the task whose result this is");
+                    out.push((worker, task));
+                    handed.mark(task);
+                    most_holes = most_holes.max(handed.holes().count());
+                }
+                Next::Done => break,
+                Next::Wait => {
+                    let (_, task) = inbox.remove(pick(inbox.len()));
+                    s.on_result(task, task);
+                }
+            }
+        }
+        (out, most_holes, handed)
+    }
+
+    #[test]
+    fn reports_the_task_and_worker_of_each_hand_out() {
+        let (out, holes, handed) = handed_out(3, 2, true, 10, |n| n - 1);
+        let expected: Vec<(usize, u64)> = (0..10).map(|t| ((t % 3) as usize, t)).collect();
+        assert_eq!(out, expected);
+        assert_eq!((holes, handed.end(), handed.count()), (0, 10, 10));
+    }
+
+    #[test]
+    fn out_of_order_holes_stay_within_the_prefetch_bound() {
+        // Answers in a scrambled order: the tasks handed out are not a prefix, but those
+        // missing below the last one never outnumber the tasks in flight.
+        for (workers, prefetch) in [(1, 1), (2, 2), (3, 2), (4, 3)] {
+            let mut state = 12345u64;
+            let (out, holes, handed) = handed_out(workers, prefetch, false, 200, |n| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 33) as usize % n
+            });
+            let mut tasks: Vec<u64> = out.iter().map(|&(_, t)| t).collect();
+            assert!(
+                workers == 1 || tasks.windows(2).any(|w| w[0] > w[1]),
+                "out of order"
+            );
+            assert!(holes <= workers * prefetch, "{holes} holes");
+            assert!(
+                workers == 1 || holes > 0,
+                "some tasks were left behind for a while"
+            );
+            assert_eq!((handed.end(), handed.count()), (200, 200));
+            tasks.sort_unstable();
+            assert_eq!(tasks, (0..200).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn start_at_begins_the_round_robin_there() {
+        let mut s: Scheduler<u64> = Scheduler::new(3, 1, true);
+        s.start_at(2);
+        let workers: Vec<usize> = (0..4).map(|_| s.assign().unwrap().0).collect();
+        assert_eq!(workers, [2, 0, 1, 2]);
+        s.reset();
+        assert_eq!(s.assign(), Some((0, 0)), "a new epoch starts at worker 0");
+        assert_eq!(s.last_handed_out(), None);
     }
 
     #[test]

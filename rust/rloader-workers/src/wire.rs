@@ -6,7 +6,8 @@
 //! pickled key or batch of keys; an empty payload for iterable datasets), `RESUME` (a new epoch
 //! of persistent workers on an iterable dataset). Worker → main: `DATA` (a pickled batch, see
 //! [`BatchMessage`]), `ERROR` (a pickled torch ExceptionWrapper), `ENDED` (the worker's
-//! iterable dataset is exhausted; the answer to that task), `RESUMED`. A closed task ring tells
+//! iterable dataset is exhausted; the answer to that task), `RESUMED`; the body of the last two
+//! is the dataset's pickled state then, or nothing (NOTE [Resume]). A closed task ring tells
 //! a worker to leave once it has answered what is queued. The order of tasks and answers, and
 //! who gets the next task, is [`crate::Scheduler`]'s business.
 //!
