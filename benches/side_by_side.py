@@ -567,6 +567,7 @@ def main() -> None:
     steps = sum(args.repeats * (2 + (w.floor is not None)) + 1 for w in chosen)
     progress = Progress(steps)
     rows = []
+    stage_rows: list = []  # (workload, rloader's DataLoader.stats() of its last run)
     for w in chosen:
         data = w.data()
         # One untimed warm-up each: first-touch costs (imports, page faults) are not the subject.
@@ -582,6 +583,8 @@ def main() -> None:
             if w.floor is not None:
                 times["floor"].append(timed(lambda: w.floor(data), w.self_timed))  # noqa: B023
                 progress.step(f"floor: {w.name}")
+        if isinstance(data, Epochs) and id(rloader) in data.loaders:
+            stage_rows.append((w.name, data.loaders[id(rloader)].stats()))
         data = None  # frees this workload's data (and loaders) before the next one's
         release_freed_memory()
         med = {k: statistics.median(v) for k, v in times.items() if v}
@@ -630,6 +633,31 @@ def main() -> None:
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     print(f"\n{summary}" + (f"; missed: {'; '.join(missed)}" if missed else ""))
+    print_stages(stage_rows)
+
+
+def print_stages(stage_rows: list) -> None:
+    """Where rloader's last run of each DataLoader workload spent its time
+    (``DataLoader.stats()``): "-" where a stage ran in worker processes."""
+    if not stage_rows:
+        return
+    stages = ("waiting_for_data", "waiting_for_user", "fetch", "collate", "transport", "pin")
+    headers = ("workload", "batches", *(f"{s} (s)" for s in stages))
+    rows = []
+    for name, stats in stage_rows:
+        if stats is None:
+            continue
+        cells = [f"{stats[f'{s}_s']:.3f}" if stats[f"{s}_s"] is not None else "-" for s in stages]
+        rows.append((name, str(stats["batches"]), *cells))
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    print(
+        "\nWhere rloader's last run of each DataLoader workload spent its time "
+        "(loader.stats(); '-': in worker processes, not reported):\n"
+    )
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
 
 
 if __name__ == "__main__":
