@@ -97,3 +97,21 @@ def test_a_loader_that_is_the_bottleneck_shows_it():
     run(loader, pause=0)
     stats = loader.stats()
     assert stats["waiting_for_data_s"] > stats["waiting_for_user_s"]
+
+
+class AsyncSleepy(tud.Dataset):
+    def __len__(self):
+        return 16
+
+    async def __getitem__(self, i):
+        time.sleep(SLEEP)  # (blocking on purpose: a known least duration)
+        return torch.zeros(2), i
+
+
+def test_async_datasets_report_their_stages():
+    loader = rloader.DataLoader(
+        AsyncSleepy(), batch_size=4, num_workers=2, worker_type="thread", collate_fn=slow_collate
+    )
+    assert run(loader) == 4
+    stats = loader.stats()
+    assert stats["fetch_s"] >= 16 * SLEEP and stats["collate_s"] >= 4 * SLEEP

@@ -492,11 +492,54 @@ def test_state_dict_resumes_with_threads():
     assert seen + [b["i"].tolist() for b in resumed] == full
 
 
+class Counted(tud.Dataset):
+    def __init__(self):
+        self.calls = [0]  # a list: each worker thread's shallow copy shares it
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        self.calls[0] += 1
+        time.sleep(0.02)
+        return i
+
+
+@pytest.mark.parametrize("how", ["del", "break"])
+def test_leaving_early_does_not_load_the_rest_of_the_prefetch_window(how):
+    # 2 workers x prefetch 2 x 8 samples are in flight when the loop leaves: at most the
+    # sample each worker is inside is finished, nothing more is started for no one.
+    dataset = Counted()
+    loader = rloader.DataLoader(dataset, batch_size=8, num_workers=2, **THREADS)
+    it = iter(loader)
+    next(it)
+    if how == "del":
+        before = dataset.calls[0]
+        del it
+    else:
+        for _ in it:
+            before = dataset.calls[0]
+            break
+        del it
+    after = dataset.calls[0]
+    assert after - before <= 2, (before, after)
+    assert not worker_threads()
+
+
 def test_argument_errors_say_what_to_fix():
     with pytest.raises(ValueError, match="worker_type must be 'process' or 'thread'"):
         rloader.DataLoader(Squares(), num_workers=2, worker_type="fiber")
     with pytest.raises(ValueError, match="starts none: its workers are threads"):
         rloader.DataLoader(Squares(), num_workers=2, multiprocessing_context="spawn", **THREADS)
+    # Set after the loader was made: checked when it is iterated.
+    loader = rloader.DataLoader(Squares(), num_workers=2)
+    loader.worker_type = "threadz"
+    with pytest.raises(ValueError, match="worker_type must be"):
+        iter(loader)
+    loader = rloader.DataLoader(Squares(), num_workers=2, **THREADS)
+    loader.multiprocessing_context = "spawn"
+    with pytest.raises(ValueError, match="starts none"):
+        iter(loader)
 
 
 def test_many_threads_are_no_warning():

@@ -32,6 +32,7 @@ import copy
 import inspect
 import random
 import threading
+import time
 import weakref
 from typing import NamedTuple, Optional
 
@@ -194,6 +195,7 @@ class _AsyncThreadWorker(_ThreadWorker):
         self.auto_collation = loader._auto_collation
         self.pin = None
         self.reporter = None
+        self.stats = None  # the iterator's Stats (DataLoader.stats()), set before any task
 
     def run_async(self, reporter) -> None:
         """The thread's life after ``start``: runs the loop until ``stop_async``."""
@@ -228,15 +230,22 @@ class _AsyncThreadWorker(_ThreadWorker):
 
     async def _fetch(self, task: int, keys) -> None:
         try:
+            started = time.perf_counter()
             if not self.auto_collation:
                 data = await self.dataset[keys]
             elif self.getitems is not None:
                 data = await self.getitems(keys)
             else:
                 data = list(await asyncio.gather(*(self.dataset[key] for key in keys)))
+            fetched = time.perf_counter()
             batch = self.collate_fn(data)
+            collated = time.perf_counter()
             if self.pin is not None:
                 batch = self.pin(batch)
+            if self.stats is not None:  # (the samples of tasks awaited together overlap)
+                self.stats.add_seconds("fetch", fetched - started)
+                self.stats.add_seconds("collate", collated - fetched)
+                self.stats.add_seconds("pin", time.perf_counter() - collated)
         except Exception as exc:
             self.reporter.error(task, self.wrap_error(exc, exc.__traceback__))
         else:
@@ -292,6 +301,8 @@ def start_threads(loader) -> "_rloader.ThreadIter":
             reported_len=_reported_len(loader),
         )
         it._rloader_pool = pool  # the threads behind an iterator (persistent loaders look)
+        for worker in workers:
+            worker.stats = it._stats
         # The threads go with the iterator, or at exit (finalize's atexit hook).
         weakref.finalize(it, pool.stop)
         it._prefill()

@@ -64,7 +64,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         sampler: yields the keys (indices) to load; any iterable with ``__len__`` works.
         batch_sampler: yields lists of keys, one list per batch; excludes ``batch_size``,
             ``shuffle``, ``sampler`` and ``drop_last``.
-        num_workers: worker processes to load with; 0 loads in the main process.
+        num_workers: workers to load with (processes, or threads with ``worker_type="thread"``);
+            0 loads in the main process.
         collate_fn: merges a list of samples into a batch (default: ``default_collate``, or
             ``default_convert`` without automatic batching).
         pin_memory: copy batches into page-locked memory before returning them (on a machine
@@ -83,8 +84,9 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         in_order: hand batches out in sampler order (``False``: as they are ready).
         worker_type: ``"process"`` (default, torch's workers) or ``"thread"``: the workers are
             threads of this process, the dataset exists once, and batches are handed over
-            without a copy; for I/O-bound datasets (and ``async def __getitem__``), large
-            in-memory datasets, and a fast start. An rloader extension: see the README.
+            without a copy; for I/O-bound datasets, large in-memory datasets, and a fast
+            start. Datasets with ``async def __getitem__`` need it. An rloader extension: see
+            the README.
 
     Differences from torch: random samplers give rloader's own random orders (same
     distributions, reproducible from a seed or ``generator``); a worker's failure to hand a
@@ -114,16 +116,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         in_order: bool = True,
         worker_type: str = "process",
     ) -> None:
-        if worker_type not in ("process", "thread"):
-            raise ValueError(
-                f"worker_type must be 'process' or 'thread', but got worker_type={worker_type!r}"
-            )
-        if worker_type == "thread" and multiprocessing_context is not None:
-            raise ValueError(
-                "multiprocessing_context chooses how worker processes start, and "
-                "worker_type='thread' starts none: its workers are threads of this process. "
-                "Drop multiprocessing_context, or use worker_type='process'."
-            )
+        _check_worker_type(worker_type, multiprocessing_context)
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "
@@ -225,6 +218,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
     def _get_iterator(self):
         if self.num_workers == 0:
             return _single_process_iter(self)
+        # (checked again: both may have been set after the loader was made)
+        _check_worker_type(self.worker_type, self.multiprocessing_context)
         if self.worker_type == "thread":
             return _threads.start_threads(self)
         self.check_worker_number_rationality()
@@ -288,6 +283,19 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         epoch no rank handed out are then shared by this job's ranks (see the README).
         """
         _resume.load_state_dict(self, state)
+
+
+def _check_worker_type(worker_type, multiprocessing_context) -> None:
+    if worker_type not in ("process", "thread"):
+        raise ValueError(
+            f"worker_type must be 'process' or 'thread', but got worker_type={worker_type!r}"
+        )
+    if worker_type == "thread" and multiprocessing_context is not None:
+        raise ValueError(
+            "multiprocessing_context chooses how worker processes start, and "
+            "worker_type='thread' starts none: its workers are threads of this process. "
+            "Drop multiprocessing_context, or use worker_type='process'."
+        )
 
 
 def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:

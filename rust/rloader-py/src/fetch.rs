@@ -10,6 +10,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use crate::collate::fast_collate;
 use crate::stats::{Stage, Stats};
 
@@ -62,6 +65,15 @@ pub struct Fetcher {
     collate: Collate,
     /// Where the time of fetching and collating is added (`DataLoader.stats()`).
     stats: Option<Py<Stats>>,
+    /// Set when the fetcher's pool is stopping (worker threads): a batch being fetched is
+    /// abandoned between two samples instead of being finished for no one.
+    stop: Option<Arc<AtomicBool>>,
+}
+
+/// The error of a fetch abandoned because its pool is stopping (`Fetcher::with_stop`); no one
+/// sees it.
+fn stopping_error() -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err("rloader: the worker's pool is stopping")
 }
 
 impl Fetcher {
@@ -82,6 +94,7 @@ impl Fetcher {
             kind: Kind::Map { batched, getitems },
             collate,
             stats: None,
+            stop: None,
         })
     }
 
@@ -103,12 +116,19 @@ impl Fetcher {
             },
             collate,
             stats: None,
+            stop: None,
         }
     }
 
     /// Adds this fetcher's fetch and collate times to `stats`.
     pub fn with_stats(mut self, stats: Py<Stats>) -> Self {
         self.stats = Some(stats);
+        self
+    }
+
+    /// Abandons a batch between two samples once `stop` is set (see `stop`).
+    pub fn with_stop(mut self, stop: Arc<AtomicBool>) -> Self {
+        self.stop = Some(stop);
         self
     }
 
@@ -168,8 +188,9 @@ impl Fetcher {
             let sample = self.timed(Stage::Fetch, || ds.get_item(key))?;
             return self.collate(py, sample);
         }
+        let stop = self.stop.as_deref();
         let samples = self.timed(Stage::Fetch, || {
-            Self::samples(py, ds, getitems, keys, spent)
+            Self::samples(py, ds, getitems, keys, spent, stop)
         })?;
         self.collate(py, samples)
     }
@@ -181,7 +202,9 @@ impl Fetcher {
         getitems: &Option<Py<PyAny>>,
         keys: KeyBatch<'py>,
         spent: &mut Vec<u64>,
+        stop: Option<&AtomicBool>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let stopping = || stop.is_some_and(|s| s.load(Ordering::Acquire));
         // As torch's fetcher: `__getitems__(batch)` when the dataset has it, else one
         // `dataset[key]` per key. A batch sampler's own batch object is passed as it is.
         Ok(match (getitems, keys) {
@@ -194,6 +217,9 @@ impl Fetcher {
             (None, KeyBatch::Indices(ix)) => {
                 let samples = PyList::empty(py);
                 for &i in &ix {
+                    if stopping() {
+                        return Err(stopping_error());
+                    }
                     samples.append(ds.get_item(i)?)?;
                 }
                 *spent = ix;
@@ -202,6 +228,9 @@ impl Fetcher {
             (None, KeyBatch::Object(batch)) => {
                 let samples = PyList::empty(py);
                 for key in batch.try_iter()? {
+                    if stopping() {
+                        return Err(stopping_error());
+                    }
                     samples.append(ds.get_item(key?)?)?;
                 }
                 samples.into_any()

@@ -24,7 +24,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,9 @@ struct Shared {
     collate_plan: Option<Py<PyAny>>,
     pin: Option<Py<PyAny>>,
     stats: Py<Stats>,
+    /// Set by `ThreadPool::stop`: workers leave before their next job, and a batch being
+    /// fetched is abandoned between two samples (`Fetcher::with_stop`).
+    stop: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -102,6 +105,7 @@ impl Shared {
             collate_plan: self.collate_plan.as_ref().map(|p| p.clone_ref(py)),
             pin: self.pin.as_ref().map(|p| p.clone_ref(py)),
             stats: self.stats.clone_ref(py),
+            stop: self.stop.clone(),
         }
     }
 }
@@ -153,7 +157,9 @@ impl Worker {
         Ok(Worker {
             id,
             hooks,
-            fetcher: fetcher.with_stats(shared.stats.clone_ref(py)),
+            fetcher: fetcher
+                .with_stats(shared.stats.clone_ref(py))
+                .with_stop(shared.stop.clone()),
             stats: shared.stats,
             pin: shared.pin,
             init_error,
@@ -246,6 +252,7 @@ fn worker_main(
     reports: Sender<Report>,
 ) {
     let asynchronous = shared.asynchronous;
+    let stop = shared.stop.clone();
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
     let _ = Python::try_attach(|py| {
@@ -278,6 +285,9 @@ fn worker_main(
                 });
                 jobs = back;
                 let Ok(job) = job else { break };
+                if stop.load(Ordering::Acquire) {
+                    break; // the jobs still queued are for no one
+                }
                 if let Some(report) = worker.run(py, job) {
                     if reports.send(report).is_err() {
                         break; // the iterator is gone
@@ -356,6 +366,8 @@ impl Reporter {
 pub struct ThreadPool {
     /// Where the epoch's time went; the workers add their fetch, collate and pin times.
     stats: Py<Stats>,
+    /// Shared with the workers (`Shared::stop`).
+    stop: Arc<AtomicBool>,
     /// With an async dataset, each worker's hooks, whose `submit` hands a task to the worker's
     /// event loop (NOTE [Async datasets]).
     loops: Option<Vec<Py<PyAny>>>,
@@ -393,8 +405,10 @@ impl ThreadPool {
             return Err(to_py(PoolError::NoWorkers));
         }
         let stats = Py::new(py, Stats::new_in(false))?;
+        let stop = Arc::new(AtomicBool::new(false));
         let shared = Shared {
             stats: stats.clone_ref(py),
+            stop: stop.clone(),
             iterable,
             asynchronous,
             auto_collation,
@@ -425,6 +439,7 @@ impl ThreadPool {
         }
         Ok(ThreadPool {
             stats,
+            stop,
             loops: asynchronous.then_some(loops),
             jobs: Mutex::new(jobs),
             handles: Mutex::new(handles),
@@ -446,6 +461,7 @@ impl ThreadPool {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.stop.store(true, Ordering::Release);
         lock(&self.jobs).clear();
         for hooks in self.loops.iter().flatten() {
             // Stops its event loop (the thread then leaves); an error is the user's to see.
