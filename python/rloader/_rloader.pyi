@@ -32,6 +32,8 @@ __all__ = [
     "Reporter",
     "SlotView",
     "Lease",
+    "PooledView",
+    "BatchBuffers",
     "slot_empty",
     "in_slot_worker",
 ]
@@ -87,6 +89,7 @@ class LoaderIter:
         pin: Callable[[Any], Any] | None,
         length_of: Sized,
         reported_len: int | None,
+        buffers: BatchBuffers | None = None,
     ) -> LoaderIter: ...
     @property
     def _progress(self) -> tuple[int, bool]:
@@ -302,6 +305,24 @@ class SlotView:
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class PooledView:
+    """A block of recycled batch memory, exported through the buffer protocol (writable)."""
+
+    def __len__(self) -> int: ...
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class BatchBuffers:
+    """A loader's recycled batch memory, kept across its epochs."""
+
+    def __new__(cls) -> BatchBuffers: ...
+    @property
+    def free_blocks(self) -> int:
+        """Blocks kept free for the next batches."""
 
 @final
 class Lease:

@@ -17,6 +17,7 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -294,7 +295,21 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         pin=pin,
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
+        buffers=_batch_buffers(loader),
     )
+
+
+# Each loader's recycled batch memory, kept across its epochs so that a new epoch's batches
+# reuse the last one's pages (NOTE [Batch memory] in rust/rloader-core/src/batch_memory.rs);
+# freed with the loader.
+_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _batch_buffers(loader: DataLoader) -> _rloader.BatchBuffers:
+    buffers = _BUFFERS.get(loader)
+    if buffers is None:
+        buffers = _BUFFERS[loader] = _rloader.BatchBuffers()
+    return buffers
 
 
 _twin.pair((DataLoader, tud.DataLoader))

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyIterator;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::buffers::BatchBuffers;
 use crate::errors::not_picklable;
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::length_warning::LengthWarning;
@@ -91,9 +92,11 @@ impl LoaderIter {
     /// - `batch_size`/`drop_last`: batching of an iterable dataset (None: no auto-collation).
     /// - `collate_plan`: the `CollatePlan` (python/rloader/_collate.py) when `collate_fn` is a
     ///   default collate, else None.
+    /// - `buffers`: the loader's recycled batch memory, kept across its epochs, which the
+    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-core).
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin, length_of, reported_len))]
+                        collate_plan, pin, length_of, reported_len, buffers=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -107,10 +110,11 @@ impl LoaderIter {
         pin: Option<Py<PyAny>>,
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
+        buffers: Option<Py<BatchBuffers>>,
     ) -> PyResult<Self> {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
-        let collate = Collate::new(collate_fn, collate_plan)?;
+        let collate = Collate::new(collate_fn, collate_plan)?.with_buffers(buffers);
         let (keys, fetcher) = match keys {
             Some(keys) => (
                 Some(Keys::new(&keys, auto_collation)?),
