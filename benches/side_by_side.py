@@ -119,6 +119,22 @@ class ImageArrayDataset(tud.Dataset):
         return self.images[i]
 
 
+class PoolViewDataset(tud.Dataset):
+    """(uint8[3,224,224] numpy view into a 512-row pool, index) pairs: decoded images kept in
+    one preallocated array, each sample a view of its row (no copy in ``__getitem__``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        rng = np.random.default_rng(0)
+        self.pool = rng.integers(0, 255, (512, 3, 224, 224), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.pool[i % 512], i
+
+
 class BusyDataset(tud.Dataset):
     """A pure-Python ``__getitem__`` of about 50 us: the work is the user's."""
 
@@ -231,6 +247,7 @@ def workloads(quick: bool) -> list[Workload]:
     n_dist = 10_000_000 // scale
     n_ints, n_images = 200_000 // scale, 50_000 // scale
     n_strings = 2_000_000 // scale
+    n_views = 40_000 // scale
     n_pairs, n_arrays, n_busy, n_sleepy, n_stream = (
         20_000 // scale,
         1_024 // scale,
@@ -260,6 +277,15 @@ def workloads(quick: bool) -> list[Workload]:
         for images, labels in epochs.columns:
             torch.stack(images)
             torch.tensor(labels)
+
+    def touch_pages(lib, epochs: Epochs) -> int:
+        # The consumer reads one byte per 4 KiB page of each batch, as a model's first layer
+        # would read all of it: a batch whose memory is fresh pays its page faults here.
+        n = 0
+        for images, labels in epochs.loader(lib):
+            images.view(-1)[::4096].sum()
+            n += len(labels)
+        return n
 
     def two_forks(_data) -> float:
         start = time.perf_counter()
@@ -466,6 +492,17 @@ def workloads(quick: bool) -> list[Workload]:
             1.5,
             stack_only,
             data=image_epochs,
+        ),
+        Workload(
+            f"DataLoader((uint8[3,224,224] view of a 512-row pool, int) x {n_views:,}, "
+            "batch_size=64, shuffle=True), one byte read per 4 KiB page",
+            "samples",
+            n_views,
+            touch_pages,
+            1,
+            data=lambda: Epochs(
+                PoolViewDataset(n_views), batch_size=64, shuffle=True, num_workers=0
+            ),
         ),
         *worker_loads,
         *thread_loads,

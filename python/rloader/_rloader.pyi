@@ -34,6 +34,8 @@ __all__ = [
     "Stats",
     "SlotView",
     "Lease",
+    "PooledView",
+    "BatchBuffers",
     "slot_empty",
     "in_slot_worker",
 ]
@@ -90,6 +92,7 @@ class LoaderIter:
         length_of: Sized,
         reported_len: int | None,
         exhausted: bool = False,
+        buffers: BatchBuffers | None = None,
     ) -> LoaderIter: ...
     @property
     def _progress(self) -> tuple[int, bool]:
@@ -243,6 +246,7 @@ class ThreadPool:
         collate_plan: Any | None,
         pin: Callable[[Any], Any] | None,
         asynchronous: bool = False,
+        buffers: BatchBuffers | None = None,
     ) -> ThreadPool: ...
     @property
     def stopped(self) -> bool: ...
@@ -354,6 +358,24 @@ class SlotView:
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class PooledView:
+    """A block of recycled batch memory, exported through the buffer protocol (writable)."""
+
+    def __len__(self) -> int: ...
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class BatchBuffers:
+    """A loader's recycled batch memory, kept across its epochs."""
+
+    def __new__(cls) -> BatchBuffers: ...
+    @property
+    def free_blocks(self) -> int:
+        """Blocks kept free for the next batches."""
 
 @final
 class Lease:

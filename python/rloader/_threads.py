@@ -252,10 +252,11 @@ class _AsyncThreadWorker(_ThreadWorker):
             self.reporter.batch(task, batch)
 
 
-def start_threads(loader) -> "_rloader.ThreadIter":
+def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
     """Starts ``loader.num_workers`` worker threads and returns the iterator over their
     batches. The draws (the sampler's iterator, the base seed, the first tasks) are those of
-    ``start_pool`` for processes, in the same order."""
+    ``start_pool`` for processes, in the same order. ``buffers``: the loader's
+    ``BatchBuffers``, which the workers' large default-collate outputs reuse."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     base_seed = draw_seed(loader.generator)
@@ -287,6 +288,7 @@ def start_threads(loader) -> "_rloader.ThreadIter":
         collate_fn=loader.collate_fn,
         collate_plan=_collate_plan(loader.collate_fn),
         pin=pin,
+        buffers=buffers,  # the loader's recycled batch memory (NOTE [Batch memory])
     )
     try:
         it = _rloader.ThreadIter(

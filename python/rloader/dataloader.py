@@ -221,7 +221,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         # (checked again: both may have been set after the loader was made)
         _check_worker_type(self.worker_type, self.multiprocessing_context)
         if self.worker_type == "thread":
-            return _threads.start_threads(self)
+            return _threads.start_threads(self, buffers=_batch_buffers(self))
         self.check_worker_number_rationality()
         return _workers.start_pool(self)
 
@@ -325,7 +325,21 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
         exhausted=_resume.epoch_of(loader).stream_ended,
+        buffers=_batch_buffers(loader),
     )
+
+
+# Each loader's recycled batch memory, kept across its epochs so that a new epoch's batches
+# reuse the last one's pages (NOTE [Batch memory] in rust/rloader-core/src/batch_memory.rs);
+# freed with the loader.
+_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _batch_buffers(loader: DataLoader) -> _rloader.BatchBuffers:
+    buffers = _BUFFERS.get(loader)
+    if buffers is None:
+        buffers = _BUFFERS[loader] = _rloader.BatchBuffers()
+    return buffers
 
 
 _twin.pair((DataLoader, tud.DataLoader))

@@ -4,7 +4,9 @@
 //! - `Message`: a received worker message;
 //! - `SlotView`: bytes of the current batch slot, in a worker, for a tensor collated there;
 //! - `Lease`: the main process's hold on a slot a DATA message named (NOTE [Slots] in
-//!   rloader-workers' slots.rs).
+//!   rloader-workers' slots.rs);
+//! - `PooledView`: a block of recycled batch memory, for a tensor the single-process loop
+//!   collates into (NOTE [Batch memory] in rloader-core's batch_memory.rs).
 //!
 //! Read: numpy arrays the fast collate copies (`ArrayView`), and the out-of-band buffers of a
 //! pickled batch a worker sends (`contiguous_bytes`).
@@ -22,6 +24,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use rloader_core::batch_memory::{BatchMemory, PooledBlock};
 use rloader_queue::ShmRegion;
 use rloader_workers::slots::{Arena, SlotLease, ViewCount};
 
@@ -159,6 +162,75 @@ impl Lease {
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// The first `len` bytes of a pooled block, exported through the buffer protocol (writable):
+/// one batch tensor's memory. The tensor's storage holds this object through its export; when
+/// the last tensor over it is gone this is dropped and the block goes back to its pool.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct PooledView {
+    addr: usize,
+    len: usize,
+    _block: PooledBlock,
+}
+
+impl PooledView {
+    /// A view of `len` bytes (at most the block's length) of `block`.
+    pub fn new(block: PooledBlock, len: usize) -> Self {
+        PooledView {
+            addr: block.as_ptr() as usize,
+            len: len.min(block.len()),
+            _block: block,
+        }
+    }
+}
+
+#[pymethods]
+impl PooledView {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let (addr, len) = (slf.get().addr, slf.get().len);
+        // SAFETY: the block stays mapped, and out of its pool, while `slf` lives.
+        unsafe { export(slf.as_any(), view, addr, len, flags) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// A loader's recycled batch memory (`rloader_core::batch_memory`), kept by the DataLoader
+/// across its epochs and handed to each single-process iterator.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct BatchBuffers(BatchMemory);
+
+/// Free blocks a loader keeps beyond the batches alive: a batch may hold a few large tensors,
+/// and the user the previous batch or two.
+const MAX_FREE_BLOCKS: usize = 4;
+
+#[pymethods]
+impl BatchBuffers {
+    #[new]
+    fn new() -> Self {
+        BatchBuffers(BatchMemory::new(MAX_FREE_BLOCKS))
+    }
+
+    /// Blocks kept free for the next batches.
+    #[getter]
+    fn free_blocks(&self) -> usize {
+        self.0.free_blocks()
+    }
+}
+
+impl BatchBuffers {
+    pub fn memory(&self) -> &BatchMemory {
+        &self.0
+    }
 }
 
 /// A C-contiguous, writable buffer view of one numpy array, released on drop.

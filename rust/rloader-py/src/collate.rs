@@ -14,16 +14,18 @@
 
 use std::collections::HashMap;
 
-use crate::buffers::ArrayView;
+use crate::buffers::{ArrayView, PooledView};
 use crate::slots;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use rloader_core::batch_memory::BatchMemory;
 
 /// The torch and numpy objects the fast path needs, looked up once.
 struct Handles {
     empty: Py<PyAny>,
+    frombuffer: Py<PyAny>,
     stack: Py<PyAny>,
     tensor_type: Py<PyType>,
     strided: Py<PyAny>,
@@ -64,6 +66,7 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
         }
         Ok(Handles {
             empty: get("empty")?,
+            frombuffer: get("frombuffer")?,
             stack: get("stack")?,
             tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
             strided: get("strided")?,
@@ -78,7 +81,13 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
 
 /// Collates `batch` (a list or tuple) like `default_collate`, or returns `None` when the general
 /// path must do it.
-pub fn fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+///
+/// `mem`: where large outputs go outside a worker's slots (the single-process loop's recycled
+/// batch memory); None: torch's allocator.
+pub fn fast_collate<'py>(
+    batch: &Bound<'py, PyAny>,
+    mem: Option<&BatchMemory>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = batch.py();
     let h = handles(py)?;
     let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = batch.cast::<PyList>() {
@@ -88,7 +97,7 @@ pub fn fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py
     } else {
         return Ok(None);
     };
-    collate_items(py, h, batch, &items)
+    collate_items(py, h, mem, batch, &items)
 }
 
 fn all_exact<'py, T: pyo3::type_object::PyTypeInfo>(items: &[Bound<'py, PyAny>]) -> bool {
@@ -98,6 +107,7 @@ fn all_exact<'py, T: pyo3::type_object::PyTypeInfo>(items: &[Bound<'py, PyAny>])
 fn collate_items<'py>(
     py: Python<'py>,
     h: &Handles,
+    mem: Option<&BatchMemory>,
     batch: &Bound<'py, PyAny>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -167,14 +177,14 @@ fn collate_items<'py>(
     }
     if let Some(nd) = &h.ndarray_type {
         if first_type.is(nd.bind(py)) {
-            return arrays_tensor(py, h, nd.bind(py), items);
+            return arrays_tensor(py, h, mem, nd.bind(py), items);
         }
     }
     if first.is_exact_instance_of::<PyTuple>() || first.is_exact_instance_of::<PyList>() {
-        return collate_sequences(py, h, items);
+        return collate_sequences(py, h, mem, items);
     }
     if first.is_exact_instance_of::<PyDict>() {
-        return collate_dicts(py, h, items);
+        return collate_dicts(py, h, mem, items);
     }
     Ok(None)
 }
@@ -184,6 +194,7 @@ fn collate_items<'py>(
 fn collate_sequences<'py>(
     py: Python<'py>,
     h: &Handles,
+    mem: Option<&BatchMemory>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     // Row-major, all rows in one vector: one allocation per batch, not one per sample.
@@ -215,7 +226,7 @@ fn collate_sequences<'py>(
         let column: Vec<Bound<'py, PyAny>> =
             cells.iter().skip(col).step_by(width).cloned().collect();
         let column_obj = PyTuple::new(py, &column)?;
-        match collate_items(py, h, column_obj.as_any(), &column)? {
+        match collate_items(py, h, mem, column_obj.as_any(), &column)? {
             Some(v) => out.append(v)?,
             None => return Ok(None),
         }
@@ -227,6 +238,7 @@ fn collate_sequences<'py>(
 fn collate_dicts<'py>(
     py: Python<'py>,
     h: &Handles,
+    mem: Option<&BatchMemory>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let mut dicts = Vec::with_capacity(items.len());
@@ -246,7 +258,7 @@ fn collate_dicts<'py>(
             }
         }
         let column_obj = PyList::new(py, &column)?;
-        match collate_items(py, h, column_obj.as_any(), &column)? {
+        match collate_items(py, h, mem, column_obj.as_any(), &column)? {
             Some(v) => out.set_item(key, v)?,
             None => return Ok(None),
         }
@@ -270,6 +282,35 @@ fn numbers_tensor<'py, T: Copy>(
     Ok(out)
 }
 
+/// Outputs from this size on come from the loop's recycled batch memory when it has one.
+/// Smaller ones come from torch's allocator: glibc serves them from its heap's free lists,
+/// below its initial mmap threshold (128 KiB), which are warm and not given back per batch.
+const POOLED_MIN: usize = 128 * 1024;
+
+/// An uninitialized contiguous CPU tensor of `shape` and `dtype` (`nbytes` bytes) over a block
+/// of `mem` (NOTE [Batch memory] in rloader-core's batch_memory.rs): the block returns to `mem`
+/// when the last tensor over it is gone. The tensor is set over the block's storage rather than
+/// viewed from it, so that, like torch.empty's, it is no view (`_base` is None).
+fn pooled_empty<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    mem: &BatchMemory,
+    shape: &[isize],
+    dtype: &Bound<'py, PyAny>,
+    nbytes: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let block = mem
+        .take(nbytes)
+        .map_err(|e| pyo3::exceptions::PyMemoryError::new_err(e.to_string()))?;
+    let view = Py::new(py, PooledView::new(block, nbytes))?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", dtype)?;
+    let flat = h.frombuffer.bind(py).call((view,), Some(&kwargs))?;
+    let storage = flat.call_method0("untyped_storage")?;
+    let out = h.empty.bind(py).call(((0,),), Some(&kwargs))?;
+    out.call_method1("set_", (storage, 0, PyTuple::new(py, shape)?))
+}
+
 /// Bytes from which `arrays_tensor` copies without the GIL.
 const DETACHED_COPY: usize = 64 * 1024;
 
@@ -277,6 +318,7 @@ const DETACHED_COPY: usize = 64 * 1024;
 fn arrays_tensor<'py>(
     py: Python<'py>,
     h: &Handles,
+    mem: Option<&BatchMemory>,
     ndarray: &Bound<'py, PyType>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -305,18 +347,23 @@ fn arrays_tensor<'py>(
     let mut shape: Vec<isize> = Vec::with_capacity(first.shape().len() + 1);
     shape.push(views.len() as isize);
     shape.extend(first.shape().iter().copied());
+    let each = first.bytes().len();
     let out = match slots::slot_empty(py, &shape, dtype.bind(py))? {
         Some(out) => out,
-        None => {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("dtype", dtype.bind(py))?;
-            h.empty
-                .bind(py)
-                .call((PyTuple::new(py, shape)?,), Some(&kwargs))?
-        }
+        None => match mem {
+            Some(mem) if each * views.len() >= POOLED_MIN => {
+                pooled_empty(py, h, mem, &shape, dtype.bind(py), each * views.len())?
+            }
+            _ => {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("dtype", dtype.bind(py))?;
+                h.empty
+                    .bind(py)
+                    .call((PyTuple::new(py, shape)?,), Some(&kwargs))?
+            }
+        },
     };
     let base = out.call_method0("data_ptr")?.extract::<usize>()?;
-    let each = first.bytes().len();
     let mut sources = Vec::with_capacity(views.len());
     for v in &views {
         let src = v.bytes();
@@ -356,7 +403,7 @@ fn arrays_tensor<'py>(
 /// `fast_collate(batch)`: the collated batch, or None when the general path must run.
 #[pyfunction(name = "fast_collate")]
 fn py_fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
-    fast_collate(batch)
+    fast_collate(batch, None)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -13,6 +13,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crate::buffers::BatchBuffers;
 use crate::collate::fast_collate;
 use crate::stats::{Stage, Stats};
 
@@ -28,7 +29,12 @@ pub enum Collate {
     /// A default collate, by its `CollatePlan` (python/rloader/_collate.py, which holds the
     /// rule): the fast path when `plan.fast_path_may_run()`, else (and for what the fast path
     /// does not handle) `plan.general(batch)`.
-    Default { plan: Py<PyAny>, general: Py<PyAny> },
+    /// `buffers`: the recycled batch memory large outputs go to (the single-process loop's).
+    Default {
+        plan: Py<PyAny>,
+        general: Py<PyAny>,
+        buffers: Option<Py<BatchBuffers>>,
+    },
     /// Any other `collate_fn`.
     Call(Py<PyAny>),
 }
@@ -40,9 +46,19 @@ impl Collate {
             Some(plan) => Collate::Default {
                 general: plan.getattr(intern!(plan.py(), "general"))?.unbind(),
                 plan: plan.unbind(),
+                buffers: None,
             },
             None => Collate::Call(collate_fn),
         })
+    }
+
+    /// The default collate writes its large outputs into `buffers` (a custom collate_fn is
+    /// left as it is).
+    pub fn with_buffers(mut self, buffers: Option<Py<BatchBuffers>>) -> Self {
+        if let Collate::Default { buffers: b, .. } = &mut self {
+            *b = buffers;
+        }
+        self
     }
 }
 
@@ -147,9 +163,14 @@ impl Fetcher {
             Kind::Iterable { samples, .. } => visit.call(samples)?,
         }
         match &self.collate {
-            Collate::Default { plan, general } => {
+            Collate::Default {
+                plan,
+                general,
+                buffers,
+            } => {
                 visit.call(plan)?;
-                visit.call(general)
+                visit.call(general)?;
+                visit.call(buffers)
             }
             Collate::Call(f) => visit.call(f),
         }
@@ -301,12 +322,17 @@ impl Fetcher {
     ) -> PyResult<Bound<'py, PyAny>> {
         match &self.collate {
             Collate::Call(f) => f.bind(py).call1((data,)),
-            Collate::Default { plan, general } => {
+            Collate::Default {
+                plan,
+                general,
+                buffers,
+            } => {
                 let may_run = plan
                     .bind(py)
                     .call_method0(intern!(py, "fast_path_may_run"))?;
                 if may_run.is_truthy()? {
-                    if let Some(out) = fast_collate(&data)? {
+                    let mem = buffers.as_ref().map(|b| b.get().memory());
+                    if let Some(out) = fast_collate(&data, mem)? {
                         return Ok(out);
                     }
                 }

@@ -71,6 +71,8 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stats::Stats>()?;
     m.add_class::<buffers::SlotView>()?;
     m.add_class::<buffers::Lease>()?;
+    m.add_class::<buffers::PooledView>()?;
+    m.add_class::<buffers::BatchBuffers>()?;
     m.add_function(wrap_pyfunction!(slots::py_slot_empty, m)?)?;
     m.add_function(wrap_pyfunction!(slots::in_slot_worker, m)?)?;
     Ok(())

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyIterator;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::buffers::BatchBuffers;
 use crate::errors::not_picklable;
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::length_warning::LengthWarning;
@@ -96,9 +97,12 @@ impl LoaderIter {
     ///   default collate, else None.
     /// - `exhausted`: a resumed epoch whose iterable dataset had ended: nothing more comes
     ///   (`iter(dataset)` is not called).
+    /// - `buffers`: the loader's recycled batch memory, kept across its epochs, which the
+    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-core).
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin, length_of, reported_len, exhausted=false))]
+                        collate_plan, pin, length_of, reported_len, exhausted=false,
+                        buffers=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -113,10 +117,11 @@ impl LoaderIter {
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
         exhausted: bool,
+        buffers: Option<Py<BatchBuffers>>,
     ) -> PyResult<Self> {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
-        let collate = Collate::new(collate_fn, collate_plan)?;
+        let collate = Collate::new(collate_fn, collate_plan)?.with_buffers(buffers);
         let stats = Py::new(py, Stats::new_in(false))?;
         let (keys, fetcher) = match keys {
             Some(keys) => (

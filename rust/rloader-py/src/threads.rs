@@ -34,6 +34,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use rloader_workers::{Next, PoolError, Scheduler};
 
+use crate::buffers::BatchBuffers;
 use crate::errors::{no_length, not_picklable, to_py};
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::handouts::HandOuts;
@@ -88,6 +89,9 @@ struct Shared {
     collate_plan: Option<Py<PyAny>>,
     pin: Option<Py<PyAny>>,
     stats: Py<Stats>,
+    /// The loader's recycled batch memory (NOTE [Batch memory] in rloader-core), shared by
+    /// the workers: the default collate's large outputs go there.
+    buffers: Option<Py<BatchBuffers>>,
     /// Set by `ThreadPool::stop`: workers leave before their next job, and a batch being
     /// fetched is abandoned between two samples (`Fetcher::with_stop`).
     stop: Arc<AtomicBool>,
@@ -105,6 +109,7 @@ impl Shared {
             collate_plan: self.collate_plan.as_ref().map(|p| p.clone_ref(py)),
             pin: self.pin.as_ref().map(|p| p.clone_ref(py)),
             stats: self.stats.clone_ref(py),
+            buffers: self.buffers.as_ref().map(|b| b.clone_ref(py)),
             stop: self.stop.clone(),
         }
     }
@@ -138,7 +143,8 @@ impl Worker {
         let collate = Collate::new(
             shared.collate_fn,
             shared.collate_plan.map(|p| p.into_bound(py)),
-        )?;
+        )?
+        .with_buffers(shared.buffers);
         let fetcher = if shared.iterable {
             let samples = match samples {
                 Some(s) => s.try_iter()?,
@@ -387,7 +393,7 @@ impl ThreadPool {
     /// each batch on its worker thread when set.
     #[new]
     #[pyo3(signature = (*, workers, iterable, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin, asynchronous=false))]
+                        collate_plan, pin, asynchronous=false, buffers=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -400,6 +406,7 @@ impl ThreadPool {
         collate_plan: Option<Py<PyAny>>,
         pin: Option<Py<PyAny>>,
         asynchronous: bool,
+        buffers: Option<Py<BatchBuffers>>,
     ) -> PyResult<Self> {
         if workers.is_empty() {
             return Err(to_py(PoolError::NoWorkers));
@@ -408,6 +415,7 @@ impl ThreadPool {
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Shared {
             stats: stats.clone_ref(py),
+            buffers,
             stop: stop.clone(),
             iterable,
             asynchronous,

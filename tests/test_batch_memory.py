@@ -1,0 +1,129 @@
+"""Recycled batch memory of the single-process loop (NOTE [Batch memory] in
+rust/rloader-core/src/batch_memory.rs): a batch's memory is reused once the user drops it,
+never while they keep it."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import rloader
+
+
+class PoolViews(torch.utils.data.Dataset):
+    """(uint8 [3, 64, 64] view into a pool, index): 12 KiB samples, 768 KiB batches of 64."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pool = np.random.default_rng(0).integers(0, 255, (32, 3, 64, 64), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.pool[i % 32], i
+
+
+def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(ds.pool[(idx % 32).numpy()])
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [dict(num_workers=0), dict(num_workers=3, worker_type="thread")],
+    ids=["0", "threads"],
+)
+def test_kept_batches_are_never_overwritten(workers):
+    ds = PoolViews(640)
+    loader = rloader.DataLoader(ds, batch_size=64, shuffle=True, **workers)
+    for _ in range(2):  # the second epoch reuses the first's blocks
+        kept = list(loader)
+        for images, idx in kept:
+            assert torch.equal(images, expected(ds, idx))
+        del kept
+
+
+def test_dropped_batches_memory_is_reused():
+    ds = PoolViews(640)
+    loader = rloader.DataLoader(ds, batch_size=64, shuffle=False, num_workers=0)
+    pointers = set()
+    for images, idx in loader:
+        pointers.add(images.data_ptr())
+        assert torch.equal(images, expected(ds, idx))
+        del images, idx
+    # At most the batch being made and the one the loop variable still held.
+    assert len(pointers) <= 2
+    buffers = rloader.dataloader._BUFFERS[loader]
+    assert 1 <= buffers.free_blocks <= 4
+
+
+def test_a_pooled_batch_behaves_like_torch_empty():
+    ds = PoolViews(64)
+    (images, _), (theirs, _) = (
+        next(iter(lib.DataLoader(ds, batch_size=64, num_workers=0)))
+        for lib in (rloader, torch.utils.data)
+    )
+    assert images._base is None and theirs._base is None
+    assert images.stride() == theirs.stride() and images.is_contiguous()
+    assert images.untyped_storage().nbytes() == theirs.untyped_storage().nbytes()
+    assert torch.equal(images, theirs)
+    images.add_(1)  # writable
+    clone = images.clone()
+    del images
+    gc.collect()
+    assert clone.sum() > 0  # a copy outlives the batch's block
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc tunables")
+def test_no_page_faults_per_batch_after_the_first_epoch():
+    # glibc with a fixed mmap threshold serves every 768 KiB batch from a fresh mapping and
+    # unmaps it when freed: memory from torch's allocator would fault all of its pages in for
+    # every batch. Recycled blocks fault in during the first epoch only.
+    script = textwrap.dedent(
+        """
+        import resource, sys
+        sys.path[:0] = sys.argv[1:]
+        import rloader
+        from test_batch_memory import PoolViews
+
+        loader = rloader.DataLoader(PoolViews(64 * 50), batch_size=64, shuffle=True)
+        def epoch():
+            for images, _ in loader:
+                images.view(-1)[::4096].sum()  # one byte per page, as a model reads it all
+        epoch()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        epoch()
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        """
+    )
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
+    path = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(rloader.__file__))]
+    out = subprocess.run(
+        [sys.executable, "-c", script, *path], env=env, capture_output=True, text=True, check=True
+    )
+    faults = int(out.stdout.strip().splitlines()[-1])
+    pages_per_epoch = 50 * 64 * 3 * 64 * 64 // 4096
+    # The interpreter's own work faults a few pages; a fresh batch would fault all 192 of its own.
+    assert faults < pages_per_epoch // 10, (faults, pages_per_epoch)
+
+
+def test_thread_workers_reuse_dropped_batches_memory():
+    # Batches in flight (prefetch_factor x num_workers) hold blocks of their own; a dropped
+    # batch's block serves a later batch.
+    ds = PoolViews(64 * 40)
+    loader = rloader.DataLoader(ds, batch_size=64, num_workers=2, worker_type="thread")
+    pointers = set()
+    for images, idx in loader:
+        pointers.add(images.data_ptr())
+        assert torch.equal(images, expected(ds, idx))
+        del images, idx
+    assert len(pointers) < 40
+    # The blocks came from the loader's pool, and went back to it.
+    assert 1 <= rloader.dataloader._BUFFERS[loader].free_blocks <= 4
