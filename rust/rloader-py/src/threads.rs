@@ -16,9 +16,11 @@
 //!
 //! The channels: each worker has its own task channel (main → worker, unbounded: the
 //! Scheduler bounds what is in flight); all workers share one report channel (workers → main).
-//! A worker leaves when its task channel is closed (`ThreadPool::stop`, which then joins it for
-//! up to `JOIN_TIMEOUT`; a thread still inside the user's `__getitem__` after that finishes
-//! that call and leaves on its own) or when no one is left to take its reports. Python
+//! A worker leaves when the pool stops (`ThreadPool::stop` sets the shared stop flag and closes
+//! the task channels; the worker checks the flag before each job and between the samples of a
+//! batch, so the jobs still queued and the rest of a batch are dropped, and `stop` joins it
+//! for up to `JOIN_TIMEOUT`; a thread still inside the user's `__getitem__` after that
+//! finishes that call and leaves on its own) or when no one is left to take its reports. Python
 //! exceptions are answers, never the end of a thread; a thread that ends while it owes an
 //! answer is a fault (a panic), reported as `PoolError::ThreadExited`.
 
