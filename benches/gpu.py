@@ -103,32 +103,21 @@ def main() -> None:
     where = torch.cuda.get_device_name() if pin else "CPU (dry run)"
     print(f"{where}, {os.cpu_count()} cores, torch {torch.__version__}; " + "; ".join(limits))
 
+    def loader(lib, workers: int, **ours):
+        return lib.DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=workers,
+            pin_memory=pin,
+            persistent_workers=True,
+            **ours,
+        )
+
     kinds = {
-        "torch": lambda w: tud.DataLoader(
-            dataset,
-            batch_size=args.batch_size,
-            shuffle=True,
-            num_workers=w,
-            pin_memory=pin,
-            persistent_workers=True,
-        ),
-        "rloader processes": lambda w: rloader.DataLoader(
-            dataset,
-            batch_size=args.batch_size,
-            shuffle=True,
-            num_workers=w,
-            pin_memory=pin,
-            persistent_workers=True,
-        ),
-        "rloader threads": lambda w: rloader.DataLoader(
-            dataset,
-            batch_size=args.batch_size,
-            shuffle=True,
-            num_workers=w,
-            pin_memory=pin,
-            persistent_workers=True,
-            worker_type="thread",
-        ),
+        "torch": lambda w: loader(tud, w),
+        "rloader processes": lambda w: loader(rloader, w),
+        "rloader threads": lambda w: loader(rloader, w, worker_type="thread"),
     }
     rows = []
     for workers in args.workers:

@@ -23,6 +23,7 @@ from test_workers import (
     Slow,
     Squares,
     failing_init,
+    interrupt_a_slow_loader,
     run_script,
     split_init_fn,
 )
@@ -577,38 +578,7 @@ def test_iterable_length_warning_as_torchs():
 
 @pytest.mark.parametrize("inherited", ["handled", "ignored"])
 def test_ctrl_c_interrupts_cleanly(inherited):
-    import signal
-    import subprocess
-    import sys
-
-    code = """
-import rloader, signal, sys
-from test_workers import Slow
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-signal.signal(signal.SIGINT, signal.default_int_handler)  # (see test_workers.py)
-print("start", flush=True)
-try:
-    for _ in rloader.DataLoader(Slow(), num_workers=2, worker_type="thread"):
-        pass
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-"""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=os.path.dirname(__file__),
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        if inherited == "ignored"
-        else None,
-    )
-    assert proc.stdout.readline().startswith("start")
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert "interrupted" in out, (proc.returncode, out, err)
-    assert proc.returncode == 0, err
+    interrupt_a_slow_loader(inherited, 'worker_type="thread"')
 
 
 def test_interpreter_exit_with_a_live_iterator_is_prompt():

@@ -588,12 +588,14 @@ def test_low_fd_limit_still_works():
     assert done.stdout.strip() == "ok", done.stderr
 
 
-@pytest.mark.parametrize("inherited", ["handled", "ignored"])
-def test_ctrl_c_interrupts_cleanly(inherited):
+def interrupt_a_slow_loader(inherited: str, loader_kwargs: str = "") -> None:
+    """Runs a loader over `Slow` (2 workers, `loader_kwargs` added) in a child process, sends it
+    SIGINT mid-epoch, and checks that it got KeyboardInterrupt and ended cleanly. `inherited`:
+    the child starts with SIGINT "handled", or "ignored" as under a background job."""
     import subprocess
     import sys
 
-    code = """
+    code = f"""
 import rloader, signal, sys
 from test_workers import Slow
 # Ctrl-C reaches a user's process unblocked and handled; start from that whatever the test
@@ -607,7 +609,7 @@ signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 signal.signal(signal.SIGINT, signal.default_int_handler)
 print("start", *masks, flush=True)
 try:
-    for _ in rloader.DataLoader(Slow(), num_workers=2):
+    for _ in rloader.DataLoader(Slow(), num_workers=2, {loader_kwargs}):
         pass
 except KeyboardInterrupt:
     print("interrupted", flush=True)
@@ -618,7 +620,6 @@ except KeyboardInterrupt:
         stderr=subprocess.PIPE,
         text=True,
         cwd=os.path.dirname(__file__),
-        # "ignored": as under a background job (see the comment in the child's code).
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         if inherited == "ignored"
         else None,
@@ -630,6 +631,11 @@ except KeyboardInterrupt:
     out, err = proc.communicate(timeout=30)
     assert "interrupted" in out, (proc.returncode, started, out, err)
     assert proc.returncode == 0, err
+
+
+@pytest.mark.parametrize("inherited", ["handled", "ignored"])
+def test_ctrl_c_interrupts_cleanly(inherited):
+    interrupt_a_slow_loader(inherited)
 
 
 def test_iterable_dataset_with_in_order_false_ends():
