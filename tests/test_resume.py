@@ -822,3 +822,49 @@ def test_elastic_resume_of_ranks_that_handed_out_out_of_order(tmp_path):
         loader.load_state_dict(states)
         shares += [x for b in loader for x in b.tolist()]
     assert sorted(shares) == sorted(set(range(48)) - set(consumed))
+
+
+class CountingStream(tud.IterableDataset):
+    """A stateful stream sharded by worker (its state: the next index), torchdata-style: a
+    fresh iter() starts over unless load_state_dict was called just before."""
+
+    def __init__(self, n=31):
+        self.n, self.pos, self.loaded = n, None, False
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos, self.loaded = state["pos"], True
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        w, nw = (info.id, info.num_workers) if info else (0, 1)
+        i = self.pos if (self.loaded and self.pos is not None) else w
+        self.loaded = False
+        while i < self.n:
+            self.pos = i + nw
+            yield i
+            i += nw
+
+
+def test_a_stateful_iterable_dataset_on_thread_workers_is_fetched_and_dropped():
+    # Thread workers do not report their copies' states: such a dataset resumes as any
+    # IterableDataset does, by fetching and dropping what was handed out, with the warning
+    # (it once restarted the epoch silently).
+    def loader():
+        return rloader.DataLoader(
+            CountingStream(), batch_size=3, num_workers=2, worker_type="thread"
+        )
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    seen = [next(it).tolist() for _ in range(4)]
+    state = checkpointed(first.state_dict())
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match="fetching and dropping the 4 batches"):
+        rest = [b.tolist() for b in resumed]
+    assert seen + rest == full

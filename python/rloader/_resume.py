@@ -506,9 +506,15 @@ def _stateful_stream(loader) -> bool:
 
 
 def _stateful_workers(loader) -> bool:
-    """A stateful IterableDataset read by workers: each worker's copy's state is saved (the
-    state after the last of its batches handed out), and restored in that worker."""
-    return loader.num_workers > 0 and stateful_iterable(loader.dataset)
+    """A stateful IterableDataset read by worker processes: each worker's copy's state is
+    saved (the state after the last of its batches handed out), and restored in that worker.
+    Thread workers do not report their copies' states yet: their loaders resume such a dataset
+    as any other IterableDataset, by fetching and dropping (with the warning)."""
+    return (
+        loader.num_workers > 0
+        and getattr(loader, "worker_type", "process") == "process"
+        and stateful_iterable(loader.dataset)
+    )
 
 
 def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
