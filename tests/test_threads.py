@@ -1,5 +1,7 @@
 """Thread workers (worker_type="thread"): every DataLoader argument behaves as with worker
-processes, torch's process workers being the oracle for the batches."""
+processes, torch's process workers being the oracle for the batches. (Tests of
+tests/test_workers.py that run with both kinds of workers are parametrized there over
+worker_type: timeout, two iterators, the sampler's draws and its errors.)"""
 
 from __future__ import annotations
 
@@ -15,12 +17,11 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
-from _samplers import CountingSampler, FailingSampler, read_past_errors
+from _samplers import read_past_errors
 from test_workers import (
     Failing,
     MyIterableDataset,
     PlainRange,
-    Slow,
     Squares,
     failing_init,
     interrupt_a_slow_loader,
@@ -342,59 +343,6 @@ def test_worker_init_fn_error_is_reported():
         list(rloader.DataLoader(Squares(), num_workers=2, worker_init_fn=failing_init, **THREADS))
 
 
-def test_timeout_names_the_timeout():
-    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
-        list(rloader.DataLoader(Slow(), num_workers=1, timeout=0.5, **THREADS))
-
-
-@pytest.mark.parametrize("in_order, persistent", [(True, False), (False, False), (True, True)])
-def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
-    def draws(lib, extra):
-        sampler = CountingSampler(60)
-        loader = lib.DataLoader(
-            Squares(60),
-            batch_size=2,
-            sampler=sampler,
-            num_workers=2,
-            prefetch_factor=3,
-            in_order=in_order,
-            persistent_workers=persistent,
-            **extra,
-        )
-        counts = []
-        for _ in range(2):
-            sampler.drawn = 0
-            it = iter(loader)
-            counts.append(sampler.drawn)
-            for _ in range(5):
-                next(it)
-                time.sleep(0.05)  # the workers answer everything in flight meanwhile
-                counts.append(sampler.drawn)
-        return counts
-
-    assert draws(rloader, THREADS) == draws(tud, {}) == [12, 14, 16, 18, 20, 22] * 2
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("good, workers, prefetch", [(5, 2, 2), (1, 1, 1), (3, 1, 1), (2, 2, 1)])
-def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch):
-    def read(lib, extra):
-        return read_past_errors(
-            lib.DataLoader(
-                Squares(10),
-                batch_size=1,
-                sampler=FailingSampler(good),
-                num_workers=workers,
-                prefetch_factor=prefetch,
-                **extra,
-            )
-        )
-
-    theirs = read(tud, {})
-    assert "IndexError" in theirs
-    assert same(read(rloader, THREADS), theirs)
-
-
 class Unpicklable(tud.Dataset):
     """A dataset (and keys) that cannot be pickled: worker processes under spawn could not
     take it; threads need nothing pickled."""
@@ -552,14 +500,6 @@ def test_many_threads_are_no_warning():
         warnings.simplefilter("error")
         loader = rloader.DataLoader(Squares(8), num_workers=32, **THREADS)
         assert len(list(loader)) == 8
-
-
-def test_two_iterators_at_once():
-    loader = rloader.DataLoader(Squares(10), batch_size=2, num_workers=2, **THREADS)
-    a, b = iter(loader), iter(loader)
-    assert next(a)["i"].tolist() == [0, 1]
-    assert next(b)["i"].tolist() == [0, 1]
-    assert [x["i"].tolist() for x in a] == [[2, 3], [4, 5], [6, 7], [8, 9]]
 
 
 def test_iterable_length_warning_as_torchs():

@@ -433,9 +433,10 @@ class Slow(tud.Dataset):
         return i
 
 
-def test_timeout_names_the_timeout():
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_timeout_names_the_timeout(worker_type):
     with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
-        list(rloader.DataLoader(Slow(), num_workers=1, timeout=0.5))
+        list(rloader.DataLoader(Slow(), num_workers=1, timeout=0.5, worker_type=worker_type))
 
 
 def count_resources():
@@ -496,8 +497,9 @@ def test_abandoned_iterators_leave_nothing_behind():
     assert count_resources() == before
 
 
-def test_two_iterators_at_once():
-    loader = rloader.DataLoader(Squares(10), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_two_iterators_at_once(worker_type):
+    loader = rloader.DataLoader(Squares(10), batch_size=2, num_workers=2, worker_type=worker_type)
     a, b = iter(loader), iter(loader)
     assert next(a)["i"].tolist() == [0, 1]
     assert next(b)["i"].tolist() == [0, 1]
@@ -649,9 +651,10 @@ def test_iterable_dataset_with_in_order_false_ends():
 # per result handed out, as torch's _try_put_index.
 
 
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
 @pytest.mark.parametrize("in_order, persistent", [(True, False), (False, False), (True, True)])
-def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
-    def draws(lib):
+def test_keys_are_drawn_as_torch_draws_them(in_order, persistent, worker_type):
+    def draws(lib, **ours):
         sampler = CountingSampler(60)
         loader = lib.DataLoader(
             Squares(60),
@@ -661,6 +664,7 @@ def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
             prefetch_factor=3,
             in_order=in_order,
             persistent_workers=persistent,
+            **ours,
         )
         counts = []
         for _ in range(2):  # the second epoch restarts the sampler (persistent: same workers)
@@ -673,15 +677,17 @@ def test_keys_are_drawn_as_torch_draws_them(in_order, persistent):
                 counts.append(sampler.drawn)
         return counts
 
-    assert draws(rloader) == draws(tud) == [12, 14, 16, 18, 20, 22] * 2
+    ours = draws(rloader, worker_type=worker_type)
+    assert ours == draws(tud) == [12, 14, 16, 18, 20, 22] * 2
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
 @pytest.mark.parametrize("good, workers, prefetch", [(5, 2, 2), (1, 1, 1), (3, 1, 1), (2, 2, 1)])
-def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch):
+def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch, worker_type):
     # torch raises it from the next() whose batch triggered the draw (that batch is lost), then
     # yields what is in flight and ends the epoch once nothing is: never a hang.
-    def read(lib):
+    def read(lib, **ours):
         return read_past_errors(
             lib.DataLoader(
                 Squares(10),
@@ -689,12 +695,13 @@ def test_a_sampler_error_goes_to_the_user_as_with_torch(good, workers, prefetch)
                 sampler=FailingSampler(good),
                 num_workers=workers,
                 prefetch_factor=prefetch,
+                **ours,
             )
         )
 
     theirs = read(tud)
     assert "IndexError" in theirs
-    assert same(read(rloader), theirs)
+    assert same(read(rloader, worker_type=worker_type), theirs)
 
 
 # ---------------------------------------------------------------- tasks that wait (NOTE [Unsent])
