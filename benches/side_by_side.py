@@ -654,8 +654,6 @@ def main() -> None:
         )
 
     headers = ("workload", "torch", "rloader", "ratio", "runs", "target", "", "floor", "unit")
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    line = "  ".join("-" * w for w in widths)
     print(
         f"\nrloader {rloader.__version__} vs torch {torch.__version__}, {os.cpu_count()} cores, "
         f"median of {args.repeats} interleaved runs.\n"
@@ -665,12 +663,18 @@ def main() -> None:
     )
     missed = [r[0] for r in rows if r[6] != "met"]
     summary = f"{len(rows) - len(missed)} of {len(rows)} targets met"
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print(line)
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print_table(headers, rows)
     print(f"\n{summary}" + (f"; missed: {'; '.join(missed)}" if missed else ""))
     print_stages(stage_rows)
+
+
+def print_table(headers: tuple, rows: list) -> None:
+    """Left-aligned columns as wide as their widest cell, with a rule under the headers."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
 
 
 def print_stages(stage_rows: list) -> None:
@@ -686,15 +690,11 @@ def print_stages(stage_rows: list) -> None:
             continue
         cells = [f"{stats[f'{s}_s']:.3f}" if stats[f"{s}_s"] is not None else "-" for s in stages]
         rows.append((name, str(stats["batches"]), *cells))
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     print(
         "\nWhere rloader's last run of each DataLoader workload spent its time "
         "(loader.stats(); '-': in worker processes, not reported):\n"
     )
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print_table(headers, rows)
 
 
 if __name__ == "__main__":
