@@ -499,15 +499,6 @@ impl ThreadPool {
             }
         });
     }
-
-    /// The number of worker threads still running (for tests).
-    fn _alive(&self) -> usize {
-        lock(&self.handles)
-            .iter()
-            .flatten()
-            .filter(|h| !h.is_finished())
-            .count()
-    }
 }
 
 impl ThreadPool {
