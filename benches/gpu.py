@@ -4,7 +4,7 @@ The workload of issue #15: uint8 images [3, 224, 224] held in memory (numpy), ba
 ``pin_memory=True``, persistent workers, each batch moved with ``.to("cuda", non_blocking=True)``.
 torch and rloader (worker processes, and worker threads, which pin on the workers) run
 interleaved for each worker count, and the limits are measured in the same run: one core's
-memcpy bandwidth and pinned host-to-device bandwidth.
+memcpy bandwidth (one core, and all of them) and pinned host-to-device bandwidth.
 
     python benches/gpu.py                   # needs CUDA; says so and exits 0 without it
     python benches/gpu.py --workers 8 14 --repeats 3
@@ -45,16 +45,19 @@ class Images(tud.Dataset):
         return self.rows[i % len(self.rows)]
 
 
-def memcpy_gbps(nbytes: int = 1 << 30) -> float:
+def memcpy_gbps(threads: int, nbytes: int = 1 << 30) -> float:
+    """Bytes copied per second by ``threads`` threads (one tensor copy split by torch)."""
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     start = time.perf_counter()
-    dst.copy_(src)
+    for _ in range(3):
+        dst.copy_(src)
     elapsed = time.perf_counter() - start
-    torch.set_num_threads(os.cpu_count() or 1)
-    return nbytes / elapsed / 1e9
+    torch.set_num_threads(before)
+    return 3 * nbytes / elapsed / 1e9
 
 
 def h2d_gbps(device: str, nbytes: int = 1 << 30) -> float:
@@ -97,7 +100,10 @@ def main() -> None:
     pin = device == "cuda"
     dataset = Images(args.images)
     nbytes = args.images * IMAGE_BYTES
-    limits = [f"one core's memcpy {memcpy_gbps():.1f} GB/s"]
+    cores = os.cpu_count() or 1
+    limits = [
+        f"memcpy: one core {memcpy_gbps(1):.1f} GB/s, {cores} cores {memcpy_gbps(cores):.1f} GB/s"
+    ]
     if pin:
         limits.append(f"pinned host-to-device {h2d_gbps(device):.1f} GB/s")
     where = torch.cuda.get_device_name() if pin else "CPU (dry run)"
@@ -122,12 +128,12 @@ def main() -> None:
     rows = []
     for workers in args.workers:
         loaders = {name: make(workers) for name, make in kinds.items()}
-        for loader in loaders.values():  # warm-up: workers started, memory touched
-            epoch(loader, device)
+        for warm in loaders.values():  # warm-up: workers started, memory touched
+            epoch(warm, device)
         times: dict = {name: [] for name in loaders}
         for r in range(args.repeats):
-            for name, loader in loaders.items():
-                times[name].append(epoch(loader, device))
+            for name, timed in loaders.items():
+                times[name].append(epoch(timed, device))
                 sys.stderr.write(f"[{workers} workers, run {r + 1}/{args.repeats}] {name}\n")
         torch_time = statistics.median(times["torch"])
         for name, runs in times.items():
@@ -138,11 +144,12 @@ def main() -> None:
                     name,
                     f"{args.images / med / 1e3:.1f}k",
                     f"{nbytes / med / 1e9:.2f}",
+                    f"{nbytes / max(runs) / 1e9:.1f}-{nbytes / min(runs) / 1e9:.1f}",
                     f"{torch_time / med:.2f}x",
                 )
             )
         del loaders
-    headers = ("workers", "loader", "images/s", "GB/s", "vs torch")
+    headers = ("workers", "loader", "images/s", "GB/s", "GB/s range", "vs torch")
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
     print(f"median of {args.repeats} interleaved epochs of {args.images:,} images")
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))

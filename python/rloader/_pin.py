@@ -16,7 +16,7 @@ from torch._utils import ExceptionWrapper
 
 from . import _compat, _rloader
 
-__all__ = ["PinnedBatches", "pin_batch"]
+__all__ = ["PinnedBatches", "pin_batch", "slot_pinning"]
 
 
 def pin_batch(data: Any) -> Any:
@@ -83,7 +83,9 @@ class PinnedBatches:
     within ``_POLL`` seconds. Errors travel as items, and the thread goes on after a worker's
     error, as torch's iterator goes on after one; it ends after the epoch's "end" item, or
     after a "fatal" one (a dead worker, the pool's own failure), having stopped the workers.
-    The thread holds nothing of the user's (``source`` is built without the sampler, which the
+    Each item goes over in a box the main thread empties, so the thread holds no batch it has
+    handed over: the user's thread lets it go, on its own stream (NOTE [Pinned slots]). The
+    thread holds nothing of the user's (``source`` is built without the sampler, which the
     feed holds, and without ``length_of``), so a loader whose sampler refers back to it is still
     garbage once dropped.
     """
@@ -170,7 +172,7 @@ class PinnedBatches:
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
             try:
-                kind, value, tag = self._queue.get(timeout=wait)
+                kind, value, tag = self._queue.get(timeout=wait).pop()
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RuntimeError(
@@ -179,7 +181,7 @@ class PinnedBatches:
                 if self._thread.is_alive():
                     continue
                 try:  # it may have queued its last item just before it ended
-                    kind, value, tag = self._queue.get_nowait()
+                    kind, value, tag = self._queue.get_nowait().pop()
                 except queue.Empty:
                     self._ended = True
                     raise RuntimeError(
@@ -269,15 +271,22 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device, stat
                     wrapper = ExceptionWrapper(where=f"in pin memory thread for device {device}")
                     item = ("error", _reraised(wrapper), tag)
             del value
+        # The item travels in a box that the main thread empties: once it has taken a batch,
+        # this thread holds nothing of it, so the user's thread is the one that lets it go
+        # (a batch pinned in its slot is fenced on that thread's stream, NOTE [Pinned slots]).
+        kind = item[0]
+        box = [item]
+        del item
         while not stop.is_set():
             try:
-                out.put(item, timeout=_POLL)
+                out.put(box, timeout=_POLL)
                 break
             except queue.Full:
                 continue
-        if item[0] == "fatal":
+        del box
+        if kind == "fatal":
             source._shutdown_workers()
-        if item[0] in ("end", "fatal"):
+        if kind in ("end", "fatal"):
             return
 
 
@@ -287,6 +296,54 @@ def _reraised(wrapper: ExceptionWrapper) -> BaseException:
     except BaseException as exc:
         return exc
     return RuntimeError(wrapper.exc_msg)
+
+
+def slot_pinning() -> Optional[tuple]:
+    """``(register, unregister, fence)`` for pinning worker processes' batches where they
+    arrive (``PoolRegion._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), or
+    None where the accelerator is not CUDA (the pin thread then copies batches into pinned
+    memory, as torch's does).
+
+    ``fence()`` is an event recorded on the current stream when a batch is dropped: the slot it
+    lies in goes back to its worker once the event has completed, so a batch moved with
+    ``non_blocking=True`` and dropped at once is read before it is overwritten.
+    """
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return None
+    cudart = torch.cuda.cudart()
+    success = cudart.cudaError.success
+    portable = 1  # cudaHostRegisterPortable: pinned for every device, as torch's pinned memory
+
+    def register(addr: int, length: int) -> None:
+        error = cudart.cudaHostRegister(addr, length, portable)
+        if error != success:
+            _clear_cuda_error()
+            raise RuntimeError(f"cudaHostRegister of {length} bytes failed: {error}")
+
+    def unregister(addr: int) -> None:
+        if cudart.cudaHostUnregister(addr) != success:
+            _clear_cuda_error()
+
+    def fence():
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    return register, unregister, fence
+
+
+def _clear_cuda_error() -> None:
+    """Resets the CUDA runtime's last error after a refused call, which torch would otherwise
+    report at its next unrelated check (torch's ``cudart()`` has no ``cudaGetLastError``)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
+    except (OSError, AttributeError):
+        pass
 
 
 def pin_plan(loader) -> Optional[Callable]:

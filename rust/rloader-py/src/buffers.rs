@@ -28,6 +28,8 @@ use rloader_core::batch_memory::{BatchMemory, PooledBlock};
 use rloader_queue::ShmRegion;
 use rloader_workers::slots::{Arena, SlotLease, ViewCount};
 
+use crate::pinned::PinnedSlots;
+
 /// Exports `len` bytes at `addr`, kept alive by `owner`.
 ///
 /// # Safety
@@ -135,20 +137,42 @@ impl SlotView {
 }
 
 /// The main process's hold on one worker slot: the bytes of one batch's tensors. Dropped when
-/// the last of them is; the slot then goes back to its worker (NOTE [Slots]).
+/// the last of them is; the slot then goes back to its worker (NOTE [Slots]), or, for a slot
+/// registered with the accelerator's driver, once the device has read it (NOTE [Pinned slots]).
 #[pyclass(module = "rloader._rloader", frozen)]
-pub struct Lease(SlotLease);
+pub struct Lease {
+    /// Some until dropped.
+    lease: Option<SlotLease>,
+    pinned: Option<Arc<PinnedSlots>>,
+}
 
 impl Lease {
-    pub fn new(lease: SlotLease) -> Self {
-        Lease(lease)
+    /// `pinned`: the registrations that cover the slot's bytes, if they do.
+    pub fn new(lease: SlotLease, pinned: Option<Arc<PinnedSlots>>) -> Self {
+        Lease {
+            lease: Some(lease),
+            pinned,
+        }
+    }
+
+    fn span(&self) -> (usize, usize) {
+        self.lease.as_ref().map_or((0, 0), |l| (l.addr(), l.len()))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let (Some(lease), Some(pinned)) = (self.lease.take(), self.pinned.take()) {
+            // The last tensor over the slot is gone (this runs as Python frees the object).
+            Python::attach(|py| pinned.park(py, lease));
+        }
     }
 }
 
 #[pymethods]
 impl Lease {
     fn __len__(&self) -> usize {
-        self.0.len()
+        self.span().1
     }
 
     unsafe fn __getbuffer__(
@@ -156,7 +180,7 @@ impl Lease {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let (addr, len) = (slf.get().0.addr(), slf.get().0.len());
+        let (addr, len) = slf.get().span();
         // SAFETY: the lease's Arc<ShmRegion> keeps the bytes mapped.
         unsafe { export(slf.as_any(), view, addr, len, flags) }
     }

@@ -11,6 +11,7 @@
 //! - `handouts.rs`: `HandOuts`, what a PoolIter handed out (for `DataLoader.state_dict()`);
 //! - `key_feed.rs`: `KeyFeed`, keys drawn on the main thread for the pin thread's `PoolIter`;
 //! - `region.rs`: `PoolRegion`, the shared memory of a loader's worker pools;
+//! - `pinned.rs`: `PinnedSlots`, a region's slots registered with the accelerator's driver;
 //! - `worker.rs`: `worker_loop`, a worker process's side;
 //! - `threads.rs`: `ThreadPool` and `ThreadIter`, loading with worker threads;
 //! - `slots.rs`: a worker's batch slots as its collate reaches them (`slot_empty`);
@@ -33,6 +34,7 @@ mod handouts;
 mod key_feed;
 mod length_warning;
 mod loader;
+mod pinned;
 mod pool;
 mod region;
 mod samplers;

@@ -447,6 +447,9 @@ impl PoolIter {
             return Ok(Polled::Done);
         }
         loop {
+            if let Some(pinned) = self.pool_region.get().pinned.get() {
+                pinned.reclaim(py); // slots the device has read since (NOTE [Pinned slots])
+            }
             self.send_tasks(py)?;
             let next = self.scheduler.next();
             if let Next::Ready(_) = next {
@@ -724,7 +727,11 @@ impl PoolIter {
                         let lease =
                             SlotLease::new(pool.shm.clone(), state_at, slot_at, table.in_slot)
                                 .map_err(to_py)?;
-                        Some(Py::new(py, Lease::new(lease))?)
+                        let pinned = pool
+                            .pinned
+                            .get()
+                            .filter(|p| p.ensure(py, slot_at, table.in_slot));
+                        Some(Py::new(py, Lease::new(lease, pinned.cloned()))?)
                     }
                     Some(slot) => return Err(to_py(PoolError::NoSuchSlot { worker, slot })),
                 };

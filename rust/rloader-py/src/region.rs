@@ -1,6 +1,6 @@
 //! `PoolRegion`: the shared memory of a loader's worker pools.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pyo3::prelude::*;
 
@@ -9,6 +9,7 @@ use rloader_workers::layout::DOORBELL_AT;
 use rloader_workers::{slots, Layout, PoolError};
 
 use crate::errors::to_py;
+use crate::pinned::PinnedSlots;
 
 /// The shared memory of a loader's worker pools: an anonymous region (memfd), so nothing is ever
 /// left in /dev/shm and /dev/shm's size does not limit it. It holds the pool's doorbell, rings
@@ -21,6 +22,8 @@ pub struct PoolRegion {
     pub(crate) shm: Arc<ShmRegion>,
     pub(crate) layout: Layout,
     pub(crate) prefetch_factor: usize,
+    /// Set once pinned batches are asked for on CUDA (NOTE [Pinned slots]).
+    pub(crate) pinned: OnceLock<Arc<PinnedSlots>>,
 }
 
 #[pymethods]
@@ -38,6 +41,7 @@ impl PoolRegion {
             shm: Arc::new(shm),
             layout,
             prefetch_factor,
+            pinned: OnceLock::new(),
         })
     }
 
@@ -57,6 +61,34 @@ impl PoolRegion {
     #[getter]
     fn fd(&self) -> i32 {
         self.shm.fd()
+    }
+
+    /// From now on, register the slots' batches with the accelerator's driver as they arrive,
+    /// and free a slot only once the device has read it (NOTE [Pinned slots]): `register(addr,
+    /// len)`, `unregister(addr)` and `fence()` are the driver's (`rloader._pin.slot_pinning`).
+    /// Only the first call counts.
+    fn _pin_slots(&self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
+        self.pinned.get_or_init(|| {
+            Arc::new(PinnedSlots::new(
+                self.shm.clone(),
+                register,
+                unregister,
+                fence,
+            ))
+        });
+    }
+
+    /// (slots waiting for the device, slots registered), or None without `_pin_slots` (for
+    /// tests).
+    #[getter]
+    fn _pinned_counts(&self) -> Option<(usize, usize)> {
+        self.pinned.get().map(|p| p.counts())
+    }
+
+    /// (address, length) of the region in this process (for tests).
+    #[getter]
+    fn _span(&self) -> (usize, usize) {
+        (self.shm.as_ptr() as usize, self.shm.len())
     }
 
     /// Whether a pool of this shape can use the region.

@@ -10,6 +10,8 @@
 //!   bytes are (NOTE [Pool protocol]);
 //! - [`layout`]: where the doorbell, the rings and the batch slots lie in a pool's region;
 //! - [`slots`]: the batch slots' state machine, who owns a slot's bytes when (NOTE [Slots]);
+//! - [`pinned`]: slots registered with the accelerator's driver, and freeing them only after
+//!   the device has read them (NOTE [Pinned slots]);
 //! - [`parent`]: a worker watching its main process, so that it never outlives it;
 //! - [`PoolError`]: what can go wrong, which the binding crate maps to Python exceptions.
 //!
@@ -19,6 +21,7 @@ mod error;
 pub mod handed;
 pub mod layout;
 pub mod parent;
+pub mod pinned;
 pub mod scheduler;
 pub mod slots;
 pub mod wire;

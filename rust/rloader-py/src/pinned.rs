@@ -1,0 +1,177 @@
+//! `PinnedSlots`: a pool region's batch slots registered with the accelerator's driver, so
+//! that batches from worker processes are pinned where the workers wrote them (NOTE [Pinned
+//! slots] in rloader-workers' pinned.rs says why it is safe: release after the device read,
+//! unregister before unmapping).
+//!
+//! The driver calls are the Python side's (`rloader._pin.slot_pinning`: torch's `cudart()` and
+//! `torch.cuda.Event`), so that the same code runs on the CPU with stand-ins in the tests.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::exceptions::PyRuntimeWarning;
+use pyo3::prelude::*;
+
+use rloader_queue::ShmRegion;
+use rloader_workers::pinned::{reclaim, FencedFrees, Registration, Registrations};
+use rloader_workers::slots::SlotLease;
+
+pub struct PinnedSlots {
+    /// Kept mapped until every range is unregistered (this is dropped first).
+    shm: Arc<ShmRegion>,
+    /// `register(addr, len)` (raises if the driver refuses), `unregister(addr)`, and
+    /// `fence()`: an event recorded on the current stream, with `query()` and `synchronize()`.
+    register: Py<PyAny>,
+    unregister: Py<PyAny>,
+    fence: Py<PyAny>,
+    /// Only the process that registered unregisters (a forked child holds a copy of this).
+    owner: u32,
+    registrations: Mutex<Registrations>,
+    /// Guarded briefly: never held while Python runs (a fence's check may drop a batch, whose
+    /// release parks here).
+    parked: Mutex<FencedFrees<Py<PyAny>>>,
+    /// The driver refused a registration once: from then on batches are copied into pinned
+    /// memory by the pin thread, as without this.
+    failed: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl PinnedSlots {
+    pub fn new(
+        shm: Arc<ShmRegion>,
+        register: Py<PyAny>,
+        unregister: Py<PyAny>,
+        fence: Py<PyAny>,
+    ) -> Self {
+        PinnedSlots {
+            shm,
+            register,
+            unregister,
+            fence,
+            owner: std::process::id(),
+            registrations: Mutex::new(Registrations::default()),
+            parked: Mutex::new(FencedFrees::default()),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Makes the first `needed` bytes of the slot at `slot_at` registered; false if they are
+    /// not (the driver refused, now or before: the caller's lease is then an ordinary one).
+    /// Called only for a slot the main process has just leased, whose earlier releases have all
+    /// been reclaimed (its worker wrote into it): no device read of it is in flight.
+    pub fn ensure(&self, py: Python<'_>, slot_at: usize, needed: usize) -> bool {
+        if self.failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let plan = lock(&self.registrations).plan(slot_at, needed);
+        let Registration::Register { replace, len } = plan else {
+            return true;
+        };
+        let addr = self.shm.as_ptr() as usize + slot_at;
+        let result = (|| -> PyResult<()> {
+            if replace {
+                self.unregister.call1(py, (addr,))?;
+                lock(&self.registrations).unregistered(slot_at);
+            }
+            self.register.call1(py, (addr, len))?;
+            lock(&self.registrations).registered(slot_at, len);
+            Ok(())
+        })();
+        if let Err(err) = result {
+            self.failed.store(true, Ordering::Relaxed);
+            let text = format!(
+                "rloader could not pin worker batches where they are ({err}); they are copied \
+                 into pinned memory instead"
+            );
+            let category = py.get_type::<PyRuntimeWarning>();
+            let msg = std::ffi::CString::new(text).unwrap_or_default();
+            if let Err(warned) = PyErr::warn(py, &category, &msg, 1) {
+                warned.write_unraisable(py, None);
+            }
+            return false;
+        }
+        true
+    }
+
+    /// A leased slot whose batch is gone: it goes back to its worker once the device has read
+    /// it (an event recorded now, on the current stream). Also frees earlier ones now done.
+    pub fn park(&self, py: Python<'_>, lease: SlotLease) {
+        match self.fence.call0(py) {
+            Ok(fence) => lock(&self.parked).park(lease, fence),
+            Err(err) => {
+                // No event: the accelerator is unusable, and nothing more will read the slot.
+                err.write_unraisable(py, None);
+                drop(lease);
+            }
+        }
+        self.reclaim(py);
+    }
+
+    /// Frees every parked slot whose event has completed.
+    pub fn reclaim(&self, py: Python<'_>) {
+        let parked = lock(&self.parked).take();
+        if parked.is_empty() {
+            return;
+        }
+        let still = reclaim(parked, |fence| {
+            // A fence that cannot say is taken as done only if it raised: a broken event
+            // would otherwise hold its slot forever.
+            match fence
+                .call_method0(py, "query")
+                .and_then(|done| done.extract::<bool>(py))
+            {
+                Ok(done) => done,
+                Err(err) => {
+                    err.write_unraisable(py, None);
+                    true
+                }
+            }
+        });
+        lock(&self.parked).extend(still);
+    }
+
+    /// Slots waiting for their events, and slots registered (for tests).
+    pub fn counts(&self) -> (usize, usize) {
+        (lock(&self.parked).len(), lock(&self.registrations).len())
+    }
+}
+
+impl Drop for PinnedSlots {
+    fn drop(&mut self) {
+        let parked = lock(&self.parked).take();
+        let slots = lock(&self.registrations).drain();
+        if std::process::id() != self.owner {
+            // A forked child registered nothing, and its parent owns the parked slots' states.
+            std::mem::forget(parked);
+            return;
+        }
+        Python::try_attach(|py| {
+            if finalizing(py) {
+                // At exit the driver lets go of everything; torch may be half gone.
+                return;
+            }
+            for (lease, fence) in parked {
+                if let Err(err) = fence.call_method0(py, "synchronize") {
+                    err.write_unraisable(py, None);
+                }
+                drop(lease);
+            }
+            let base = self.shm.as_ptr() as usize;
+            for slot_at in slots {
+                if let Err(err) = self.unregister.call1(py, (base + slot_at,)) {
+                    err.write_unraisable(py, None);
+                }
+            }
+        });
+    }
+}
+
+fn finalizing(py: Python<'_>) -> bool {
+    py.import("sys")
+        .and_then(|sys| sys.call_method0("is_finalizing"))
+        .and_then(|f| f.extract::<bool>())
+        .unwrap_or(true)
+}
