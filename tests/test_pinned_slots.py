@@ -73,11 +73,11 @@ class Driver:
 @pytest.fixture
 def driver(monkeypatch):
     d = Driver()
-    monkeypatch.setattr(
-        _pin, "slot_pinning", lambda: (d.register, d.unregister, lambda: d.fence())
-    )
+    monkeypatch.setattr(_pin, "slot_pinning", lambda: (d.register, d.unregister, lambda: d.fence()))
     # No accelerator here: "pinning" is pin_batch's pass-through for what is pinned already.
-    monkeypatch.setattr(_pin, "pin_plan", lambda loader: (lambda b: b) if loader.pin_memory else None)
+    monkeypatch.setattr(
+        _pin, "pin_plan", lambda loader: (lambda b: b) if loader.pin_memory else None
+    )
     return d
 
 
@@ -167,8 +167,7 @@ def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(dri
     driver.events_done = False
     loader = loader_of(Rows())
     for batch in loader:
-        pass
-    del batch
+        del batch  # released at once
     assert driver.ranges
     pending = [e for e in driver.events if not e.done]
     assert pending

@@ -346,6 +346,20 @@ class PoolRegion:
         """Whether a pool of this shape can use the region."""
     def _close_rings(self) -> None:
         """Closes the pool's rings, so that its workers leave (how every pool is stopped)."""
+    def _pin_slots(
+        self,
+        register: Callable[[int, int], object],
+        unregister: Callable[[int], object],
+        fence: Callable[[], Any],
+    ) -> None:
+        """Registers slots with the driver as batches arrive, and frees a slot only once the
+        device has read it (NOTE [Pinned slots]); only the first call counts."""
+    @property
+    def _pinned_counts(self) -> tuple[int, int] | None:
+        """(slots waiting for the device, slots registered), or None (for tests)."""
+    @property
+    def _span(self) -> tuple[int, int]:
+        """(address, length) of the region in this process (for tests)."""
 
 # buffers.rs
 
