@@ -262,8 +262,8 @@ def workloads(quick: bool) -> list[Workload]:
     def epoch(lib, epochs: Epochs) -> int:
         return epochs(lib)
 
-    def workers(dataset, batch_size: int) -> Callable[[], Epochs]:
-        return lambda: Epochs(dataset(), batch_size=batch_size, num_workers=2)
+    def workers(dataset, batch_size: int, **kwargs) -> Callable[[], Epochs]:
+        return lambda: Epochs(dataset(), batch_size=batch_size, num_workers=2, **kwargs)
 
     def image_epochs() -> Epochs:
         epochs = Epochs(ImageLabelDataset(n_images), batch_size=256, shuffle=True, num_workers=0)
@@ -404,6 +404,17 @@ def workloads(quick: bool) -> list[Workload]:
             2,
             lambda e: [a.copy() for a in e.dataset.images],
             data=workers(lambda: ImageArrayDataset(n_arrays), 64),
+        ),
+        # The same batches from persistent workers: the data path alone, without starting and
+        # stopping two processes each epoch (which the row above spends most of its time on).
+        Workload(
+            f"2 persistent workers: uint8[3,224,224] numpy x {4 * n_arrays:,}, batch 64",
+            "bytes",
+            4 * n_arrays * 3 * 224 * 224,
+            epoch,
+            5,
+            lambda e: [a.copy() for a in e.dataset.images],
+            data=workers(lambda: ImageArrayDataset(4 * n_arrays), 64, persistent_workers=True),
         ),
         Workload(
             "2 workers: time from iter() to the first batch",
