@@ -690,7 +690,7 @@ def print_table(headers: tuple, rows: list) -> None:
 
 def print_stages(stage_rows: list) -> None:
     """Where rloader's last run of each DataLoader workload spent its time
-    (``DataLoader.stats()``): "-" where a stage ran in worker processes."""
+    (``DataLoader.stats()``); workers' stages are summed over the workers."""
     if not stage_rows:
         return
     stages = ("waiting_for_data", "waiting_for_user", "fetch", "collate", "transport", "pin")
@@ -703,7 +703,7 @@ def print_stages(stage_rows: list) -> None:
         rows.append((name, str(stats["batches"]), *cells))
     print(
         "\nWhere rloader's last run of each DataLoader workload spent its time "
-        "(loader.stats(); '-': in worker processes, not reported):\n"
+        "(loader.stats(); workers' stages summed over the workers):\n"
     )
     print_table(headers, rows)
 

@@ -253,9 +253,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         batch) against ``waiting_for_user_s`` (your loop's own work between batches), and the
         loader's stages where they ran: ``fetch_s`` (your dataset), ``collate_s``,
         ``transport_s`` (taking batches in from worker processes), ``pin_s``; with
-        ``batches``, the number handed out. Worker threads' stages are summed over the
-        threads; worker processes' ``fetch_s`` and ``collate_s`` are None (they are not
-        reported back). None before the first ``iter()``. An rloader extension."""
+        ``batches``, the number handed out. Workers' stages (threads or processes) are summed
+        over the workers. None before the first ``iter()``. An rloader extension."""
         stats = _STATS.get(self)
         return None if stats is None else stats.as_dict()
 

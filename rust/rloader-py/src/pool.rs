@@ -170,6 +170,11 @@ impl PoolIter {
             Some(k) => Some(Source::new(&k, auto_collation)?),
             None => None,
         };
+        // Fetch and collate run in the workers, which add their times to the region.
+        let stats = Stats::new_in(true);
+        let cells = (0..num_workers).map(|w| pr.layout.times(w)).collect();
+        stats.read_workers(pr.shm.clone(), cells);
+        let stats = Py::new(py, stats)?;
         let mut scheduler = Scheduler::new(num_workers, prefetch_factor.max(1), in_order);
         scheduler.start_at(first_worker); // a resumed iterable dataset's next worker
         Ok(PoolIter {
@@ -200,7 +205,7 @@ impl PoolIter {
             finished: false,
             handouts: Py::new(py, HandOuts::new(num_workers))?,
             worker_states,
-            stats: Py::new(py, Stats::new_in(true))?,
+            stats,
         })
     }
 

@@ -4,16 +4,20 @@
 //! training loop spent inside `next()` (waiting for data) and between calls (its own work),
 //! and the loader's stages where they run in this process: fetching from the dataset, collating,
 //! taking batches in from worker processes (transport) and pinning. Worker threads add to their
-//! iterator's `Stats` from their own threads, hence atomics; worker processes' fetch and collate
-//! times stay in those processes and read as None.
+//! iterator's `Stats` from their own threads, hence atomics. Worker processes add their fetch
+//! and collate times to their cells in the pool's region (rloader-workers' times.rs), which
+//! their iterator's `Stats` reads ([`Stats::read_workers`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+use rloader_queue::ShmRegion;
+use rloader_workers::times;
 
 /// A stage of the loader, or of the training loop around it.
 #[derive(Clone, Copy)]
@@ -39,8 +43,10 @@ const STAGES: [(&str, Stage); 6] = [
 pub struct Stats {
     nanos: [AtomicU64; 6],
     batches: AtomicU64,
-    /// Fetch and collate run in worker processes, whose times are not reported here.
+    /// Fetch and collate run in worker processes, whose times are not reported here unless
+    /// `workers` says where they are.
     elsewhere: AtomicBool,
+    workers: Mutex<Option<WorkerTimes>>,
     /// When `next()` last returned, and when the current call began.
     handed_out_at: Mutex<Option<Instant>>,
     called_at: Mutex<Option<Instant>>,
@@ -52,6 +58,7 @@ impl Stats {
             nanos: Default::default(),
             batches: AtomicU64::new(0),
             elsewhere: AtomicBool::new(fetch_elsewhere),
+            workers: Mutex::new(None),
             handed_out_at: Mutex::new(None),
             called_at: Mutex::new(None),
         }
@@ -60,6 +67,11 @@ impl Stats {
     pub fn add(&self, stage: Stage, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.nanos[stage as usize].fetch_add(nanos, Relaxed);
+    }
+
+    /// Nanoseconds spent in `stage` so far.
+    pub fn nanos(&self, stage: Stage) -> u64 {
+        self.nanos[stage as usize].load(Relaxed)
     }
 
     /// Times `f` as `stage`.
@@ -91,14 +103,52 @@ impl Stats {
         }
     }
 
+    /// Fetch and collate times are those worker processes add to the cells at `cells` of
+    /// `region` from now on (times.rs).
+    pub fn read_workers(&self, region: Arc<ShmRegion>, cells: Vec<usize>) {
+        let mut workers = WorkerTimes {
+            region,
+            cells,
+            since: [0; 2],
+        };
+        workers.since = workers.sums();
+        *lock(&self.workers) = Some(workers);
+    }
+
     /// A new epoch on the same iterator (persistent workers).
     pub fn clear(&self) {
         for n in &self.nanos {
             n.store(0, Relaxed);
         }
+        if let Some(workers) = lock(&self.workers).as_mut() {
+            workers.since = workers.sums();
+        }
         self.batches.store(0, Relaxed);
         *lock(&self.handed_out_at) = None;
         *lock(&self.called_at) = None;
+    }
+}
+
+/// Where worker processes' fetch and collate times are, and their sums when the epoch began.
+struct WorkerTimes {
+    region: Arc<ShmRegion>,
+    cells: Vec<usize>,
+    since: [u64; 2],
+}
+
+impl WorkerTimes {
+    /// (fetch, collate) nanoseconds over every worker's cell.
+    fn sums(&self) -> [u64; 2] {
+        self.cells.iter().fold([0, 0], |[f, c], &at| {
+            let [df, dc] = times::read(&self.region, at);
+            [f.wrapping_add(df), c.wrapping_add(dc)]
+        })
+    }
+
+    /// (fetch, collate) nanoseconds since the epoch began.
+    fn this_epoch(&self) -> [u64; 2] {
+        let [f, c] = self.sums();
+        [f.wrapping_sub(self.since[0]), c.wrapping_sub(self.since[1])]
     }
 }
 
@@ -120,14 +170,18 @@ impl Stats {
         let out = PyDict::new(py);
         out.set_item("batches", self.batches.load(Relaxed))?;
         let elsewhere = self.elsewhere.load(Relaxed);
+        let workers = lock(&self.workers).as_ref().map(WorkerTimes::this_epoch);
         for (name, stage) in STAGES {
             let key = format!("{name}_s");
+            let mut nanos = self.nanos[stage as usize].load(Relaxed);
             if elsewhere && matches!(stage, Stage::Fetch | Stage::Collate) {
-                out.set_item(key, py.None())?;
-            } else {
-                let nanos = self.nanos[stage as usize].load(Relaxed);
-                out.set_item(key, nanos as f64 / 1e9)?;
+                let Some(times) = workers else {
+                    out.set_item(key, py.None())?;
+                    continue;
+                };
+                nanos += times[if matches!(stage, Stage::Fetch) { 0 } else { 1 }];
             }
+            out.set_item(key, nanos as f64 / 1e9)?;
         }
         Ok(out)
     }

@@ -15,12 +15,13 @@ use pyo3::types::{PyBytes, PyList};
 use rloader_queue::{Doorbell, QueueError, Ring, ShmRegion};
 use rloader_workers::layout::DOORBELL_AT;
 use rloader_workers::wire::{self, kind, BatchMessage, HEADER};
-use rloader_workers::{Layout, MainProcess, PoolError};
+use rloader_workers::{times, Layout, MainProcess, PoolError};
 
 use crate::buffers::contiguous_bytes;
 use crate::errors::to_py;
 use crate::fetch::{Collate, Fetcher, KeyBatch};
 use crate::slots;
+use crate::stats::{Stage, Stats};
 use crate::wait;
 
 /// What a worker needs to run its loop: the spec `start_pool` sends each worker, with what
@@ -96,7 +97,12 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
     // Collation and send_batch find this worker's slots here (NOTE [Slots]).
     let _arena = slots::install(layout.arena(shm.clone(), worker_id));
     let collate = Collate::new(collate_fn, collate_plan)?;
-    let mut fetcher = if iterable {
+    // This worker's fetch and collate times, added to its cell in the region after each task
+    // for the main process's `DataLoader.stats()` (rloader-workers' times.rs).
+    let timed = Py::new(py, Stats::new_in(false))?;
+    let times_at = layout.times(worker_id);
+    let mut published = [0u64; 2];
+    let fetcher = if iterable {
         // Without an iterator (its creation failed: `init_error` reports it) the worker stays
         // empty-handed.
         let samples = match samples {
@@ -107,6 +113,7 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
     } else {
         Fetcher::map(py, dataset, auto_collation, collate)?
     };
+    let mut fetcher = fetcher.with_stats(timed.clone_ref(py));
     let hooks = hooks.bind(py);
     // A main process that is gone reads as a closed ring: the worker leaves.
     let main_gone = || Ok(main.gone().then_some(Err(QueueError::Closed)));
@@ -198,6 +205,10 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
                 1,
             )?;
         }
+        let now = [Stage::Fetch, Stage::Collate].map(|stage| timed.get().nanos(stage));
+        times::add(&shm, times_at, times::FETCH, now[0] - published[0]);
+        times::add(&shm, times_at, times::COLLATE, now[1] - published[1]);
+        published = now;
         // A batch that cannot be encoded or sent (its pickling raises, say) is that batch's
         // error, reported as any error of the dataset or collate_fn is: never a dead worker.
         let ended_with_it = iterable && fetcher.ended(); // a short last batch

@@ -2,7 +2,8 @@
 //!
 //! One region per pool (an anonymous memfd, `rloader_queue::ShmRegion`) holds, in order: the
 //! doorbell every worker rings after each answer, the slots' metadata (state word and
-//! high-water mark, NOTE [Slots] in slots.rs), per worker its task ring (main → worker) and
+//! high-water mark, NOTE [Slots] in slots.rs), each worker's fetch and collate times
+//! (times.rs), per worker its task ring (main → worker) and
 //! its answer ring (worker → main), then per worker its batch slots. Rings are reserved when
 //! the region is made (`committed` bytes); slots only as they are used. The main process and
 //! each worker compute the same `Layout` from `(num_workers, prefetch_factor)`, so only the
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use rloader_queue::{Ring, ShmRegion};
 
 use crate::slots::{self, Arena, SLOT_META_BYTES, SLOT_SPAN};
+use crate::times;
 
 /// Ring capacities. A message larger than its ring streams through it in parts (the main
 /// process reassembles it), so these bound memory, not batch size. Tensor bytes travel in
@@ -38,6 +40,8 @@ pub struct Layout {
     rings: Vec<[(usize, usize); 2]>,
     slots_per_worker: usize,
     states_at: usize,
+    /// Per worker, its fetch and collate times (`times.rs`), a cache line each.
+    times_at: usize,
     slots_at: usize,
 }
 
@@ -51,7 +55,8 @@ impl Layout {
     pub fn new(num_workers: usize, prefetch_factor: usize) -> Layout {
         let slots_per_worker = slots::slots_per_worker(prefetch_factor);
         let states_at = STATES_AT;
-        let mut at = align(states_at + SLOT_META_BYTES * num_workers * slots_per_worker);
+        let times_at = align(states_at + SLOT_META_BYTES * num_workers * slots_per_worker);
+        let mut at = align(times_at + times::BYTES * num_workers);
         let mut rings = Vec::with_capacity(num_workers);
         for _ in 0..num_workers {
             let spans = [INDEX_RING, RESULT_RING].map(|capacity| {
@@ -69,8 +74,14 @@ impl Layout {
             rings,
             slots_per_worker,
             states_at,
+            times_at,
             slots_at,
         }
+    }
+
+    /// The offset of worker `w`'s fetch and collate times (`times.rs`).
+    pub fn times(&self, w: usize) -> usize {
+        self.times_at + w * times::BYTES
     }
 
     pub fn num_workers(&self) -> usize {
@@ -130,6 +141,10 @@ mod tests {
             for s in 0..l.slots_per_worker() {
                 let (slot, state) = l.slot(w, s);
                 out.push((format!("meta {w}/{s}"), state, state + SLOT_META_BYTES));
+                if s == 0 {
+                    let t = l.times(w);
+                    out.push((format!("times {w}"), t, t + times::BYTES));
+                }
                 out.push((format!("slot {w}/{s}"), slot, slot + SLOT_SPAN));
             }
             let (t, tl) = l.task_ring(w);

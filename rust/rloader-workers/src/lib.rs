@@ -12,6 +12,8 @@
 //! - [`slots`]: the batch slots' state machine, who owns a slot's bytes when (NOTE [Slots]);
 //! - [`pinned`]: slots registered with the accelerator's driver, and freeing them only after
 //!   the device has read them (NOTE [Pinned slots]);
+//! - [`times`]: each worker's fetch and collate time, summed in the region for the main
+//!   process's `DataLoader.stats()`;
 //! - [`parent`]: a worker watching its main process, so that it never outlives it;
 //! - [`PoolError`]: what can go wrong, which the binding crate maps to Python exceptions.
 //!
@@ -24,6 +26,7 @@ pub mod parent;
 pub mod pinned;
 pub mod scheduler;
 pub mod slots;
+pub mod times;
 pub mod wire;
 
 pub use error::PoolError;
