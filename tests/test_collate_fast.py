@@ -120,3 +120,19 @@ def test_common_batches_take_the_fast_path(batch):
 )
 def test_unusual_batches_fall_back_to_the_general_path(batch):
     assert fast_collate(batch) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 2, 7, 64])
+def test_a_large_batch_of_arrays_copied_on_several_threads_is_torchs(threads, rows):
+    # At least 1 MiB: copied on torch.get_num_threads() threads (up to 4), in chunks of rows
+    # that need not divide evenly.
+    rng = np.random.default_rng(rows)
+    batch = [rng.integers(0, 255, (3, 224, 224), dtype=np.uint8) for _ in range(rows)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = fast_collate(batch)
+    finally:
+        torch.set_num_threads(before)
+    assert same(ours, tud.default_collate(batch))

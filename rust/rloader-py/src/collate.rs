@@ -27,6 +27,7 @@ struct Handles {
     empty: Py<PyAny>,
     frombuffer: Py<PyAny>,
     stack: Py<PyAny>,
+    get_num_threads: Py<PyAny>,
     tensor_type: Py<PyType>,
     strided: Py<PyAny>,
     int64: Py<PyAny>,
@@ -68,6 +69,7 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             empty: get("empty")?,
             frombuffer: get("frombuffer")?,
             stack: get("stack")?,
+            get_num_threads: get("get_num_threads")?,
             tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
             strided: get("strided")?,
             int64: get("int64")?,
@@ -374,30 +376,80 @@ fn arrays_tensor<'py>(
         }
         sources.push(src.as_ptr() as usize);
     }
-    let copy = move || {
-        for (i, src) in sources.into_iter().enumerate() {
-            // SAFETY: `out` holds len(views) * each bytes, row i at [i*each, (i+1)*each), and
+    let copy_rows = move |first_row: usize, rows: &[usize]| {
+        for (i, &src) in rows.iter().enumerate() {
+            // SAFETY: `out` holds len(views) * each bytes, row r at [r*each, (r+1)*each), and
             // no one else has it yet; each source is `each` bytes of an array whose buffer
             // export (`views`, alive until this function returns) keeps it from being freed
             // or resized.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     src as *const u8,
-                    (base as *mut u8).add(i * each),
+                    (base as *mut u8).add((first_row + i) * each),
                     each,
                 )
             };
         }
     };
+    let total = each * views.len();
     // A large copy lets go of the GIL (worker threads run Python meanwhile, as torch.stack
     // lets them); a small one is not worth the hand-over.
-    if each * views.len() >= DETACHED_COPY {
-        py.detach(copy);
+    if total >= DETACHED_COPY {
+        let threads = copy_threads(py, h, total)?;
+        py.detach(|| split_copy(&sources, threads, copy_rows));
     } else {
-        copy();
+        copy_rows(0, &sources);
     }
     drop(views);
     Ok(Some(out))
+}
+
+/// Batches at least this large are copied on several threads (`copy_threads`).
+const SPLIT_COPY_MIN: usize = 1 << 20;
+/// At most this many threads copy one batch.
+const SPLIT_COPY_THREADS: usize = 4;
+
+thread_local! {
+    /// Set on worker threads (threads.rs), which already collate side by side: each copies
+    /// its own batches on its own thread.
+    static ONE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread copies the batches it collates by itself (a worker thread).
+pub fn copy_on_this_thread_only() {
+    ONE_THREAD.with(|one| one.set(true));
+}
+
+/// How many threads copy a batch of `total` bytes: `torch.get_num_threads()`, as torch.stack
+/// copies large inputs, up to `SPLIT_COPY_THREADS`, for a batch of at least `SPLIT_COPY_MIN`
+/// bytes; one on a worker thread, and in a worker process (torch.set_num_threads(1) there, as
+/// in torch's workers).
+fn copy_threads(py: Python<'_>, h: &Handles, total: usize) -> PyResult<usize> {
+    if total < SPLIT_COPY_MIN || ONE_THREAD.with(|one| one.get()) {
+        return Ok(1);
+    }
+    let n: usize = h.get_num_threads.call0(py)?.extract(py)?;
+    Ok(n.clamp(1, SPLIT_COPY_THREADS))
+}
+
+/// `copy_rows(first_row, rows)` over `rows` in `threads` contiguous chunks, each on a thread of
+/// this call (none outlives it, so a fork never finds one half-way).
+fn split_copy(rows: &[usize], threads: usize, copy_rows: impl Fn(usize, &[usize]) + Sync) {
+    if threads <= 1 || rows.len() < 2 {
+        return copy_rows(0, rows);
+    }
+    let per = rows.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let mut chunks = rows.chunks(per).enumerate();
+        let mine = chunks.next();
+        for (c, chunk) in chunks {
+            let copy_rows = &copy_rows;
+            scope.spawn(move || copy_rows(c * per, chunk));
+        }
+        if let Some((_, chunk)) = mine {
+            copy_rows(0, chunk);
+        }
+    });
 }
 
 /// `fast_collate(batch)`: the collated batch, or None when the general path must run.

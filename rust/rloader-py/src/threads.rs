@@ -261,6 +261,7 @@ fn worker_main(
 ) {
     let asynchronous = shared.asynchronous;
     let stop = shared.stop.clone();
+    crate::collate::copy_on_this_thread_only();
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
     let _ = Python::try_attach(|py| {
