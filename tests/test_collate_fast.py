@@ -124,9 +124,9 @@ def test_unusual_batches_fall_back_to_the_general_path(batch):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("rows", [1, 2, 7, 64])
-def test_a_large_batch_of_arrays_copied_on_several_threads_is_torchs(threads, rows):
-    # At least 1 MiB: copied on torch.get_num_threads() threads (up to 4), in chunks of rows
-    # that need not divide evenly.
+def test_a_batch_of_arrays_copied_on_one_or_several_threads_is_torchs(threads, rows):
+    # From 1 MiB (7 and 64 rows of 147 KiB) copied on torch.get_num_threads() threads (up to
+    # 4), in chunks of rows that need not divide evenly; below it (1 and 2 rows) on one.
     rng = np.random.default_rng(rows)
     batch = [rng.integers(0, 255, (3, 224, 224), dtype=np.uint8) for _ in range(rows)]
     before = torch.get_num_threads()

@@ -48,10 +48,12 @@ class Driver:
         self.events: list = []
         self.events_done = events_done
         self.refuse = refuse
+        self.refuse_after: "int | None" = None  # registrations granted before refusing
         self.registrations = 0
 
     def register(self, addr: int, length: int) -> None:
-        if self.refuse:
+        if self.refuse or self.registrations == self.refuse_after:
+            self.refuse = True
             raise RuntimeError("cudaHostRegister refused (test)")
         for at, n in self.ranges.items():
             assert addr + length <= at or at + n <= addr, "overlapping registrations"
@@ -217,6 +219,40 @@ def test_a_refused_registration_warns_and_batches_are_copied_as_before(driver):
     assert driver.events == []  # nothing is fenced without a registration
 
 
+def test_slots_registered_before_a_refusal_are_still_fenced(driver):
+    # Two slots are registered, then the driver refuses: batches in those two still read as
+    # pinned (they are not copied), so they must still wait for their events.
+    driver.refuse_after = 2
+    driver.events_done = False
+    loader = loader_of(Rows(384), persistent_workers=True)
+    it = iter(loader)
+    dropped = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for batch in it:
+            if driver.covers(batch.data_ptr(), batch.nbytes):
+                dropped.append((batch.data_ptr(), batch.nbytes, batch.numpy().tobytes()))
+            del batch
+    assert len(driver.ranges) == 2 and len(dropped) == 2  # each registered slot used once
+    for addr, nbytes, expected in dropped:
+        assert ctypes.string_at(addr, nbytes) == expected
+
+
+def test_a_slot_outgrowing_its_range_after_a_refusal_is_unregistered(driver):
+    # A batch must never lie half in a registered range: it would read as pinned.
+    driver.refuse_after = 2
+    loader = loader_of(Growing(), batch_size=4, collate_fn=torch.cat, num_workers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for batch in loader:
+            inside = [
+                driver.covers(batch.data_ptr(), 1),
+                driver.covers(batch.data_ptr(), batch.nbytes),
+            ]
+            assert inside[0] == inside[1]
+    assert driver.registrations == 2
+
+
 def test_without_pin_memory_nothing_is_registered(driver):
     list(loader_of(Rows(), pin_memory=False))
     assert driver.registrations == 0 and driver.events == []
@@ -249,26 +285,38 @@ def test_worker_batches_are_pinned_where_they_arrive_on_cuda():
     gc.collect()
 
 
-def slow_stream_reads(loader, sleep_cycles: int) -> int:
-    """Moves every batch to the GPU with ``non_blocking=True`` behind a slow kernel on the
-    current stream, dropping it at once; returns how many batches the device read wrong."""
-    stream = torch.cuda.Stream()
+def slow_stream_reads(loader, sleep_cycles: int, how: str = "side stream") -> int:
+    """Moves every batch to the GPU with ``non_blocking=True`` behind a slow kernel, dropping it
+    at once; returns how many batches the device read wrong. ``how``: the copies go on a side
+    stream made current while the batch is dropped; on the default stream; or on a side
+    stream that the default stream waits for, the batch dropped outside it (DataParallel's
+    scatter)."""
+    side = torch.cuda.Stream()
     moved = []
-    with torch.cuda.stream(stream):
-        for batch in loader:
+    for batch in loader:
+        if how == "default stream":
             torch.cuda._sleep(sleep_cycles)  # the copy below waits for this on the stream
             moved.append(batch.to("cuda", non_blocking=True))
-            del batch  # released before the device has read it
+        else:
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(sleep_cycles)
+                moved.append(batch.to("cuda", non_blocking=True))
+                if how == "side stream":
+                    del batch  # released under the stream that reads it
+                    continue
+            torch.cuda.current_stream().wait_stream(side)
+        del batch  # released before the device has read it
     torch.cuda.synchronize()
     expected = [b.cuda() for b in tud.DataLoader(Filled(), batch_size=64)]
     return sum(not torch.equal(a, b) for a, b in zip(moved, expected, strict=True))
 
 
 @cuda
-def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_it_is_overwritten():
+@pytest.mark.parametrize("how", ["side stream", "default stream", "waited-for side stream"])
+def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_it_is_overwritten(how):
     # ~10 ms of spinning per batch (at ~2 GHz): the workers refill a freed slot far sooner.
     loader = loader_of(Filled(), batch_size=64, num_workers=4)
-    assert slow_stream_reads(loader, 20_000_000) == 0
+    assert slow_stream_reads(loader, 20_000_000, how) == 0
 
 
 @cuda

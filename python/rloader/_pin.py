@@ -300,36 +300,67 @@ def _reraised(wrapper: ExceptionWrapper) -> BaseException:
 
 def slot_pinning() -> Optional[tuple]:
     """``(register, unregister, fence)`` for pinning worker processes' batches where they
-    arrive (``PoolRegion._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), or
+    arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), or
     None where the accelerator is not CUDA (the pin thread then copies batches into pinned
-    memory, as torch's does).
+    memory, as torch's does). Nothing here touches CUDA until the first batch arrives, on the
+    pin thread, after the workers have started (as torch's pin thread is the first to).
 
-    ``fence()`` is an event recorded on the current stream when a batch is dropped: the slot it
-    lies in goes back to its worker once the event has completed, so a batch moved with
-    ``non_blocking=True`` and dropped at once is read before it is overwritten.
+    ``fence()`` records an event on the current stream of every device in use when a batch is
+    dropped: the slot it lies in goes back to its worker once they have all completed, so a
+    batch moved with ``non_blocking=True`` (to any device, or scattered by ``DataParallel``,
+    whose copy streams the devices' current streams wait for) and dropped at once is read
+    before it is overwritten.
     """
     if not torch.cuda.is_available() or torch.version.hip is not None:
         return None
-    cudart = torch.cuda.cudart()
-    success = cudart.cudaError.success
     portable = 1  # cudaHostRegisterPortable: pinned for every device, as torch's pinned memory
 
     def register(addr: int, length: int) -> None:
+        cudart = torch.cuda.cudart()
         error = cudart.cudaHostRegister(addr, length, portable)
-        if error != success:
+        if error != cudart.cudaError.success:
             _clear_cuda_error()
             raise RuntimeError(f"cudaHostRegister of {length} bytes failed: {error}")
 
     def unregister(addr: int) -> None:
-        if cudart.cudaHostUnregister(addr) != success:
+        cudart = torch.cuda.cudart()
+        if cudart.cudaHostUnregister(addr) != cudart.cudaError.success:
             _clear_cuda_error()
 
-    def fence():
-        event = torch.cuda.Event()
-        event.record()
-        return event
+    def fence() -> "_Events":
+        return _Events([_recorded(d) for d in _devices_in_use()])
 
     return register, unregister, fence
+
+
+def _devices_in_use() -> list:
+    """The CUDA devices this process has a context on (a copy to a device needs one)."""
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if has_context is None:
+        return [torch.cuda.current_device()]
+    return [d for d in range(torch.cuda.device_count()) if has_context(d)]
+
+
+def _recorded(device: int):
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+class _Events:
+    """Events on several devices' streams, done when all are."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def query(self) -> bool:
+        return all(event.query() for event in self.events)
+
+    def synchronize(self) -> None:
+        for event in self.events:
+            event.synchronize()
 
 
 def _clear_cuda_error() -> None:

@@ -170,6 +170,13 @@ class PoolIter:
 
     # Instances have a __dict__; rloader._workers.start_pool sets this one.
     _rloader_pool: Any
+    def _pin_slots(
+        self,
+        register: Callable[[int, int], object],
+        unregister: Callable[[int], object],
+        fence: Callable[[], Any],
+    ) -> None:
+        """From now on, batches arriving in slots are pinned there (NOTE [Pinned slots])."""
     def __new__(
         cls,
         *,
@@ -346,14 +353,6 @@ class PoolRegion:
         """Whether a pool of this shape can use the region."""
     def _close_rings(self) -> None:
         """Closes the pool's rings, so that its workers leave (how every pool is stopped)."""
-    def _pin_slots(
-        self,
-        register: Callable[[int, int], object],
-        unregister: Callable[[int], object],
-        fence: Callable[[], Any],
-    ) -> None:
-        """Registers slots with the driver as batches arrive, and frees a slot only once the
-        device has read it (NOTE [Pinned slots]); only the first call counts."""
     @property
     def _pinned_counts(self) -> tuple[int, int] | None:
         """(slots waiting for the device, slots registered), or None (for tests)."""

@@ -411,9 +411,6 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     try:  # the sampler's first draws may fail: then the region serves the next pool still
         new_feed = feed = None
         drawn = 0
-        pinning = _pin.slot_pinning() if pin is not None else None
-        if pinning is not None:  # batches are pinned where the workers write them
-            region._pin_slots(*pinning)
         if pin is not None:
             # The pin thread sends the tasks; the main thread draws their keys, or for an iterable
             # dataset their tokens (NOTE [Key feed]).
@@ -474,6 +471,9 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         finalizer()
         raise
     if pin is not None:
+        pinning = _pin.slot_pinning()
+        if pinning is not None:  # batches are pinned where the workers write them
+            it._pin_slots(*pinning)
         return PinnedBatches(
             it,
             pin,

@@ -68,8 +68,12 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
             0 loads in the main process.
         collate_fn: merges a list of samples into a batch (default: ``default_collate``, or
             ``default_convert`` without automatic batching).
-        pin_memory: copy batches into page-locked memory before returning them (on a machine
-            with an accelerator; elsewhere it warns and does nothing, as torch does).
+        pin_memory: return batches in page-locked memory (on a machine with an accelerator;
+            elsewhere it warns and does nothing, as torch does). On CUDA, worker processes'
+            batches are pinned where they arrive, without a copy; their memory is reused
+            once the events recorded on each device's current stream, when the batch is
+            dropped, have completed: drop a batch after the copies that read it are queued
+            on (or waited for by) the current streams, not while a side stream still reads it.
         drop_last: drop the last batch when it is smaller than ``batch_size``.
         timeout: seconds to wait for a batch from the workers before raising (0: no limit).
         worker_init_fn: called in each worker with its id, after seeding, before loading.

@@ -164,7 +164,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if let (Some(lease), Some(pinned)) = (self.lease.take(), self.pinned.take()) {
             // The last tensor over the slot is gone (this runs as Python frees the object).
-            Python::attach(|py| pinned.park(py, lease));
+            pinned.release(lease);
         }
     }
 }

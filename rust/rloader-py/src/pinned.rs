@@ -63,14 +63,23 @@ impl PinnedSlots {
     /// Called only for a slot the main process has just leased, whose earlier releases have all
     /// been reclaimed (its worker wrote into it): no device read of it is in flight.
     pub fn ensure(&self, py: Python<'_>, slot_at: usize, needed: usize) -> bool {
-        if self.failed.load(Ordering::Relaxed) {
-            return false;
-        }
         let plan = lock(&self.registrations).plan(slot_at, needed);
         let Registration::Register { replace, len } = plan else {
+            // Registered (before a refusal too): its batch is pinned, so it must be fenced.
             return true;
         };
         let addr = self.shm.as_ptr() as usize + slot_at;
+        if self.failed.load(Ordering::Relaxed) {
+            // Not registered again after a refusal; a batch that outgrew its slot's range
+            // must not lie half in it (it would read as pinned and not be copied).
+            if replace {
+                if let Err(err) = self.unregister.call1(py, (addr,)) {
+                    err.write_unraisable(py, None);
+                }
+                lock(&self.registrations).unregistered(slot_at);
+            }
+            return false;
+        }
         let result = (|| -> PyResult<()> {
             if replace {
                 self.unregister.call1(py, (addr,))?;
@@ -96,40 +105,63 @@ impl PinnedSlots {
         true
     }
 
-    /// A leased slot whose batch is gone: it goes back to its worker once the device has read
-    /// it (an event recorded now, on the current stream). Also frees earlier ones now done.
-    pub fn park(&self, py: Python<'_>, lease: SlotLease) {
-        match self.fence.call0(py) {
-            Ok(fence) => lock(&self.parked).park(lease, fence),
-            Err(err) => {
-                // No event: the accelerator is unusable, and nothing more will read the slot.
-                err.write_unraisable(py, None);
-                drop(lease);
-            }
+    /// A leased slot whose batch is gone (its `Lease` is being freed): it goes back to its
+    /// worker once the device has read it (events recorded now, NOTE [Pinned slots]). Also
+    /// frees earlier ones now done. Runs inside a deallocation, so the exception being raised
+    /// meanwhile, if any, is kept.
+    pub fn release(&self, lease: SlotLease) {
+        if std::process::id() != self.owner {
+            // A forked child's copy of the parent's batch: the slot is the parent's affair.
+            std::mem::forget(lease);
+            return;
         }
-        self.reclaim(py);
+        Python::attach(|py| {
+            let pending = PyErr::take(py);
+            if finalizing(py) {
+                drop(lease); // at exit: no device work will be waited for
+            } else {
+                match self.fence.call0(py) {
+                    Ok(fence) => lock(&self.parked).park(lease, fence),
+                    Err(err) => {
+                        // Without an event the slot never goes back (its worker sends inline):
+                        // better than overwriting what the device may still read.
+                        err.write_unraisable(py, None);
+                        std::mem::forget(lease);
+                    }
+                }
+                self.reclaim(py);
+            }
+            if let Some(pending) = pending {
+                pending.restore(py);
+            }
+        });
     }
 
-    /// Frees every parked slot whose event has completed.
+    /// Frees every parked slot whose event has completed. A fence that cannot say (its query
+    /// raised) keeps its slot for good, as in `release`, and is asked no more.
     pub fn reclaim(&self, py: Python<'_>) {
         let parked = lock(&self.parked).take();
         if parked.is_empty() {
             return;
         }
+        let mut broken = Vec::new();
         let still = reclaim(parked, |fence| {
-            // A fence that cannot say is taken as done only if it raised: a broken event
-            // would otherwise hold its slot forever.
-            match fence
-                .call_method0(py, "query")
-                .and_then(|done| done.extract::<bool>(py))
-            {
+            let done = fence.call_method0(py, "query");
+            match done.and_then(|done| done.extract::<bool>(py)) {
                 Ok(done) => done,
                 Err(err) => {
                     err.write_unraisable(py, None);
-                    true
+                    broken.push(fence.as_ptr() as usize);
+                    false
                 }
             }
         });
+        let (broken, still): (Vec<_>, Vec<_>) = still
+            .into_iter()
+            .partition(|(_, fence)| broken.contains(&(fence.as_ptr() as usize)));
+        for (lease, _) in broken {
+            std::mem::forget(lease);
+        }
         lock(&self.parked).extend(still);
     }
 
@@ -153,6 +185,7 @@ impl Drop for PinnedSlots {
                 // At exit the driver lets go of everything; torch may be half gone.
                 return;
             }
+            let pending = PyErr::take(py);
             for (lease, fence) in parked {
                 if let Err(err) = fence.call_method0(py, "synchronize") {
                     err.write_unraisable(py, None);
@@ -164,6 +197,9 @@ impl Drop for PinnedSlots {
                 if let Err(err) = self.unregister.call1(py, (base + slot_at,)) {
                     err.write_unraisable(py, None);
                 }
+            }
+            if let Some(pending) = pending {
+                pending.restore(py);
             }
         });
     }

@@ -17,6 +17,7 @@
 //! that its workers are alive and that `timeout` has not passed.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyStopIteration;
@@ -35,6 +36,7 @@ use crate::fetch::KeyBatch;
 use crate::handouts::HandOuts;
 use crate::key_feed::{Fed, Source};
 use crate::length_warning::LengthWarning;
+use crate::pinned::PinnedSlots;
 use crate::region::PoolRegion;
 use crate::stats::{Stage, Stats};
 use crate::wait;
@@ -132,6 +134,8 @@ pub struct PoolIter {
     worker_states: bool,
     /// Where this epoch's time went (`DataLoader.stats()`); fetch and collate are the workers'.
     stats: Py<Stats>,
+    /// Batches arriving in slots are pinned there (`_pin_slots`, NOTE [Pinned slots]).
+    pinned: Option<Arc<PinnedSlots>>,
 }
 
 /// A worker's dataset state after a batch, and whether its iterator ended making it.
@@ -206,6 +210,7 @@ impl PoolIter {
             handouts: Py::new(py, HandOuts::new(num_workers))?,
             worker_states,
             stats,
+            pinned: None,
         })
     }
 
@@ -219,6 +224,15 @@ impl PoolIter {
     #[getter]
     fn _handouts(&self, py: Python<'_>) -> Py<HandOuts> {
         self.handouts.clone_ref(py)
+    }
+
+    /// From now on, batches that arrive in slots are pinned there: each slot registered with
+    /// the accelerator's driver (`register(addr, len)`, `unregister(addr)`), and freed once
+    /// the `fence()` recorded when its batch is dropped has completed (NOTE [Pinned slots];
+    /// `rloader._pin.slot_pinning`). The region keeps the registrations for its later pools.
+    fn _pin_slots(&mut self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
+        let region = self.pool_region.get();
+        self.pinned = Some(region.pinned_slots(register, unregister, fence));
     }
 
     /// (tensor buffers received in shared-memory slots, received inline and copied).
@@ -732,10 +746,10 @@ impl PoolIter {
                         let lease =
                             SlotLease::new(pool.shm.clone(), state_at, slot_at, table.in_slot)
                                 .map_err(to_py)?;
-                        let pinned = pool
-                            .pinned
-                            .get()
-                            .filter(|p| p.ensure(py, slot_at, table.in_slot));
+                        let stats = self.stats.get();
+                        let pinned = self.pinned.as_ref().filter(|p| {
+                            stats.time(Stage::Pin, || p.ensure(py, slot_at, table.in_slot))
+                        });
                         Some(Py::new(py, Lease::new(lease, pinned.cloned()))?)
                     }
                     Some(slot) => return Err(to_py(PoolError::NoSuchSlot { worker, slot })),

@@ -63,21 +63,6 @@ impl PoolRegion {
         self.shm.fd()
     }
 
-    /// From now on, register the slots' batches with the accelerator's driver as they arrive,
-    /// and free a slot only once the device has read it (NOTE [Pinned slots]): `register(addr,
-    /// len)`, `unregister(addr)` and `fence()` are the driver's (`rloader._pin.slot_pinning`).
-    /// Only the first call counts.
-    fn _pin_slots(&self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
-        self.pinned.get_or_init(|| {
-            Arc::new(PinnedSlots::new(
-                self.shm.clone(),
-                register,
-                unregister,
-                fence,
-            ))
-        });
-    }
-
     /// (slots waiting for the device, slots registered), or None without `_pin_slots` (for
     /// tests).
     #[getter]
@@ -98,6 +83,27 @@ impl PoolRegion {
 }
 
 impl PoolRegion {
+    /// The region's registrations with the accelerator's driver (NOTE [Pinned slots]), made
+    /// with `register(addr, len)`, `unregister(addr)` and `fence()` the first time (the
+    /// driver's, from `rloader._pin.slot_pinning`) and kept for the region's later pools.
+    pub fn pinned_slots(
+        &self,
+        register: Py<PyAny>,
+        unregister: Py<PyAny>,
+        fence: Py<PyAny>,
+    ) -> Arc<PinnedSlots> {
+        self.pinned
+            .get_or_init(|| {
+                Arc::new(PinnedSlots::new(
+                    self.shm.clone(),
+                    register,
+                    unregister,
+                    fence,
+                ))
+            })
+            .clone()
+    }
+
     pub fn num_workers(&self) -> usize {
         self.layout.num_workers()
     }

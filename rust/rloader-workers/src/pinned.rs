@@ -8,15 +8,18 @@
 //!
 //! - **Release after the device read.** A batch moved with `non_blocking=True` is read by the
 //!   device some time after `.to()` returns. When the last tensor over a slot is gone, the
-//!   binding crate records an event on the current stream (the one that queued the copies) and
-//!   parks the slot's [`SlotLease`] here with it ([`FencedFrees::park`]): the slot stays
+//!   binding crate records events on the current stream of every device in use (those that
+//!   queued the copies, or wait for the streams that did) and parks the slot's [`SlotLease`]
+//!   here with them ([`FencedFrees::park`]): the slot stays
 //!   LEASED, so its worker cannot write into it, until the event has completed
 //!   ([`FencedFrees::reclaim`], run on each release and each poll of the pool). A worker that
 //!   finds no FREE slot meanwhile sends its batch inline (correct, one copy slower). The
 //!   stream is the current one of the thread that lets go of the batch, so that must be the
 //!   user's: the pin thread keeps no reference to a batch it has handed over (NOTE [Pin
-//!   thread]). A user who copies on one stream and drops the batch under another must
-//!   synchronize first, as with any memory a side stream reads.
+//!   thread]). A copy on a side stream that no current stream waits for is not covered (torch
+//!   records its event on the copying stream, which it sees and this does not): the README
+//!   says so. Where a fence cannot be made or asked, its slot is never freed (its worker
+//!   sends inline from then on) rather than freed early.
 //! - **Unregister before unmapping.** A registration outlives nothing it covers: the binding
 //!   crate's holder of the registrations keeps the region mapped (an `Arc<ShmRegion>`) and
 //!   unregisters every range ([`Registrations::drain`]) before letting go of it, after waiting
