@@ -122,7 +122,7 @@ impl LoaderIter {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
         let collate = Collate::new(collate_fn, collate_plan)?.with_buffers(buffers);
-        let stats = Py::new(py, Stats::new_in(false))?;
+        let stats = Py::new(py, Stats::new())?;
         let (keys, fetcher) = match keys {
             Some(keys) => (
                 Some(Keys::new(&keys, auto_collation)?),

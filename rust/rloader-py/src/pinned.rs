@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::exceptions::PyRuntimeWarning;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use rloader_queue::ShmRegion;
 use rloader_workers::pinned::{reclaim, FencedFrees, Registration, Registrations};
@@ -205,9 +206,13 @@ impl Drop for PinnedSlots {
     }
 }
 
+/// `sys.is_finalizing()` (looked up once: it is asked at every release).
 fn finalizing(py: Python<'_>) -> bool {
-    py.import("sys")
-        .and_then(|sys| sys.call_method0("is_finalizing"))
-        .and_then(|f| f.extract::<bool>())
+    static IS_FINALIZING: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    IS_FINALIZING
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("sys")?.getattr("is_finalizing")?.unbind())
+        })
+        .and_then(|f| f.call0(py)?.extract::<bool>(py))
         .unwrap_or(true)
 }

@@ -175,7 +175,7 @@ impl PoolIter {
             None => None,
         };
         // Fetch and collate run in the workers, which add their times to the region.
-        let stats = Stats::new_in(true);
+        let stats = Stats::new();
         let cells = (0..num_workers).map(|w| pr.layout.times(w)).collect();
         stats.read_workers(pr.shm.clone(), cells);
         let stats = Py::new(py, stats)?;

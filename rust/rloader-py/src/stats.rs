@@ -8,7 +8,7 @@
 //! and collate times to their cells in the pool's region (rloader-workers' times.rs), which
 //! their iterator's `Stats` reads ([`Stats::read_workers`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,12 +40,11 @@ const STAGES: [(&str, Stage); 6] = [
 ];
 
 #[pyclass(module = "rloader._rloader", frozen)]
+#[derive(Default)]
 pub struct Stats {
     nanos: [AtomicU64; 6],
     batches: AtomicU64,
-    /// Fetch and collate run in worker processes, whose times are not reported here unless
-    /// `workers` says where they are.
-    elsewhere: AtomicBool,
+    /// Where worker processes add their fetch and collate times (a pool's iterator).
     workers: Mutex<Option<WorkerTimes>>,
     /// When `next()` last returned, and when the current call began.
     handed_out_at: Mutex<Option<Instant>>,
@@ -53,15 +52,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn new_in(fetch_elsewhere: bool) -> Stats {
-        Stats {
-            nanos: Default::default(),
-            batches: AtomicU64::new(0),
-            elsewhere: AtomicBool::new(fetch_elsewhere),
-            workers: Mutex::new(None),
-            handed_out_at: Mutex::new(None),
-            called_at: Mutex::new(None),
-        }
+    pub fn new() -> Stats {
+        Stats::default()
     }
 
     pub fn add(&self, stage: Stage, elapsed: Duration) {
@@ -69,9 +61,9 @@ impl Stats {
         self.nanos[stage as usize].fetch_add(nanos, Relaxed);
     }
 
-    /// Nanoseconds spent in `stage` so far.
-    pub fn nanos(&self, stage: Stage) -> u64 {
-        self.nanos[stage as usize].load(Relaxed)
+    /// Nanoseconds spent in `stage` since the last take, taken out.
+    pub fn take(&self, stage: Stage) -> u64 {
+        self.nanos[stage as usize].swap(0, Relaxed)
     }
 
     /// Times `f` as `stage`.
@@ -159,29 +151,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[pymethods]
 impl Stats {
     #[new]
-    #[pyo3(signature = (fetch_elsewhere=false))]
-    fn py_new(fetch_elsewhere: bool) -> Stats {
-        Stats::new_in(fetch_elsewhere)
+    fn py_new() -> Stats {
+        Stats::new()
     }
 
-    /// `{"batches": n, "<stage>_s": seconds, ...}`; fetch and collate are None when they ran in
-    /// worker processes.
+    /// `{"batches": n, "<stage>_s": seconds, ...}`; fetch and collate include the worker
+    /// processes' times.
     fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         out.set_item("batches", self.batches.load(Relaxed))?;
-        let elsewhere = self.elsewhere.load(Relaxed);
-        let workers = lock(&self.workers).as_ref().map(WorkerTimes::this_epoch);
+        let [fetch, collate] = lock(&self.workers)
+            .as_ref()
+            .map_or([0, 0], WorkerTimes::this_epoch);
         for (name, stage) in STAGES {
-            let key = format!("{name}_s");
-            let mut nanos = self.nanos[stage as usize].load(Relaxed);
-            if elsewhere && matches!(stage, Stage::Fetch | Stage::Collate) {
-                let Some(times) = workers else {
-                    out.set_item(key, py.None())?;
-                    continue;
-                };
-                nanos += times[if matches!(stage, Stage::Fetch) { 0 } else { 1 }];
-            }
-            out.set_item(key, nanos as f64 / 1e9)?;
+            let elsewhere = match stage {
+                Stage::Fetch => fetch,
+                Stage::Collate => collate,
+                _ => 0,
+            };
+            let nanos = self.nanos[stage as usize].load(Relaxed) + elsewhere;
+            out.set_item(format!("{name}_s"), nanos as f64 / 1e9)?;
         }
         Ok(out)
     }

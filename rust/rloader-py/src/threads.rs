@@ -414,7 +414,7 @@ impl ThreadPool {
         if workers.is_empty() {
             return Err(to_py(PoolError::NoWorkers));
         }
-        let stats = Py::new(py, Stats::new_in(false))?;
+        let stats = Py::new(py, Stats::new())?;
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Shared {
             stats: stats.clone_ref(py),

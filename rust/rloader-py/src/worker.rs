@@ -99,9 +99,8 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
     let collate = Collate::new(collate_fn, collate_plan)?;
     // This worker's fetch and collate times, added to its cell in the region after each task
     // for the main process's `DataLoader.stats()` (rloader-workers' times.rs).
-    let timed = Py::new(py, Stats::new_in(false))?;
+    let timed = Py::new(py, Stats::new())?;
     let times_at = layout.times(worker_id);
-    let mut published = [0u64; 2];
     let fetcher = if iterable {
         // Without an iterator (its creation failed: `init_error` reports it) the worker stays
         // empty-handed.
@@ -205,10 +204,13 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
                 1,
             )?;
         }
-        let now = [Stage::Fetch, Stage::Collate].map(|stage| timed.get().nanos(stage));
-        times::add(&shm, times_at, times::FETCH, now[0] - published[0]);
-        times::add(&shm, times_at, times::COLLATE, now[1] - published[1]);
-        published = now;
+        times::add(&shm, times_at, times::FETCH, timed.get().take(Stage::Fetch));
+        times::add(
+            &shm,
+            times_at,
+            times::COLLATE,
+            timed.get().take(Stage::Collate),
+        );
         // A batch that cannot be encoded or sent (its pickling raises, say) is that batch's
         // error, reported as any error of the dataset or collate_fn is: never a dead worker.
         let ended_with_it = iterable && fetcher.ended(); // a short last batch
