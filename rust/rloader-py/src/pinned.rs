@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use rloader_queue::ShmRegion;
-use rloader_workers::pinned::{reclaim, FencedFrees, Registration, Registrations};
+use rloader_workers::pinned::{reclaim, Parked, Registration, Registrations};
 use rloader_workers::slots::SlotLease;
 
 pub struct PinnedSlots {
@@ -30,7 +30,7 @@ pub struct PinnedSlots {
     registrations: Mutex<Registrations>,
     /// Guarded briefly: never held while Python runs (a fence's check may drop a batch, whose
     /// release parks here).
-    parked: Mutex<FencedFrees<Py<PyAny>>>,
+    parked: Mutex<Vec<Parked<Py<PyAny>>>>,
     /// The driver refused a registration once: from then on batches are copied into pinned
     /// memory by the pin thread, as without this.
     failed: AtomicBool,
@@ -54,7 +54,7 @@ impl PinnedSlots {
             fence,
             owner: std::process::id(),
             registrations: Mutex::new(Registrations::default()),
-            parked: Mutex::new(FencedFrees::default()),
+            parked: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
         }
     }
@@ -122,7 +122,7 @@ impl PinnedSlots {
                 drop(lease); // at exit: no device work will be waited for
             } else {
                 match self.fence.call0(py) {
-                    Ok(fence) => lock(&self.parked).park(lease, fence),
+                    Ok(fence) => lock(&self.parked).push((lease, fence)),
                     Err(err) => {
                         // Without an event the slot never goes back (its worker sends inline):
                         // better than overwriting what the device may still read.
@@ -141,7 +141,7 @@ impl PinnedSlots {
     /// Frees every parked slot whose event has completed. A fence that cannot say (its query
     /// raised) keeps its slot for good, as in `release`, and is asked no more.
     pub fn reclaim(&self, py: Python<'_>) {
-        let parked = lock(&self.parked).take();
+        let parked = std::mem::take(&mut *lock(&self.parked));
         if parked.is_empty() {
             return;
         }
@@ -174,7 +174,7 @@ impl PinnedSlots {
 
 impl Drop for PinnedSlots {
     fn drop(&mut self) {
-        let parked = lock(&self.parked).take();
+        let parked = std::mem::take(&mut *lock(&self.parked));
         let slots = lock(&self.registrations).drain();
         if std::process::id() != self.owner {
             // A forked child registered nothing, and its parent owns the parked slots' states.

@@ -10,9 +10,9 @@
 //!   device some time after `.to()` returns. When the last tensor over a slot is gone, the
 //!   binding crate records events on the current stream of every device in use (those that
 //!   queued the copies, or wait for the streams that did) and parks the slot's [`SlotLease`]
-//!   here with them ([`FencedFrees::park`]): the slot stays
+//!   here with them ([`Parked`]): the slot stays
 //!   LEASED, so its worker cannot write into it, until the event has completed
-//!   ([`FencedFrees::reclaim`], run on each release and each poll of the pool). A worker that
+//!   ([`reclaim`], run on each release and each poll of the pool). A worker that
 //!   finds no FREE slot meanwhile sends its batch inline (correct, one copy slower). The
 //!   stream is the current one of the thread that lets go of the batch, so that must be the
 //!   user's: the pin thread keeps no reference to a batch it has handed over (NOTE [Pin
@@ -97,51 +97,14 @@ impl Registrations {
     }
 }
 
-/// Released slots waiting for the device to finish reading them, each with its fence (an
-/// event, in the binding crate). Dropping a parked lease frees its slot.
-#[derive(Debug)]
-pub struct FencedFrees<F> {
-    parked: Vec<(SlotLease, F)>,
-}
-
-impl<F> Default for FencedFrees<F> {
-    fn default() -> Self {
-        FencedFrees { parked: Vec::new() }
-    }
-}
-
-impl<F> FencedFrees<F> {
-    /// Keeps `lease`'s slot LEASED until `fence` is done.
-    pub fn park(&mut self, lease: SlotLease, fence: F) {
-        self.parked.push((lease, fence));
-    }
-
-    /// Everything parked, to look at without holding whatever guards this (the fences' checks
-    /// may run code that releases more slots); give back what is not done with [`Self::extend`].
-    pub fn take(&mut self) -> Vec<(SlotLease, F)> {
-        std::mem::take(&mut self.parked)
-    }
-
-    pub fn extend(&mut self, still: Vec<(SlotLease, F)>) {
-        self.parked.extend(still);
-    }
-
-    pub fn len(&self) -> usize {
-        self.parked.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.parked.is_empty()
-    }
-}
+/// A released slot waiting for the device to finish reading it, with its fence (events, in
+/// the binding crate). Dropping the lease frees the slot.
+pub type Parked<F> = (SlotLease, F);
 
 /// Splits `parked` into those whose fence `done` says is complete (their slots are freed as
 /// they are dropped here) and the rest, which are returned. Fences complete in any order (they
 /// may be on different streams), so every one is asked.
-pub fn reclaim<F>(
-    parked: Vec<(SlotLease, F)>,
-    mut done: impl FnMut(&F) -> bool,
-) -> Vec<(SlotLease, F)> {
+pub fn reclaim<F>(parked: Vec<Parked<F>>, mut done: impl FnMut(&F) -> bool) -> Vec<Parked<F>> {
     parked
         .into_iter()
         .filter(|(_, fence)| !done(fence))
@@ -223,28 +186,24 @@ mod tests {
             // SAFETY: a state word's offset from the layout, read atomically.
             unsafe { &*(shm.as_ptr().add(at) as *const AtomicU32) }.load(Ordering::Acquire)
         };
-        let mut frees = FencedFrees::default();
+        let mut parked = Vec::new();
         let flags: Vec<Arc<AtomicU32>> = (0..3).map(|_| Arc::new(AtomicU32::new(0))).collect();
         for (s, flag) in flags.iter().enumerate() {
             let (slot_at, state_at) = layout.slot(0, s);
             let lease = SlotLease::new(shm.clone(), state_at, slot_at, 100).unwrap();
-            frees.park(lease, Flag(flag.clone()));
+            parked.push((lease, Flag(flag.clone())));
         }
-        assert_eq!(frees.len(), 3);
         let done = |f: &Flag| f.0.load(Ordering::Relaxed) == 1;
-        let still = reclaim(frees.take(), done);
-        frees.extend(still);
-        assert_eq!(frees.len(), 3);
+        parked = reclaim(parked, done);
+        assert_eq!(parked.len(), 3);
         assert!((0..3).all(|s| state(s) == LEASED));
         flags[1].store(1, Ordering::Relaxed); // the second completes first
-        let still = reclaim(frees.take(), done);
-        frees.extend(still);
+        parked = reclaim(parked, done);
         assert_eq!((state(0), state(1), state(2)), (LEASED, FREE, LEASED));
         flags[0].store(1, Ordering::Relaxed);
         flags[2].store(1, Ordering::Relaxed);
-        let still = reclaim(frees.take(), done);
-        frees.extend(still);
-        assert!(frees.is_empty());
+        parked = reclaim(parked, done);
+        assert!(parked.is_empty());
         assert!((0..3).all(|s| state(s) == FREE));
     }
 }
