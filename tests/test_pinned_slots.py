@@ -21,6 +21,7 @@ import rloader
 from rloader import _pin
 
 from _compare import same
+from _pinning import Driver, Event, slow_stream_reads
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -28,59 +29,9 @@ pytestmark = [
 ]
 
 
-class Event:
-    def __init__(self, done: bool) -> None:
-        self.done = done
-        self.synchronized = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.synchronized = self.done = True
-
-
-class Driver:
-    """cudaHostRegister and events, as far as the slots can tell."""
-
-    def __init__(self, events_done: bool = True, refuse: bool = False) -> None:
-        self.ranges: dict = {}
-        self.events: list = []
-        self.events_done = events_done
-        self.refuse = refuse
-        self.refuse_after: "int | None" = None  # registrations granted before refusing
-        self.registrations = 0
-
-    def register(self, addr: int, length: int) -> None:
-        if self.refuse or self.registrations == self.refuse_after:
-            self.refuse = True
-            raise RuntimeError("cudaHostRegister refused (test)")
-        for at, n in self.ranges.items():
-            assert addr + length <= at or at + n <= addr, "overlapping registrations"
-        self.ranges[addr] = length
-        self.registrations += 1
-
-    def unregister(self, addr: int) -> None:
-        del self.ranges[addr]
-
-    def fence(self) -> Event:
-        event = Event(self.events_done)
-        self.events.append(event)
-        return event
-
-    def covers(self, ptr: int, nbytes: int) -> bool:
-        return any(at <= ptr and ptr + nbytes <= at + n for at, n in self.ranges.items())
-
-
 @pytest.fixture
 def driver(monkeypatch):
-    d = Driver()
-    monkeypatch.setattr(_pin, "slot_pinning", lambda: (d.register, d.unregister, lambda: d.fence()))
-    # No accelerator here: "pinning" is pin_batch's pass-through for what is pinned already.
-    monkeypatch.setattr(
-        _pin, "pin_plan", lambda loader: (lambda b: b) if loader.pin_memory else None
-    )
-    return d
+    return Driver.installed(monkeypatch)
 
 
 class Rows(tud.Dataset):
@@ -215,7 +166,7 @@ def test_a_refused_registration_warns_and_batches_are_copied_as_before(driver):
         batches = [b.clone() for b in loader_of(Rows())]
     assert same(batches, list(tud.DataLoader(Rows(), batch_size=16)))
     texts = [str(w.message) for w in caught if w.category is RuntimeWarning]
-    assert len(texts) == 1 and "could not pin worker batches where they are" in texts[0]
+    assert len(texts) == 1 and "could not pin batches where they are" in texts[0]
     assert driver.events == []  # nothing is fenced without a registration
 
 
@@ -285,38 +236,12 @@ def test_worker_batches_are_pinned_where_they_arrive_on_cuda():
     gc.collect()
 
 
-def slow_stream_reads(loader, sleep_cycles: int, how: str = "side stream") -> int:
-    """Moves every batch to the GPU with ``non_blocking=True`` behind a slow kernel, dropping it
-    at once; returns how many batches the device read wrong. ``how``: the copies go on a side
-    stream made current while the batch is dropped; on the default stream; or on a side
-    stream that the default stream waits for, the batch dropped outside it (DataParallel's
-    scatter)."""
-    side = torch.cuda.Stream()
-    moved = []
-    for batch in loader:
-        if how == "default stream":
-            torch.cuda._sleep(sleep_cycles)  # the copy below waits for this on the stream
-            moved.append(batch.to("cuda", non_blocking=True))
-        else:
-            with torch.cuda.stream(side):
-                torch.cuda._sleep(sleep_cycles)
-                moved.append(batch.to("cuda", non_blocking=True))
-                if how == "side stream":
-                    del batch  # released under the stream that reads it
-                    continue
-            torch.cuda.current_stream().wait_stream(side)
-        del batch  # released before the device has read it
-    torch.cuda.synchronize()
-    expected = [b.cuda() for b in tud.DataLoader(Filled(), batch_size=64)]
-    return sum(not torch.equal(a, b) for a, b in zip(moved, expected, strict=True))
-
-
 @cuda
 @pytest.mark.parametrize("how", ["side stream", "default stream", "waited-for side stream"])
 def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_it_is_overwritten(how):
     # ~10 ms of spinning per batch (at ~2 GHz): the workers refill a freed slot far sooner.
     loader = loader_of(Filled(), batch_size=64, num_workers=4)
-    assert slow_stream_reads(loader, 20_000_000, how) == 0
+    assert slow_stream_reads(loader, Filled(), 20_000_000, how) == 0
 
 
 @cuda
@@ -326,4 +251,4 @@ def test_the_slow_stream_test_sees_overwritten_batches_without_the_fence(monkeyp
     register, unregister, _ = _pin.slot_pinning()
     monkeypatch.setattr(_pin, "slot_pinning", lambda: (register, unregister, lambda: Event(True)))
     loader = loader_of(Filled(), batch_size=64, num_workers=4)
-    assert slow_stream_reads(loader, 20_000_000) > 0
+    assert slow_stream_reads(loader, Filled(), 20_000_000) > 0

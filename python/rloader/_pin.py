@@ -300,9 +300,11 @@ def _reraised(wrapper: ExceptionWrapper) -> BaseException:
 
 def slot_pinning() -> Optional[tuple]:
     """``(register, unregister, fence)`` for pinning worker processes' batches where they
-    arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), or
-    None where the accelerator is not CUDA (the pin thread then copies batches into pinned
-    memory, as torch's does). Nothing here touches CUDA until the first batch arrives, on the
+    arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), and
+    thread workers' and the single-process loop's where they are collated
+    (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-core's batch_memory.rs), or
+    None where the accelerator is not CUDA (batches are then copied into pinned memory, as
+    torch's are). Nothing here touches CUDA until the first batch arrives, on the
     pin thread, after the workers have started (as torch's pin thread is the first to).
 
     ``fence()`` records an event on the current stream of every device in use when a batch is

@@ -387,7 +387,18 @@ class BatchBuffers:
     def __new__(cls) -> BatchBuffers: ...
     @property
     def free_blocks(self) -> int:
-        """Blocks kept free for the next batches."""
+        """Blocks kept free for the next batches (some may wait for the device)."""
+    def _pin_blocks(
+        self,
+        register: Callable[[int, int], object],
+        unregister: Callable[[int], object],
+        fence: Callable[[], Any],
+    ) -> None:
+        """From now on, blocks are registered with the accelerator's driver when first taken
+        and reused once the fence recorded when their batch is dropped has completed."""
+    @property
+    def _pinned(self) -> bool:
+        """Whether blocks are pinned (``_pin_blocks`` was called)."""
 
 @final
 class Lease:

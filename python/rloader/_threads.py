@@ -255,7 +255,7 @@ class _AsyncThreadWorker(_ThreadWorker):
 def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
     """Starts ``loader.num_workers`` worker threads and returns the iterator over their
     batches. The draws (the sampler's iterator, the base seed, the first tasks) are those of
-    ``start_pool`` for processes, in the same order. ``buffers``: the loader's
+    ``start_pool`` for processes, in the same order. ``buffers(pin)``: the loader's
     ``BatchBuffers``, which the workers' large default-collate outputs reuse."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
@@ -266,7 +266,8 @@ def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
         )
     pin = _pin.pin_plan(loader)
-    device = torch.accelerator.current_device_index() if pin is not None else None
+    pinning = pin is not None and torch.accelerator.is_available()
+    device = torch.accelerator.current_device_index() if pinning else None
     _install_per_thread_worker_info()
     n = loader.num_workers
     asynchronous = is_async(loader.dataset)
@@ -288,7 +289,8 @@ def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
         collate_fn=loader.collate_fn,
         collate_plan=_collate_plan(loader.collate_fn),
         pin=pin,
-        buffers=buffers,  # the loader's recycled batch memory (NOTE [Batch memory])
+        # the loader's recycled batch memory (NOTE [Batch memory]), pinned with the batches
+        buffers=None if buffers is None else buffers(pin),
     )
     try:
         it = _rloader.ThreadIter(

@@ -69,8 +69,9 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         collate_fn: merges a list of samples into a batch (default: ``default_collate``, or
             ``default_convert`` without automatic batching).
         pin_memory: return batches in page-locked memory (on a machine with an accelerator;
-            elsewhere it warns and does nothing, as torch does). On CUDA, worker processes'
-            batches are pinned where they arrive, without a copy; their memory is reused
+            elsewhere it warns and does nothing, as torch does). On CUDA, batches are pinned
+            where they arrive (worker processes') or are collated (thread workers' and the
+            single-process loop's large numpy outputs), without a copy; their memory is reused
             once the events recorded on each device's current stream, when the batch is
             dropped, have completed: drop a batch after the copies that read it are queued
             on (or waited for by) the current streams, not while a side stream still reads it.
@@ -225,7 +226,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         # (checked again: both may have been set after the loader was made)
         _check_worker_type(self.worker_type, self.multiprocessing_context)
         if self.worker_type == "thread":
-            return _threads.start_threads(self, buffers=_batch_buffers(self))
+            return _threads.start_threads(self, buffers=lambda pin: _batch_buffers(self, pin))
         self.check_worker_number_rationality()
         return _workers.start_pool(self)
 
@@ -328,7 +329,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
         exhausted=_resume.epoch_of(loader).stream_ended,
-        buffers=_batch_buffers(loader),
+        buffers=_batch_buffers(loader, pin),
     )
 
 
@@ -338,10 +339,16 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
 _BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _batch_buffers(loader: DataLoader) -> _rloader.BatchBuffers:
+def _batch_buffers(loader: DataLoader, pin) -> _rloader.BatchBuffers:
+    """The loader's batch memory. When batches are pinned (``pin``: ``_pin.pin_plan``'s) on
+    CUDA, its blocks are registered with the driver, so a batch is pinned where it was collated
+    (NOTE [Pinned blocks]); a loader whose ``pin_memory`` changed gets new memory."""
+    pinning = _pin.slot_pinning() if pin is not None else None
     buffers = _BUFFERS.get(loader)
-    if buffers is None:
+    if buffers is None or buffers._pinned != (pinning is not None):
         buffers = _BUFFERS[loader] = _rloader.BatchBuffers()
+        if pinning is not None:
+            buffers._pin_blocks(*pinning)
     return buffers
 
 

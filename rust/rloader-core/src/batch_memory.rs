@@ -19,14 +19,60 @@
 //! gone (its loader was collected) a returned block is unmapped instead. The free list is
 //! bounded (`max_free` blocks), so the memory held beyond the batches alive is at most that many
 //! blocks, until the pool is dropped.
+//!
+//! NOTE [Pinned blocks]
+//! With a [`Pinning`] set (`pin_memory=True` on CUDA), a block is registered with the
+//! accelerator's driver (page-locked where it lies) when it is first taken, so its batch needs
+//! no copy into pinned memory. Such a batch may be read by the device after the user dropped it
+//! (a copy made with `non_blocking=True` is only queued), so a returned block comes back with
+//! the [`Fence`] its release made (events on the current streams), and `take` hands it out again
+//! only once that fence is done. A block evicted from the free list, or returned after its pool
+//! is gone, is unmapped only after its fence is waited for, and unregistered first. A fence
+//! that cannot tell (its driver failed) keeps its block mapped for good: leaked, never
+//! overwritten. The fences and the driver are called without the free list's lock held: they
+//! run Python, which may drop another batch, whose block comes back through the same lock.
+//! Pinned pools keep as many free blocks as were ever out at once (torch's pinned-memory
+//! allocator keeps every block it made): registering is far dearer than reusing.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-/// One anonymous private mapping of whole pages, unmapped on drop.
+/// The accelerator driver's side of pinned blocks (NOTE [Pinned blocks]).
+pub trait Pinning: Send + Sync {
+    /// Registers `len` bytes at `addr` (page-locks them); false if the driver refused.
+    fn register(&self, addr: usize, len: usize) -> bool;
+    /// Undoes `register`, before the bytes are unmapped.
+    fn unregister(&self, addr: usize);
+    /// What a block whose batch was just dropped waits for before it is written again.
+    fn release(&self) -> Release;
+}
+
+/// Device work recorded when a pinned block's batch was dropped.
+pub trait Fence: Send {
+    /// Whether the device is done with the block (false also when the fence cannot tell).
+    fn done(&self) -> bool;
+    /// Waits until it is; false if the fence cannot tell (the block must then never be
+    /// unmapped).
+    fn wait(&self) -> bool;
+}
+
+/// [`Pinning::release`]'s answer.
+pub enum Release {
+    /// No device work to wait for (nothing used the device, or the process is exiting).
+    Now,
+    /// Free once the fence is done.
+    After(Box<dyn Fence>),
+    /// No fence could be made: the block is never reused nor unmapped.
+    Never,
+}
+
+/// One anonymous private mapping of whole pages, unmapped on drop (unregistered first if it is
+/// registered).
 pub struct Block {
     ptr: NonNull<u8>,
     len: usize,
+    /// Some while registered with this driver.
+    pinned: Option<Arc<dyn Pinning>>,
 }
 
 // SAFETY: a Block is plain memory owned by one party at a time (NOTE [Batch memory]); a
@@ -51,14 +97,29 @@ impl Block {
             return Err(std::io::Error::last_os_error());
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
-        Ok(Block { ptr, len })
+        Ok(Block {
+            ptr,
+            len,
+            pinned: None,
+        })
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
+        if let Some(pinning) = self.pinned.take() {
+            pinning.unregister(self.ptr.as_ptr() as usize);
+        }
         // SAFETY: the mapping is ours alone (NOTE [Batch memory]) and nothing refers to it now.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Drops a block once the device is done with it (NOTE [Pinned blocks]).
+fn retire(block: Block, fence: Option<Box<dyn Fence>>) {
+    match fence {
+        Some(fence) if !fence.wait() => std::mem::forget(block),
+        _ => drop(block),
     }
 }
 
@@ -68,9 +129,37 @@ fn page_size() -> usize {
     usize::try_from(page).unwrap_or(4096).max(1)
 }
 
+/// A free block, with the fence its last batch's release made (None once it is done).
+type FreeBlock = (Block, Option<Box<dyn Fence>>);
+
 struct Free {
-    blocks: Vec<Block>,
+    blocks: Vec<FreeBlock>,
     max_free: usize,
+    pinning: Option<Arc<dyn Pinning>>,
+    /// Blocks out in batches now, and the most there ever were.
+    out: usize,
+    peak_out: usize,
+}
+
+impl Free {
+    fn capacity(&self) -> usize {
+        match self.pinning {
+            Some(_) => self.max_free.max(self.peak_out),
+            None => self.max_free,
+        }
+    }
+}
+
+impl Drop for Free {
+    fn drop(&mut self) {
+        for (block, fence) in self.blocks.drain(..) {
+            retire(block, fence);
+        }
+    }
+}
+
+fn lock(free: &Mutex<Free>) -> MutexGuard<'_, Free> {
+    free.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A pool of batch blocks, shared by the loader that makes batches and the batches it made.
@@ -86,36 +175,97 @@ impl BatchMemory {
             free: Arc::new(Mutex::new(Free {
                 blocks: Vec::new(),
                 max_free,
+                pinning: None,
+                out: 0,
+                peak_out: 0,
             })),
         }
     }
 
-    /// A block of at least `len` bytes: a free one of that many pages, else a new mapping.
-    /// Its contents are whatever its last batch left (the caller overwrites them).
+    /// Pins the blocks handed out from now on (NOTE [Pinned blocks]); false if the pool already
+    /// had a `Pinning` (which it keeps).
+    pub fn set_pinning(&self, pinning: Arc<dyn Pinning>) -> bool {
+        let mut free = lock(&self.free);
+        if free.pinning.is_some() {
+            return false;
+        }
+        free.pinning = Some(pinning);
+        true
+    }
+
+    /// Whether blocks are pinned (`set_pinning` was called).
+    pub fn is_pinning(&self) -> bool {
+        lock(&self.free).pinning.is_some()
+    }
+
+    /// A block of at least `len` bytes: a free one of that many pages whose device reads are
+    /// done, else a new mapping; registered if the pool pins. Its contents are whatever its last
+    /// batch left (the caller overwrites them).
     pub fn take(&self, len: usize) -> std::io::Result<PooledBlock> {
         let len = len.max(1).next_multiple_of(page_size());
-        let reused = {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            let found = free.blocks.iter().rposition(|b| b.len == len);
-            found.map(|i| free.blocks.swap_remove(i))
+        let (ready, fenced, pinning) = {
+            let mut free = lock(&self.free);
+            let pinning = free.pinning.clone();
+            let ready = free
+                .blocks
+                .iter()
+                .rposition(|(b, fence)| b.len == len && fence.is_none());
+            match ready {
+                Some(i) => (Some(free.blocks.swap_remove(i).0), Vec::new(), pinning),
+                None if free.blocks.iter().any(|(b, _)| b.len == len) => {
+                    // Fenced blocks of this size: asked below, without the lock.
+                    let (fenced, rest): (Vec<FreeBlock>, Vec<FreeBlock>) =
+                        std::mem::take(&mut free.blocks)
+                            .into_iter()
+                            .partition(|(b, _)| b.len == len);
+                    free.blocks = rest;
+                    (None, fenced, pinning)
+                }
+                None => (None, Vec::new(), pinning),
+            }
         };
-        let block = match reused {
-            Some(block) => block,
-            None => Block::map(len)?,
+        let mut block = match ready {
+            Some(block) => Some(block),
+            None if fenced.is_empty() => None,
+            None => self.first_done(fenced),
         };
+        if block.is_none() {
+            block = Some(Block::map(len)?);
+        }
+        let mut block = block.expect("a block was found or mapped");
+        if let (Some(pinning), None) = (&pinning, &block.pinned) {
+            if pinning.register(block.ptr.as_ptr() as usize, block.len) {
+                block.pinned = Some(pinning.clone());
+            }
+        }
+        let mut free = lock(&self.free);
+        free.out += 1;
+        free.peak_out = free.peak_out.max(free.out);
         Ok(PooledBlock {
             block: Some(block),
             home: Arc::downgrade(&self.free),
         })
     }
 
-    /// How many blocks are free (for tests).
+    /// The newest of `fenced` whose fence is done; the others go back to the free list.
+    fn first_done(&self, fenced: Vec<FreeBlock>) -> Option<Block> {
+        let mut found = None;
+        let mut back = Vec::with_capacity(fenced.len());
+        for (block, fence) in fenced.into_iter().rev() {
+            if found.is_none() && fence.as_ref().map_or(true, |f| f.done()) {
+                found = Some(block);
+            } else {
+                back.push((block, fence));
+            }
+        }
+        back.reverse();
+        lock(&self.free).blocks.extend(back);
+        found
+    }
+
+    /// How many blocks are free, fenced or not (for tests).
     pub fn free_blocks(&self) -> usize {
-        self.free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .blocks
-            .len()
+        lock(&self.free).blocks.len()
     }
 }
 
@@ -140,22 +290,48 @@ impl PooledBlock {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Whether the block is registered with the accelerator's driver.
+    pub fn is_pinned(&self) -> bool {
+        self.block.as_ref().is_some_and(|b| b.pinned.is_some())
+    }
 }
 
 impl Drop for PooledBlock {
     fn drop(&mut self) {
-        let (Some(block), Some(home)) = (self.block.take(), self.home.upgrade()) else {
-            return; // the pool is gone: the block unmaps itself
-        };
-        let mut free = home.lock().unwrap_or_else(|e| e.into_inner());
-        if free.max_free == 0 {
+        let Some(block) = self.block.take() else {
             return;
+        };
+        let fence = match &block.pinned {
+            None => None,
+            Some(pinning) => match pinning.release() {
+                Release::Now => None,
+                Release::After(fence) => Some(fence),
+                Release::Never => {
+                    std::mem::forget(block);
+                    return;
+                }
+            },
+        };
+        let Some(home) = self.home.upgrade() else {
+            return retire(block, fence); // the pool is gone: unmapped once the device is done
+        };
+        let evicted = {
+            let mut free = lock(&home);
+            free.out = free.out.saturating_sub(1);
+            let capacity = free.capacity();
+            if capacity == 0 {
+                Some((block, fence))
+            } else {
+                // The oldest goes: the newest are the sizes the loader makes now.
+                let evicted = (free.blocks.len() >= capacity).then(|| free.blocks.remove(0));
+                free.blocks.push((block, fence));
+                evicted
+            }
+        };
+        if let Some((block, fence)) = evicted {
+            retire(block, fence);
         }
-        if free.blocks.len() >= free.max_free {
-            // The oldest goes: the newest are the sizes the loader makes now.
-            free.blocks.remove(0);
-        }
-        free.blocks.push(block);
     }
 }
 
@@ -213,5 +389,201 @@ mod tests {
         // SAFETY: the block is still mapped: it is ours until dropped.
         unsafe { a.as_ptr().write_bytes(1, a.len()) };
         drop(a); // unmapped, not returned
+    }
+    /// A driver that records what it is asked, with fences the test completes by hand.
+    #[derive(Default)]
+    struct FakeDriver {
+        log: Mutex<Vec<String>>,
+        refuse: std::sync::atomic::AtomicBool,
+        never: std::sync::atomic::AtomicBool,
+        /// Each fence made: whether it is done.
+        fences: Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>,
+    }
+
+    struct FakeFence {
+        done: Arc<std::sync::atomic::AtomicBool>,
+        driver: Arc<FakeDriver>,
+    }
+
+    impl Fence for FakeFence {
+        fn done(&self) -> bool {
+            self.done.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn wait(&self) -> bool {
+            self.driver.log.lock().unwrap().push("wait".into());
+            self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+            true
+        }
+    }
+
+    /// The `Pinning` handed to the pool: the driver, shared with the test.
+    struct Driver(Arc<FakeDriver>);
+
+    impl Pinning for Driver {
+        fn register(&self, addr: usize, len: usize) -> bool {
+            if self.0.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                return false;
+            }
+            self.0
+                .log
+                .lock()
+                .unwrap()
+                .push(format!("register {addr:x} {len}"));
+            true
+        }
+        fn unregister(&self, addr: usize) {
+            self.0
+                .log
+                .lock()
+                .unwrap()
+                .push(format!("unregister {addr:x}"));
+        }
+        fn release(&self) -> Release {
+            if self.0.never.load(std::sync::atomic::Ordering::SeqCst) {
+                return Release::Never;
+            }
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            self.0.fences.lock().unwrap().push(done.clone());
+            Release::After(Box::new(FakeFence {
+                done,
+                driver: self.0.clone(),
+            }))
+        }
+    }
+
+    fn pinned_pool(max_free: usize) -> (BatchMemory, Arc<FakeDriver>) {
+        let pool = BatchMemory::new(max_free);
+        let driver = Arc::new(FakeDriver::default());
+        assert!(pool.set_pinning(Arc::new(Driver(driver.clone()))));
+        assert!(
+            !pool.set_pinning(Arc::new(Driver(Arc::default()))),
+            "the first pinning is kept"
+        );
+        (pool, driver)
+    }
+
+    fn log(driver: &FakeDriver) -> Vec<String> {
+        std::mem::take(&mut *driver.log.lock().unwrap())
+    }
+
+    #[test]
+    fn a_pinned_block_is_registered_once_and_reused_only_after_its_fence() {
+        let (pool, driver) = pinned_pool(4);
+        let a = pool.take(10_000).unwrap();
+        let a_ptr = a.as_ptr();
+        assert!(a.is_pinned());
+        assert_eq!(
+            log(&driver),
+            [format!("register {:x} {}", a_ptr as usize, a.len())]
+        );
+        drop(a);
+        assert_eq!(pool.free_blocks(), 1);
+        let b = pool.take(10_000).unwrap();
+        assert_ne!(
+            b.as_ptr(),
+            a_ptr,
+            "the device may still read the dropped batch"
+        );
+        let fence = driver.fences.lock().unwrap()[0].clone();
+        fence.store(true, std::sync::atomic::Ordering::SeqCst);
+        let c = pool.take(10_000).unwrap();
+        assert_eq!(c.as_ptr(), a_ptr, "once read, the block comes back");
+        assert!(c.is_pinned());
+        assert_eq!(log(&driver).len(), 1, "b was registered; c was already");
+        drop((b, c));
+    }
+
+    #[test]
+    fn an_evicted_block_waits_for_the_device_then_is_unregistered() {
+        let (pool, driver) = pinned_pool(1);
+        let a = pool.take(4096).unwrap();
+        let a_ptr = a.as_ptr() as usize;
+        drop(a);
+        log(&driver);
+        // Peak use is one block: a second free block evicts the first.
+        let b = pool.take(4096).unwrap();
+        let b_ptr = b.as_ptr() as usize;
+        drop(b);
+        assert_eq!(
+            log(&driver),
+            [
+                format!("register {b_ptr:x} 4096"),
+                "wait".to_string(),
+                format!("unregister {a_ptr:x}"),
+            ]
+        );
+        assert_eq!(pool.free_blocks(), 1);
+        drop(pool);
+        assert_eq!(
+            log(&driver),
+            ["wait".to_string(), format!("unregister {b_ptr:x}")],
+            "a dropped pool waits for its free blocks' fences, then unregisters them"
+        );
+    }
+
+    #[test]
+    fn pinned_pools_keep_as_many_free_blocks_as_were_out() {
+        let (pool, _driver) = pinned_pool(1);
+        let blocks: Vec<_> = (0..3).map(|_| pool.take(4096).unwrap()).collect();
+        drop(blocks);
+        assert_eq!(
+            pool.free_blocks(),
+            3,
+            "registering again would cost more than keeping"
+        );
+    }
+
+    #[test]
+    fn a_block_returned_after_its_pool_waits_for_the_device() {
+        let (pool, driver) = pinned_pool(4);
+        let a = pool.take(4096).unwrap();
+        let a_ptr = a.as_ptr() as usize;
+        drop(pool);
+        log(&driver);
+        drop(a);
+        assert_eq!(
+            log(&driver),
+            ["wait".to_string(), format!("unregister {a_ptr:x}")]
+        );
+    }
+
+    #[test]
+    fn a_block_without_a_fence_is_never_reused_nor_unmapped() {
+        let (pool, driver) = pinned_pool(4);
+        let a = pool.take(4096).unwrap();
+        let a_ptr = a.as_ptr();
+        driver
+            .never
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(a);
+        assert_eq!(pool.free_blocks(), 0);
+        let b = pool.take(4096).unwrap();
+        assert_ne!(b.as_ptr(), a_ptr);
+        // SAFETY: the leaked block stays mapped (and registered): reading it is fine.
+        assert_eq!(unsafe { a_ptr.read_volatile() }, 0);
+        log(&driver);
+        std::mem::forget(b);
+        drop(pool);
+        assert!(
+            log(&driver).is_empty(),
+            "the leaked block is not unregistered"
+        );
+    }
+
+    #[test]
+    fn a_refused_registration_leaves_a_plain_block() {
+        let (pool, driver) = pinned_pool(4);
+        driver
+            .refuse
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let a = pool.take(4096).unwrap();
+        assert!(!a.is_pinned());
+        let a_ptr = a.as_ptr();
+        drop(a);
+        assert!(
+            driver.fences.lock().unwrap().is_empty(),
+            "a plain block needs no fence"
+        );
+        assert_eq!(pool.take(4096).unwrap().as_ptr(), a_ptr);
     }
 }

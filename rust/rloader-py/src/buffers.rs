@@ -28,7 +28,7 @@ use rloader_core::batch_memory::{BatchMemory, PooledBlock};
 use rloader_queue::ShmRegion;
 use rloader_workers::slots::{Arena, SlotLease, ViewCount};
 
-use crate::pinned::PinnedSlots;
+use crate::pinned::{PinnedBlocks, PinnedSlots};
 
 /// Exports `len` bytes at `addr`, kept alive by `owner`.
 ///
@@ -244,10 +244,25 @@ impl BatchBuffers {
         BatchBuffers(BatchMemory::new(MAX_FREE_BLOCKS))
     }
 
-    /// Blocks kept free for the next batches.
+    /// Blocks kept free for the next batches (some may wait for the device).
     #[getter]
     fn free_blocks(&self) -> usize {
         self.0.free_blocks()
+    }
+
+    /// From now on, blocks are registered with the accelerator's driver (`register(addr, len)`,
+    /// `unregister(addr)`) when first taken, and reused once the `fence()` recorded when their
+    /// batch is dropped has completed (NOTE [Pinned blocks] in rloader-core's
+    /// batch_memory.rs; `rloader._pin.slot_pinning`). Asked again, it keeps the first driver.
+    fn _pin_blocks(&self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
+        self.0
+            .set_pinning(Arc::new(PinnedBlocks::new(register, unregister, fence)));
+    }
+
+    /// Whether blocks are pinned (`_pin_blocks` was called).
+    #[getter]
+    fn _pinned(&self) -> bool {
+        self.0.is_pinning()
     }
 }
 

@@ -1,7 +1,9 @@
 //! `PinnedSlots`: a pool region's batch slots registered with the accelerator's driver, so
 //! that batches from worker processes are pinned where the workers wrote them (NOTE [Pinned
 //! slots] in rloader-workers' pinned.rs says why it is safe: release after the device read,
-//! unregister before unmapping).
+//! unregister before unmapping). `PinnedBlocks`: the same driver calls for the recycled batch
+//! memory of thread workers and the single-process loop (NOTE [Pinned blocks] in
+//! rloader-core's batch_memory.rs).
 //!
 //! The driver calls are the Python side's (`rloader._pin.slot_pinning`: torch's `cudart()` and
 //! `torch.cuda.Event`), so that the same code runs on the CPU with stand-ins in the tests.
@@ -13,6 +15,7 @@ use pyo3::exceptions::PyRuntimeWarning;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
+use rloader_core::batch_memory::{Fence, Pinning, Release};
 use rloader_queue::ShmRegion;
 use rloader_workers::pinned::{reclaim, Parked, Registration, Registrations};
 use rloader_workers::slots::SlotLease;
@@ -92,15 +95,7 @@ impl PinnedSlots {
         })();
         if let Err(err) = result {
             self.failed.store(true, Ordering::Relaxed);
-            let text = format!(
-                "rloader could not pin worker batches where they are ({err}); they are copied \
-                 into pinned memory instead"
-            );
-            let category = py.get_type::<PyRuntimeWarning>();
-            let msg = std::ffi::CString::new(text).unwrap_or_default();
-            if let Err(warned) = PyErr::warn(py, &category, &msg, 1) {
-                warned.write_unraisable(py, None);
-            }
+            warn_refused(py, &err);
             return false;
         }
         true
@@ -203,6 +198,151 @@ impl Drop for PinnedSlots {
                 pending.restore(py);
             }
         });
+    }
+}
+
+/// The driver's registration refused: batches are copied into pinned memory from now on.
+fn warn_refused(py: Python<'_>, err: &PyErr) {
+    let text = format!(
+        "rloader could not pin batches where they are ({err}); they are copied into pinned \
+         memory instead"
+    );
+    let category = py.get_type::<PyRuntimeWarning>();
+    let msg = std::ffi::CString::new(text).unwrap_or_default();
+    if let Err(warned) = PyErr::warn(py, &category, &msg, 1) {
+        warned.write_unraisable(py, None);
+    }
+}
+
+/// Runs `f` with the GIL, keeping the exception being raised meanwhile, if any (these calls run
+/// inside deallocations); None at interpreter exit, when nothing must be called.
+fn quietly<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
+    Python::try_attach(|py| {
+        if finalizing(py) {
+            return None;
+        }
+        let pending = PyErr::take(py);
+        let out = f(py);
+        if let Some(pending) = pending {
+            pending.restore(py);
+        }
+        Some(out)
+    })
+    .flatten()
+}
+
+/// The driver calls for pinned batch blocks (`rloader._pin.slot_pinning`'s, NOTE [Pinned
+/// blocks]).
+pub struct PinnedBlocks {
+    register: Py<PyAny>,
+    unregister: Py<PyAny>,
+    fence: Py<PyAny>,
+    /// Only the process that registered unregisters or fences (a forked child's copy of a batch
+    /// is its own memory, which no device reads).
+    owner: u32,
+    /// The driver refused once: no more registrations.
+    failed: AtomicBool,
+}
+
+impl PinnedBlocks {
+    pub fn new(register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) -> Self {
+        PinnedBlocks {
+            register,
+            unregister,
+            fence,
+            owner: std::process::id(),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    fn mine(&self) -> bool {
+        std::process::id() == self.owner
+    }
+}
+
+impl Pinning for PinnedBlocks {
+    fn register(&self, addr: usize, len: usize) -> bool {
+        if !self.mine() || self.failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        quietly(|py| match self.register.call1(py, (addr, len)) {
+            Ok(_) => true,
+            Err(err) => {
+                self.failed.store(true, Ordering::Relaxed);
+                warn_refused(py, &err);
+                false
+            }
+        })
+        .unwrap_or(false)
+    }
+
+    fn unregister(&self, addr: usize) {
+        if self.mine() {
+            quietly(|py| {
+                if let Err(err) = self.unregister.call1(py, (addr,)) {
+                    err.write_unraisable(py, None);
+                }
+            });
+        }
+    }
+
+    fn release(&self) -> Release {
+        if !self.mine() {
+            return Release::Now;
+        }
+        quietly(|py| match self.fence.call0(py) {
+            Ok(fence) => Release::After(Box::new(PyFence {
+                fence,
+                broken: AtomicBool::new(false),
+            })),
+            Err(err) => {
+                // Better a block never reused than one the device may still read.
+                err.write_unraisable(py, None);
+                Release::Never
+            }
+        })
+        .unwrap_or(Release::Now) // at exit: no device work will be waited for
+    }
+}
+
+/// A `fence()` object: `query()` and `synchronize()`, as `torch.cuda.Event`'s.
+struct PyFence {
+    fence: Py<PyAny>,
+    /// Its query raised once: it cannot tell, and is asked no more.
+    broken: AtomicBool,
+}
+
+impl Fence for PyFence {
+    fn done(&self) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let done = quietly(|py| {
+            let done = self.fence.call_method0(py, "query");
+            match done.and_then(|done| done.extract::<bool>(py)) {
+                Ok(done) => done,
+                Err(err) => {
+                    err.write_unraisable(py, None);
+                    self.broken.store(true, Ordering::Relaxed);
+                    false
+                }
+            }
+        });
+        done.unwrap_or(true) // at exit
+    }
+
+    fn wait(&self) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        quietly(|py| match self.fence.call_method0(py, "synchronize") {
+            Ok(_) => true,
+            Err(err) => {
+                err.write_unraisable(py, None);
+                false
+            }
+        })
+        .unwrap_or(true) // at exit: the driver lets go of everything
     }
 }
 

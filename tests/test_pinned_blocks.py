@@ -1,0 +1,221 @@
+"""Batches of thread workers and of the single-process loop pinned where they are collated
+(NOTE [Pinned blocks] in rloader-core's batch_memory.rs): the loader's recycled batch blocks
+registered with the driver, and reused only once the device has read them.
+
+On the CPU a stand-in driver (``_pin.slot_pinning``) records registrations and hands out
+events that complete when the test says so; the tests at the end run on a real GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+from rloader import _pin
+
+from _compare import same
+from _pinning import Driver, Event, slow_stream_reads
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:.pin_memory. argument is set as true:UserWarning"),
+]
+
+# The single-process loop and thread workers: both collate into the loader's batch blocks.
+KINDS = [dict(num_workers=0), dict(num_workers=2, worker_type="thread")]
+KIND_IDS = ["single-process", "threads"]
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    return Driver.installed(monkeypatch)
+
+
+class Arrays(tud.Dataset):
+    """Sample i: 16 KiB of numpy uint8, all i % 251: a batch of 16 is a 256 KiB block."""
+
+    def __init__(self, n: int = 96, size: int = 1 << 14) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.full(self.size, i % 251, dtype=np.uint8)
+
+
+def loader_of(dataset, kind: dict, **kwargs):
+    kwargs = {"batch_size": 16, "pin_memory": True, **kind, **kwargs}
+    return rloader.DataLoader(dataset, **kwargs)
+
+
+def torchs(dataset, batch_size: int = 16) -> list:
+    return list(tud.DataLoader(dataset, batch_size=batch_size))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_batches_lie_in_registered_blocks(driver, kind):
+    loader = loader_of(Arrays(384), kind)
+    batches = []
+    for batch in loader:
+        assert driver.covers(batch.data_ptr(), batch.nbytes)
+        batches.append(batch.clone())
+    assert same(batches, torchs(Arrays(384)))
+    # Blocks are registered when first used, not per batch.
+    assert 0 < driver.registrations < len(batches)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_a_dropped_batch_is_not_overwritten_until_its_event_completes(driver, kind):
+    driver.events_done = False  # the "device" has not read anything yet
+    loader = loader_of(Arrays(), kind)
+    dropped = []  # (address, bytes, what the device should read there, its event)
+    for batch in loader:
+        assert driver.covers(batch.data_ptr(), batch.nbytes)
+        for addr, _, _, event in dropped:
+            # A block comes back only once its event is done (here: waited for, when more
+            # blocks were free than the loader ever had out and the oldest was let go).
+            assert addr != batch.data_ptr() or event.done
+        dropped.append((batch.data_ptr(), batch.nbytes, batch.numpy().tobytes(), None))
+        del batch  # released: its block waits for its event
+        dropped[-1] = (*dropped[-1][:3], driver.events[-1])
+    pending = [(addr, n, expected) for addr, n, expected, event in dropped if not event.done]
+    assert len(pending) >= 3
+    for addr, nbytes, expected in pending:
+        assert ctypes.string_at(addr, nbytes) == expected
+    # The device catches up: the next epoch reuses the blocks (a thread pool may have one more
+    # batch out at once than before, which takes a new block).
+    for event in driver.events:
+        event.done = True
+    driver.events_done = True
+    registered = driver.registrations
+    second = []
+    for batch in loader:
+        second.append(batch.clone())
+        del batch
+    assert same(second, torchs(Arrays()))
+    assert driver.registrations - registered <= 1
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_batches_the_user_keeps_are_never_overwritten(driver, kind):
+    loader = loader_of(Arrays(), kind)
+    kept = list(loader)
+    assert same(kept, torchs(Arrays()))
+    del loader
+    gc.collect()
+    assert all(driver.covers(b.data_ptr(), b.nbytes) for b in kept), "still registered"
+    assert same(kept, torchs(Arrays()))
+    del kept
+    gc.collect()
+    assert driver.ranges == {}
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, kind):
+    driver.events_done = False
+    loader = loader_of(Arrays(), kind)
+    for batch in loader:
+        del batch
+    pending = [e for e in driver.events if not e.done]
+    assert driver.ranges and pending
+    del loader
+    gc.collect()
+    assert driver.ranges == {}
+    assert all(e.synchronized for e in pending)
+
+
+class SlowArrays(Arrays):
+    def __getitem__(self, i: int):
+        time.sleep(0.002)
+        return super().__getitem__(i)
+
+
+def test_a_thread_workers_batch_is_released_on_the_thread_that_drops_it(driver):
+    threads = []
+    fence = driver.fence
+    driver.fence = lambda: (threads.append(threading.current_thread().name), fence())[1]
+    for batch in loader_of(SlowArrays(64), KINDS[1], batch_size=8):  # 128 KiB: in a block
+        del batch
+    assert threads and set(threads) == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_a_refused_registration_warns_once_and_batches_are_copied_as_before(driver, kind):
+    driver.refuse = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = [b.clone() for b in loader_of(Arrays(), kind)]
+    assert same(batches, torchs(Arrays()))
+    texts = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    assert len(texts) == 1 and "could not pin batches where they are" in texts[0]
+    assert driver.events == []  # nothing is fenced without a registration
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_without_pin_memory_nothing_is_registered_and_turning_it_off_unpins(driver, kind):
+    list(loader_of(Arrays(), kind, pin_memory=False))
+    assert driver.registrations == 0 and driver.events == []
+    loader = loader_of(Arrays(), kind)
+    list(loader)
+    assert driver.ranges
+    loader.pin_memory = False  # torch lets it change between epochs
+    for batch in loader:
+        assert not driver.covers(batch.data_ptr(), 1)
+    gc.collect()
+    assert driver.ranges == {}, "the pinned blocks went with the memory they belonged to"
+
+
+# ------------------------------------------------------------------------- on a real GPU
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+class FilledArrays(tud.Dataset):
+    """Sample i: 64 KiB of numpy uint8, all i % 251, so that every batch differs from the next."""
+
+    def __len__(self) -> int:
+        return 2048
+
+    def __getitem__(self, i: int):
+        return np.full(1 << 16, i % 251, dtype=np.uint8)
+
+
+@cuda
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_batches_are_pinned_where_they_are_collated_on_cuda(kind):
+    loader = loader_of(FilledArrays(), kind, batch_size=64)
+    buffers = None
+    for batch in loader:
+        assert batch.is_pinned()
+        buffers = rloader.dataloader._BUFFERS[loader]
+        assert buffers._pinned
+    assert same([b.clone() for b in loader], torchs(FilledArrays(), 64))
+
+
+@cuda
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("how", ["side stream", "default stream", "waited-for side stream"])
+def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_its_block_is_reused(kind, how):
+    loader = loader_of(FilledArrays(), kind, batch_size=64)
+    assert slow_stream_reads(loader, FilledArrays(), 20_000_000, how) == 0
+
+
+@cuda
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, kind):
+    # The check above can fail: with fences that say "done" at once, blocks are reused while
+    # the device has not read them yet.
+    register, unregister, _ = _pin.slot_pinning()
+    monkeypatch.setattr(_pin, "slot_pinning", lambda: (register, unregister, lambda: Event(True)))
+    loader = loader_of(FilledArrays(), kind, batch_size=64)
+    assert slow_stream_reads(loader, FilledArrays(), 20_000_000) > 0
