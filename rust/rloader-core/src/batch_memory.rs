@@ -31,8 +31,8 @@
 //! that cannot tell (its driver failed) keeps its block mapped for good: leaked, never
 //! overwritten. The fences and the driver are called without the free list's lock held: they
 //! run Python, which may drop another batch, whose block comes back through the same lock.
-//! Pinned pools keep as many free blocks as were ever out at once (torch's pinned-memory
-//! allocator keeps every block it made): registering is far dearer than reusing.
+//! Pinned pools keep up to twice as many free blocks as were ever out at once (torch's
+//! pinned-memory allocator keeps every block it made): registering is far dearer than reusing.
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -48,7 +48,7 @@ pub trait Pinning: Send + Sync {
 }
 
 /// Device work recorded when a pinned block's batch was dropped.
-pub trait Fence: Send {
+pub trait Fence: Send + Sync {
     /// Whether the device is done with the block (false also when the fence cannot tell).
     fn done(&self) -> bool;
     /// Waits until it is; false if the fence cannot tell (the block must then never be
@@ -116,7 +116,7 @@ impl Drop for Block {
 }
 
 /// Drops a block once the device is done with it (NOTE [Pinned blocks]).
-fn retire(block: Block, fence: Option<Box<dyn Fence>>) {
+fn retire(block: Block, fence: Option<Arc<dyn Fence>>) {
     match fence {
         Some(fence) if !fence.wait() => std::mem::forget(block),
         _ => drop(block),
@@ -130,7 +130,7 @@ fn page_size() -> usize {
 }
 
 /// A free block, with the fence its last batch's release made (None once it is done).
-type FreeBlock = (Block, Option<Box<dyn Fence>>);
+type FreeBlock = (Block, Option<Arc<dyn Fence>>);
 
 struct Free {
     blocks: Vec<FreeBlock>,
@@ -144,7 +144,8 @@ struct Free {
 impl Free {
     fn capacity(&self) -> usize {
         match self.pinning {
-            Some(_) => self.max_free.max(self.peak_out),
+            // Blocks waiting for their fences are free too: room for as many as were ever out.
+            Some(_) => self.max_free.max(2 * self.peak_out),
             None => self.max_free,
         }
     }
@@ -212,21 +213,22 @@ impl BatchMemory {
                 .rposition(|(b, fence)| b.len == len && fence.is_none());
             match ready {
                 Some(i) => (Some(free.blocks.swap_remove(i).0), Vec::new(), pinning),
-                None if free.blocks.iter().any(|(b, _)| b.len == len) => {
-                    // Fenced blocks of this size: asked below, without the lock.
-                    let (fenced, rest): (Vec<FreeBlock>, Vec<FreeBlock>) =
-                        std::mem::take(&mut free.blocks)
-                            .into_iter()
-                            .partition(|(b, _)| b.len == len);
-                    free.blocks = rest;
+                None => {
+                    // Fenced blocks of this size, newest first: asked below, without the lock,
+                    // while they stay in the list (other takes still see them).
+                    let fenced: Vec<(usize, Arc<dyn Fence>)> = free
+                        .blocks
+                        .iter()
+                        .rev()
+                        .filter(|(b, _)| b.len == len)
+                        .filter_map(|(b, f)| Some((b.ptr.as_ptr() as usize, f.clone()?)))
+                        .collect();
                     (None, fenced, pinning)
                 }
-                None => (None, Vec::new(), pinning),
             }
         };
         let mut block = match ready {
             Some(block) => Some(block),
-            None if fenced.is_empty() => None,
             None => self.first_done(fenced),
         };
         if block.is_none() {
@@ -247,20 +249,28 @@ impl BatchMemory {
         })
     }
 
-    /// The newest of `fenced` whose fence is done; the others go back to the free list.
-    fn first_done(&self, fenced: Vec<FreeBlock>) -> Option<Block> {
-        let mut found = None;
-        let mut back = Vec::with_capacity(fenced.len());
-        for (block, fence) in fenced.into_iter().rev() {
-            if found.is_none() && fence.as_ref().map_or(true, |f| f.done()) {
-                found = Some(block);
-            } else {
-                back.push((block, fence));
+    /// A free block among `fenced` (address and fence, newest first) whose fence is done and
+    /// which is still free with that fence, taken off the free list.
+    fn first_done(&self, fenced: Vec<(usize, Arc<dyn Fence>)>) -> Option<Block> {
+        for (addr, fence) in fenced {
+            if !fence.done() {
+                continue;
             }
+            let mut free = lock(&self.free);
+            let same = |f: &Option<Arc<dyn Fence>>| {
+                f.as_ref()
+                    .is_some_and(|f| std::ptr::addr_eq(Arc::as_ptr(f), Arc::as_ptr(&fence)))
+            };
+            let found = free
+                .blocks
+                .iter()
+                .position(|(b, f)| b.ptr.as_ptr() as usize == addr && same(f));
+            if let Some(i) = found {
+                return Some(free.blocks.swap_remove(i).0);
+            }
+            // Another take got it first.
         }
-        back.reverse();
-        lock(&self.free).blocks.extend(back);
-        found
+        None
     }
 
     /// How many blocks are free, fenced or not (for tests).
@@ -306,7 +316,7 @@ impl Drop for PooledBlock {
             None => None,
             Some(pinning) => match pinning.release() {
                 Release::Now => None,
-                Release::After(fence) => Some(fence),
+                Release::After(fence) => Some(Arc::from(fence)),
                 Release::Never => {
                     std::mem::forget(block);
                     return;
@@ -398,6 +408,8 @@ mod tests {
         never: std::sync::atomic::AtomicBool,
         /// Each fence made: whether it is done.
         fences: Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>,
+        /// Run (once) the next time a fence is asked whether it is done.
+        on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     }
 
     struct FakeFence {
@@ -407,6 +419,10 @@ mod tests {
 
     impl Fence for FakeFence {
         fn done(&self) -> bool {
+            let hook = self.driver.on_done.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
             self.done.load(std::sync::atomic::Ordering::SeqCst)
         }
         fn wait(&self) -> bool {
@@ -499,38 +515,77 @@ mod tests {
         let a = pool.take(4096).unwrap();
         let a_ptr = a.as_ptr() as usize;
         drop(a);
-        log(&driver);
-        // Peak use is one block: a second free block evicts the first.
-        let b = pool.take(4096).unwrap();
+        let b = pool.take(4096).unwrap(); // a's fence is pending: a new block
         let b_ptr = b.as_ptr() as usize;
         drop(b);
+        log(&driver);
+        // Peak use is one block, so two free blocks are kept: a third evicts the oldest.
+        let c = pool.take(4096).unwrap();
+        let c_ptr = c.as_ptr() as usize;
+        drop(c);
         assert_eq!(
             log(&driver),
             [
-                format!("register {b_ptr:x} 4096"),
+                format!("register {c_ptr:x} 4096"),
                 "wait".to_string(),
                 format!("unregister {a_ptr:x}"),
             ]
         );
-        assert_eq!(pool.free_blocks(), 1);
+        assert_eq!(pool.free_blocks(), 2);
         drop(pool);
         assert_eq!(
             log(&driver),
-            ["wait".to_string(), format!("unregister {b_ptr:x}")],
+            [
+                "wait".to_string(),
+                format!("unregister {b_ptr:x}"),
+                "wait".to_string(),
+                format!("unregister {c_ptr:x}"),
+            ],
             "a dropped pool waits for its free blocks' fences, then unregisters them"
         );
     }
 
     #[test]
-    fn pinned_pools_keep_as_many_free_blocks_as_were_out() {
-        let (pool, _driver) = pinned_pool(1);
-        let blocks: Vec<_> = (0..3).map(|_| pool.take(4096).unwrap()).collect();
-        drop(blocks);
+    fn a_fenced_block_asked_by_two_takes_goes_to_one() {
+        // While one take asks a fence (without the lock), another takes the block: the first
+        // then maps a new one rather than handing the same block out twice.
+        let (pool, driver) = pinned_pool(4);
+        let a = pool.take(4096).unwrap();
+        let a_ptr = a.as_ptr();
+        drop(a);
+        driver.fences.lock().unwrap()[0].store(true, std::sync::atomic::Ordering::SeqCst);
+        let other = pool.clone();
+        let nested = Arc::new(Mutex::new(None));
+        let got = nested.clone();
+        *driver.on_done.lock().unwrap() = Some(Box::new(move || {
+            *got.lock().unwrap() = Some(other.take(4096).unwrap());
+        }));
+        let outer = pool.take(4096).unwrap();
+        let inner = nested.lock().unwrap().take().expect("the nested take ran");
+        assert_eq!(
+            inner.as_ptr(),
+            a_ptr,
+            "the block stayed visible to the other take"
+        );
+        assert_ne!(outer.as_ptr(), a_ptr, "and it is handed out once");
+    }
+
+    #[test]
+    fn pinned_pools_keep_twice_as_many_free_blocks_as_were_out() {
+        let (pool, driver) = pinned_pool(1);
+        for _round in 0..2 {
+            // Three out at once; the second round's three are new (the first's are fenced).
+            let blocks: Vec<_> = (0..3).map(|_| pool.take(4096).unwrap()).collect();
+            drop(blocks);
+        }
         assert_eq!(
             pool.free_blocks(),
-            3,
+            6,
             "registering again would cost more than keeping"
         );
+        assert!(!log(&driver)
+            .iter()
+            .any(|line| line.starts_with("unregister")));
     }
 
     #[test]
