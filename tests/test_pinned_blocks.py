@@ -134,6 +134,33 @@ def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(dri
     assert all(e.synchronized for e in pending)
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_a_batch_freed_while_an_exception_unwinds_is_fenced_and_the_exception_kept(driver, kind):
+    driver.events_done = False
+    it = iter(loader_of(Arrays(), kind))
+    seen = []
+
+    def next_batch():
+        batch = next(it)
+        seen.append((batch.data_ptr(), batch.nbytes, batch.numpy().tobytes()))
+        return batch
+
+    def fails():
+        # The batch is only on the value stack: it is freed as the ZeroDivisionError unwinds,
+        # with the exception set.
+        return [next_batch(), 1 / 0]
+
+    with pytest.raises(ZeroDivisionError):
+        fails()
+    assert len(driver.events) == 1, "its block waits for the device"
+    second = next(it)
+    addr, nbytes, expected = seen[0]
+    assert second.data_ptr() != addr
+    assert ctypes.string_at(addr, nbytes) == expected, "and is not written meanwhile"
+    rest = [second.clone()] + [b.clone() for b in it]
+    assert same(rest, torchs(Arrays())[1:])
+
+
 class SlowArrays(Arrays):
     def __getitem__(self, i: int):
         time.sleep(0.002)

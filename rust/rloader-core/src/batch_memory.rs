@@ -212,14 +212,14 @@ impl BatchMemory {
                 .iter()
                 .rposition(|(b, fence)| b.len == len && fence.is_none());
             match ready {
-                Some(i) => (Some(free.blocks.swap_remove(i).0), Vec::new(), pinning),
+                // (`remove`, not `swap_remove`: the list stays oldest first, for eviction)
+                Some(i) => (Some(free.blocks.remove(i).0), Vec::new(), pinning),
                 None => {
-                    // Fenced blocks of this size, newest first: asked below, without the lock,
-                    // while they stay in the list (other takes still see them).
+                    // Fenced blocks of this size, oldest (likeliest done) first: asked below,
+                    // without the lock, while they stay in the list (other takes see them).
                     let fenced: Vec<(usize, Arc<dyn Fence>)> = free
                         .blocks
                         .iter()
-                        .rev()
                         .filter(|(b, _)| b.len == len)
                         .filter_map(|(b, f)| Some((b.ptr.as_ptr() as usize, f.clone()?)))
                         .collect();
@@ -249,7 +249,7 @@ impl BatchMemory {
         })
     }
 
-    /// A free block among `fenced` (address and fence, newest first) whose fence is done and
+    /// A free block among `fenced` (address and fence, oldest first) whose fence is done and
     /// which is still free with that fence, taken off the free list.
     fn first_done(&self, fenced: Vec<(usize, Arc<dyn Fence>)>) -> Option<Block> {
         for (addr, fence) in fenced {
@@ -266,7 +266,7 @@ impl BatchMemory {
                 .iter()
                 .position(|(b, f)| b.ptr.as_ptr() as usize == addr && same(f));
             if let Some(i) = found {
-                return Some(free.blocks.swap_remove(i).0);
+                return Some(free.blocks.remove(i).0);
             }
             // Another take got it first.
         }
@@ -319,6 +319,10 @@ impl Drop for PooledBlock {
                 Release::After(fence) => Some(Arc::from(fence)),
                 Release::Never => {
                     std::mem::forget(block);
+                    if let Some(home) = self.home.upgrade() {
+                        let mut free = lock(&home);
+                        free.out = free.out.saturating_sub(1);
+                    }
                     return;
                 }
             },
@@ -612,6 +616,11 @@ mod tests {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         drop(a);
         assert_eq!(pool.free_blocks(), 0);
+        assert_eq!(
+            lock(&pool.free).out,
+            0,
+            "the leaked block is no longer counted as out"
+        );
         let b = pool.take(4096).unwrap();
         assert_ne!(b.as_ptr(), a_ptr);
         // SAFETY: the leaked block stays mapped (and registered): reading it is fine.

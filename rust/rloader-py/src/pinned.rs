@@ -176,12 +176,8 @@ impl Drop for PinnedSlots {
             std::mem::forget(parked);
             return;
         }
-        Python::try_attach(|py| {
-            if finalizing(py) {
-                // At exit the driver lets go of everything; torch may be half gone.
-                return;
-            }
-            let pending = PyErr::take(py);
+        // At exit nothing is called: the driver lets go of everything; torch may be half gone.
+        quietly(|py| {
             for (lease, fence) in parked {
                 if let Err(err) = fence.call_method0(py, "synchronize") {
                     err.write_unraisable(py, None);
@@ -193,9 +189,6 @@ impl Drop for PinnedSlots {
                 if let Err(err) = self.unregister.call1(py, (base + slot_at,)) {
                     err.write_unraisable(py, None);
                 }
-            }
-            if let Some(pending) = pending {
-                pending.restore(py);
             }
         });
     }
@@ -218,15 +211,14 @@ fn warn_refused(py: Python<'_>, err: &PyErr) {
 /// inside deallocations); None at interpreter exit, when nothing must be called.
 fn quietly<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
     Python::try_attach(|py| {
-        if finalizing(py) {
-            return None;
-        }
+        // Taken before anything calls Python: a call made with an exception set fails (and
+        // would lose it).
         let pending = PyErr::take(py);
-        let out = f(py);
+        let out = (!finalizing(py)).then(|| f(py));
         if let Some(pending) = pending {
             pending.restore(py);
         }
-        Some(out)
+        out
     })
     .flatten()
 }
@@ -293,11 +285,14 @@ impl Pinning for PinnedBlocks {
         quietly(|py| match self.fence.call0(py) {
             Ok(fence) => Release::After(Box::new(PyFence {
                 fence,
+                owner: self.owner,
                 broken: AtomicBool::new(false),
             })),
             Err(err) => {
-                // Better a block never reused than one the device may still read.
+                // Better a block never reused than one the device may still read; and no more
+                // registrations, whose blocks would go the same way.
                 err.write_unraisable(py, None);
+                self.failed.store(true, Ordering::Relaxed);
                 Release::Never
             }
         })
@@ -308,12 +303,17 @@ impl Pinning for PinnedBlocks {
 /// A `fence()` object: `query()` and `synchronize()`, as `torch.cuda.Event`'s.
 struct PyFence {
     fence: Py<PyAny>,
+    /// A forked child's copy of a free block is its own memory, which no device reads.
+    owner: u32,
     /// Its query raised once: it cannot tell, and is asked no more.
     broken: AtomicBool,
 }
 
 impl Fence for PyFence {
     fn done(&self) -> bool {
+        if std::process::id() != self.owner {
+            return true;
+        }
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
@@ -332,6 +332,9 @@ impl Fence for PyFence {
     }
 
     fn wait(&self) -> bool {
+        if std::process::id() != self.owner {
+            return true;
+        }
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
