@@ -333,6 +333,7 @@ def death(lib, how):
         import json
         import subprocess
         import sys
+        import tempfile
 
         script = (
             "import json, test_torch_parity as t, torch.utils.data as tud\n"
@@ -345,13 +346,17 @@ def death(lib, how):
         # exit3 and SIGTERM). The oracle is asked again then: the iterator's words are the
         # ones rloader matches.
         for _ in range(5):
-            done = subprocess.run(
-                [sys.executable, "-c", script],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                cwd=os.path.dirname(__file__),
-            )
+            # torch's dying workers leave their multiprocessing temp dirs (pymp-*) behind:
+            # in a directory of this test's, removed after.
+            with tempfile.TemporaryDirectory() as tmp:
+                done = subprocess.run(
+                    [sys.executable, "-c", script],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    cwd=os.path.dirname(__file__),
+                    env={**os.environ, "TMPDIR": tmp},
+                )
             assert done.returncode == 0, done.stderr
             theirs = tuple(json.loads(done.stdout.splitlines()[-1]))
             if not theirs[0].startswith("DataLoader worker (pid PID) "):
