@@ -120,6 +120,27 @@ def test_batches_the_user_keeps_are_never_overwritten(driver, kind):
     assert driver.ranges == {}
 
 
+class Varying(tud.Dataset):
+    """Batch k (of 16) holds samples of 16 KiB + (k % 6) * 512 bytes: six sizes, 256 to 296 KiB
+    a batch, in turn."""
+
+    def __len__(self) -> int:
+        return 16 * 36
+
+    def __getitem__(self, i: int):
+        return np.full((1 << 14) + 512 * (i // 16 % 6), i % 251, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_batches_of_varying_sizes_share_registered_blocks(driver, kind):
+    batches = [b.clone() for b in loader_of(Varying(), kind)]
+    assert same(batches, torchs(Varying()))
+    # Blocks come in size classes (an eighth of the power of two above): 256 KiB, and 320 KiB
+    # for the five larger sizes. Exact sizes would register at least one block per size.
+    assert driver.registrations < 6 if kind["num_workers"] == 0 else driver.registrations <= 12
+    assert {n for n in driver.ranges.values()} <= {256 << 10, 320 << 10}
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, kind):
     driver.events_done = False

@@ -32,7 +32,9 @@
 //! overwritten. The fences and the driver are called without the free list's lock held: they
 //! run Python, which may drop another batch, whose block comes back through the same lock.
 //! Pinned pools keep up to twice as many free blocks as were ever out at once (torch's
-//! pinned-memory allocator keeps every block it made): registering is far dearer than reusing.
+//! pinned-memory allocator keeps every block it made), and round block sizes up to size
+//! classes (`block_len`), so batches of varying sizes share blocks: registering is far dearer
+//! than reusing.
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -123,6 +125,20 @@ fn retire(block: Block, fence: Option<Arc<dyn Fence>>) {
     }
 }
 
+/// The length of the block that serves `len` bytes: whole pages; for a pinned pool, rounded up
+/// to an eighth of the next power of two (at most 12.5% more), so that batches whose sizes
+/// vary (padded to their longest sample, say) still reuse registered blocks instead of
+/// registering one per size. (torch's pinned-memory allocator rounds to the power of two.)
+fn block_len(len: usize, pinned: bool) -> usize {
+    let page = page_size();
+    let len = len.max(1).next_multiple_of(page);
+    if !pinned {
+        return len;
+    }
+    let step = (len.checked_next_power_of_two().unwrap_or(len) / 8).max(page);
+    len.next_multiple_of(step)
+}
+
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -203,17 +219,17 @@ impl BatchMemory {
     /// done, else a new mapping; registered if the pool pins. Its contents are whatever its last
     /// batch left (the caller overwrites them).
     pub fn take(&self, len: usize) -> std::io::Result<PooledBlock> {
-        let len = len.max(1).next_multiple_of(page_size());
-        let (ready, fenced, pinning) = {
+        let (ready, fenced, pinning, len) = {
             let mut free = lock(&self.free);
             let pinning = free.pinning.clone();
+            let len = block_len(len, pinning.is_some());
             let ready = free
                 .blocks
                 .iter()
                 .rposition(|(b, fence)| b.len == len && fence.is_none());
             match ready {
                 // (`remove`, not `swap_remove`: the list stays oldest first, for eviction)
-                Some(i) => (Some(free.blocks.remove(i).0), Vec::new(), pinning),
+                Some(i) => (Some(free.blocks.remove(i).0), Vec::new(), pinning, len),
                 None => {
                     // Fenced blocks of this size, oldest (likeliest done) first: asked below,
                     // without the lock, while they stay in the list (other takes see them).
@@ -223,7 +239,7 @@ impl BatchMemory {
                         .filter(|(b, _)| b.len == len)
                         .filter_map(|(b, f)| Some((b.ptr.as_ptr() as usize, f.clone()?)))
                         .collect();
-                    (None, fenced, pinning)
+                    (None, fenced, pinning, len)
                 }
             }
         };
@@ -631,6 +647,36 @@ mod tests {
         assert!(
             log(&driver).is_empty(),
             "the leaked block is not unregistered"
+        );
+    }
+
+    #[test]
+    fn pinned_blocks_come_in_size_classes_shared_by_nearby_sizes() {
+        let (pool, driver) = pinned_pool(4);
+        let page = page_size();
+        // 33 pages and a byte: 34 pages, in the class of 40 (an eighth of 64 is 8).
+        let a = pool.take(33 * page + 1).unwrap();
+        assert_eq!(a.len(), 40 * page);
+        let a_ptr = a.as_ptr();
+        drop(a);
+        driver.fences.lock().unwrap()[0].store(true, std::sync::atomic::Ordering::SeqCst);
+        let b = pool.take(39 * page).unwrap();
+        assert_eq!(
+            b.as_ptr(),
+            a_ptr,
+            "a batch a little larger reuses the registered block"
+        );
+        assert_eq!(log(&driver).len(), 1, "registered once");
+        assert_eq!(
+            pool.take(5 * page).unwrap().len(),
+            5 * page,
+            "small: whole pages"
+        );
+        let plain = BatchMemory::new(4);
+        assert_eq!(
+            plain.take(34 * page).unwrap().len(),
+            34 * page,
+            "unpinned: whole pages"
         );
     }
 
