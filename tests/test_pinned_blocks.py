@@ -120,6 +120,49 @@ def test_batches_the_user_keeps_are_never_overwritten(driver, kind):
     assert driver.ranges == {}
 
 
+class Tensors(tud.Dataset):
+    """Sample i: a float32 tensor of 8192 values (32 KiB), all i; ``dtypes`` cycles per sample,
+    ``grad`` makes them require grad."""
+
+    def __init__(self, n: int = 96, dtypes=(torch.float32,), grad: bool = False) -> None:
+        self.n, self.dtypes, self.grad = n, dtypes, grad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = torch.full((8192,), float(i), dtype=self.dtypes[i % len(self.dtypes)])
+        return x.requires_grad_() if self.grad else x
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_stacked_tensor_batches_lie_in_registered_blocks(driver, kind):
+    batches = []
+    for batch in loader_of(Tensors(), kind):
+        assert driver.covers(batch.data_ptr(), batch.nbytes)
+        batches.append(batch.clone())
+    assert same(batches, torchs(Tensors()))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_tensor_batches_torch_would_promote_are_stacked_as_torch_does(driver, kind):
+    # Mixed dtypes: torch.stack promotes to float64, which a float32 block would cast away.
+    mixed = Tensors(dtypes=(torch.float32, torch.float64))
+    batches = list(loader_of(mixed, kind))
+    assert all(b.dtype == torch.float64 for b in batches)
+    assert not any(driver.covers(b.data_ptr(), 1) for b in batches)
+    assert same(batches, torchs(mixed))
+
+
+def test_tensor_batches_that_require_grad_are_stacked_as_torch_does(driver):
+    # torch.stack(out=...) refuses inputs that require grad; torch's own stack keeps the graph.
+    grad = Tensors(grad=True)
+    ours, theirs = list(loader_of(grad, KINDS[0])), torchs(grad)
+    assert all(b.requires_grad and b.grad_fn is not None for b in ours)
+    assert [b.grad_fn.name() for b in ours] == [b.grad_fn.name() for b in theirs]
+    assert same([b.detach() for b in ours], [b.detach() for b in theirs])
+
+
 class Varying(tud.Dataset):
     """Batch k (of 16) holds samples of 16 KiB + (k % 6) * 512 bytes: six sizes, 256 to 296 KiB
     a batch, in turn."""
@@ -238,32 +281,46 @@ class FilledArrays(tud.Dataset):
         return np.full(1 << 16, i % 251, dtype=np.uint8)
 
 
+class FilledTensors(FilledArrays):
+    """The same samples as tensors (stacked into the block rather than copied into it)."""
+
+    def __getitem__(self, i: int):
+        return torch.full((1 << 16,), i % 251, dtype=torch.uint8)
+
+
+DATA = [FilledArrays, FilledTensors]
+DATA_IDS = ["arrays", "tensors"]
+
+
 @cuda
+@pytest.mark.parametrize("data", DATA, ids=DATA_IDS)
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_batches_are_pinned_where_they_are_collated_on_cuda(kind):
-    loader = loader_of(FilledArrays(), kind, batch_size=64)
-    buffers = None
+def test_batches_are_pinned_where_they_are_collated_on_cuda(kind, data):
+    loader = loader_of(data(), kind, batch_size=64)
     for batch in loader:
         assert batch.is_pinned()
-        buffers = rloader.dataloader._BUFFERS[loader]
-        assert buffers._pinned
-    assert same([b.clone() for b in loader], torchs(FilledArrays(), 64))
+        assert rloader.dataloader._BUFFERS[loader]._pinned
+    assert same([b.clone() for b in loader], torchs(data(), 64))
 
 
 @cuda
+@pytest.mark.parametrize("data", DATA, ids=DATA_IDS)
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("how", ["side stream", "default stream", "waited-for side stream"])
-def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_its_block_is_reused(kind, how):
-    loader = loader_of(FilledArrays(), kind, batch_size=64)
-    assert slow_stream_reads(loader, FilledArrays(), 20_000_000, how) == 0
+def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_its_block_is_reused(
+    kind, how, data
+):
+    loader = loader_of(data(), kind, batch_size=64)
+    assert slow_stream_reads(loader, data(), 20_000_000, how) == 0
 
 
 @cuda
+@pytest.mark.parametrize("data", DATA, ids=DATA_IDS)
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, kind):
+def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, kind, data):
     # The check above can fail: with fences that say "done" at once, blocks are reused while
     # the device has not read them yet.
     register, unregister, _ = _pin.slot_pinning()
     monkeypatch.setattr(_pin, "slot_pinning", lambda: (register, unregister, lambda: Event(True)))
-    loader = loader_of(FilledArrays(), kind, batch_size=64)
-    assert slow_stream_reads(loader, FilledArrays(), 20_000_000) > 0
+    loader = loader_of(data(), kind, batch_size=64)
+    assert slow_stream_reads(loader, data(), 20_000_000) > 0

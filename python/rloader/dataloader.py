@@ -71,7 +71,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         pin_memory: return batches in page-locked memory (on a machine with an accelerator;
             elsewhere it warns and does nothing, as torch does). On CUDA, batches are pinned
             where they arrive (worker processes') or are collated (thread workers' and the
-            single-process loop's large numpy outputs), without a copy; their memory is reused
+            single-process loop's large arrays and tensors), without a copy; their memory is reused
             once the events recorded on each device's current stream, when the batch is
             dropped, have completed: drop a batch after the copies that read it are queued
             on (or waited for by) the current streams, not while a side stream still reads it.

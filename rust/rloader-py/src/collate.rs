@@ -10,7 +10,9 @@
 //!
 //! Inside a worker process, tensors and arrays are collated straight into the batch's
 //! shared-memory slot when there is one (NOTE [Slots] in rloader-workers' slots.rs), with
-//! `torch.stack(..., out=...)` as torch's collate does in a worker.
+//! `torch.stack(..., out=...)` as torch's collate does in a worker. Elsewhere large arrays go
+//! into the loader's recycled batch memory, and so do large tensors when that memory is pinned
+//! (NOTE [Pinned blocks] in rloader-core's batch_memory.rs).
 
 use std::collections::HashMap;
 
@@ -169,10 +171,16 @@ fn collate_items<'py>(
         if first.getattr("is_cpu")?.is_truthy()? {
             let mut shape = vec![items.len() as isize];
             shape.extend(first.getattr("shape")?.extract::<Vec<isize>>()?);
-            if let Some(out) = slots::slot_empty(py, &shape, &first.getattr("dtype")?)? {
+            let dtype = first.getattr("dtype")?;
+            if let Some(out) = slots::slot_empty(py, &shape, &dtype)? {
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("out", out)?;
                 return Ok(Some(stack.call((batch, 0), Some(&kwargs))?));
+            }
+            if let Some(mem) = mem.filter(|m| m.is_pinning()) {
+                if let Some(out) = pinned_stack(py, h, mem, batch, items, &shape, &dtype)? {
+                    return Ok(Some(out));
+                }
             }
         }
         return Ok(Some(stack.call1((batch, 0))?));
@@ -311,6 +319,44 @@ fn pooled_empty<'py>(
     let storage = flat.call_method0("untyped_storage")?;
     let out = h.empty.bind(py).call(((0,),), Some(&kwargs))?;
     out.call_method1("set_", (storage, 0, PyTuple::new(py, shape)?))
+}
+
+/// `torch.stack(batch)` written into a block of pinned batch memory (NOTE [Pinned blocks]), so
+/// that pinning it copies nothing; or None, for `torch.stack` to make it as usual: a small
+/// batch, mixed dtypes (torch promotes them, an `out=` would cast), or a stack into `out=` that
+/// raises (inputs that require grad; torch's own error then comes from the plain stack).
+fn pinned_stack<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    mem: &BatchMemory,
+    batch: &Bound<'py, PyAny>,
+    items: &[Bound<'py, PyAny>],
+    shape: &[isize],
+    dtype: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let itemsize: usize = dtype.getattr("itemsize")?.extract()?;
+    let mut nbytes = itemsize;
+    for &d in shape {
+        let Ok(d) = usize::try_from(d) else {
+            return Ok(None);
+        };
+        nbytes = nbytes.saturating_mul(d);
+    }
+    if nbytes < POOLED_MIN {
+        return Ok(None);
+    }
+    for x in items {
+        if !x.getattr("dtype")?.is(dtype) {
+            return Ok(None);
+        }
+    }
+    let out = pooled_empty(py, h, mem, shape, dtype, nbytes)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("out", &out)?;
+    match h.stack.bind(py).call((batch, 0), Some(&kwargs)) {
+        Ok(stacked) => Ok(Some(stacked)),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Bytes from which `arrays_tensor` copies without the GIL.
