@@ -321,6 +321,18 @@ fn pooled_empty<'py>(
     out.call_method1("set_", (storage, 0, PyTuple::new(py, shape)?))
 }
 
+/// Bytes of a tensor of `shape` and `dtype`; None for a negative dimension.
+pub fn nbytes_of(shape: &[isize], dtype: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    let mut n: usize = dtype.getattr("itemsize")?.extract()?;
+    for &d in shape {
+        let Ok(d) = usize::try_from(d) else {
+            return Ok(None);
+        };
+        n = n.saturating_mul(d);
+    }
+    Ok(Some(n))
+}
+
 /// `torch.stack(batch)` written into a block of pinned batch memory (NOTE [Pinned blocks]), so
 /// that pinning it copies nothing; or None, for `torch.stack` to make it as usual: a small
 /// batch, mixed dtypes (torch promotes them, an `out=` would cast), or a stack into `out=` that
@@ -334,17 +346,9 @@ fn pinned_stack<'py>(
     shape: &[isize],
     dtype: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let itemsize: usize = dtype.getattr("itemsize")?.extract()?;
-    let mut nbytes = itemsize;
-    for &d in shape {
-        let Ok(d) = usize::try_from(d) else {
-            return Ok(None);
-        };
-        nbytes = nbytes.saturating_mul(d);
-    }
-    if nbytes < POOLED_MIN {
+    let Some(nbytes) = nbytes_of(shape, dtype)?.filter(|&n| n >= POOLED_MIN) else {
         return Ok(None);
-    }
+    };
     for x in items {
         if !x.getattr("dtype")?.is(dtype) {
             return Ok(None);

@@ -33,7 +33,7 @@ pub struct PinnedSlots {
     registrations: Mutex<Registrations>,
     /// Guarded briefly: never held while Python runs (a fence's check may drop a batch, whose
     /// release parks here).
-    parked: Mutex<Vec<Parked<Py<PyAny>>>>,
+    parked: Mutex<Vec<Parked<PyFence>>>,
     /// The driver refused a registration once: from then on batches are copied into pinned
     /// memory by the pin thread, as without this.
     failed: AtomicBool,
@@ -111,53 +111,30 @@ impl PinnedSlots {
             std::mem::forget(lease);
             return;
         }
-        Python::attach(|py| {
-            let pending = PyErr::take(py);
-            if finalizing(py) {
-                drop(lease); // at exit: no device work will be waited for
-            } else {
-                match self.fence.call0(py) {
-                    Ok(fence) => lock(&self.parked).push((lease, fence)),
-                    Err(err) => {
-                        // Without an event the slot never goes back (its worker sends inline):
-                        // better than overwriting what the device may still read.
-                        err.write_unraisable(py, None);
-                        std::mem::forget(lease);
-                    }
+        // At exit nothing is called, and the lease goes with the closure: no device work will
+        // be waited for.
+        quietly(|py| {
+            match self.fence.call0(py) {
+                Ok(fence) => lock(&self.parked).push((lease, PyFence::new(fence, self.owner))),
+                Err(err) => {
+                    // Without an event the slot never goes back (its worker sends inline):
+                    // better than overwriting what the device may still read.
+                    err.write_unraisable(py, None);
+                    std::mem::forget(lease);
                 }
-                self.reclaim(py);
             }
-            if let Some(pending) = pending {
-                pending.restore(py);
-            }
+            self.reclaim();
         });
     }
 
     /// Frees every parked slot whose event has completed. A fence that cannot say (its query
-    /// raised) keeps its slot for good, as in `release`, and is asked no more.
-    pub fn reclaim(&self, py: Python<'_>) {
+    /// raised) keeps its slot for good, as in `release` (`PyFence::done`).
+    pub fn reclaim(&self) {
         let parked = std::mem::take(&mut *lock(&self.parked));
         if parked.is_empty() {
             return;
         }
-        let mut broken = Vec::new();
-        let still = reclaim(parked, |fence| {
-            let done = fence.call_method0(py, "query");
-            match done.and_then(|done| done.extract::<bool>(py)) {
-                Ok(done) => done,
-                Err(err) => {
-                    err.write_unraisable(py, None);
-                    broken.push(fence.as_ptr() as usize);
-                    false
-                }
-            }
-        });
-        let (broken, still): (Vec<_>, Vec<_>) = still
-            .into_iter()
-            .partition(|(_, fence)| broken.contains(&(fence.as_ptr() as usize)));
-        for (lease, _) in broken {
-            std::mem::forget(lease);
-        }
+        let still = reclaim(parked, PyFence::done);
         lock(&self.parked).extend(still);
     }
 
@@ -179,10 +156,11 @@ impl Drop for PinnedSlots {
         // At exit nothing is called: the driver lets go of everything; torch may be half gone.
         quietly(|py| {
             for (lease, fence) in parked {
-                if let Err(err) = fence.call_method0(py, "synchronize") {
-                    err.write_unraisable(py, None);
+                if fence.wait() {
+                    drop(lease);
+                } else {
+                    std::mem::forget(lease);
                 }
-                drop(lease);
             }
             let base = self.shm.as_ptr() as usize;
             for slot_at in slots {
@@ -283,11 +261,7 @@ impl Pinning for PinnedBlocks {
             return Release::Now;
         }
         quietly(|py| match self.fence.call0(py) {
-            Ok(fence) => Release::After(Box::new(PyFence {
-                fence,
-                owner: self.owner,
-                broken: AtomicBool::new(false),
-            })),
+            Ok(fence) => Release::After(Box::new(PyFence::new(fence, self.owner))),
             Err(err) => {
                 // Better a block never reused than one the device may still read; and no more
                 // registrations, whose blocks would go the same way.
@@ -300,13 +274,25 @@ impl Pinning for PinnedBlocks {
     }
 }
 
-/// A `fence()` object: `query()` and `synchronize()`, as `torch.cuda.Event`'s.
-struct PyFence {
+/// A `fence()` object: `query()` and `synchronize()`, as `torch.cuda.Event`'s; the fence of a
+/// parked slot or of a free block.
+pub struct PyFence {
     fence: Py<PyAny>,
-    /// A forked child's copy of a free block is its own memory, which no device reads.
+    /// In a forked child (holding copies of the parent's free blocks) no device read is
+    /// pending: the memory is the child's own.
     owner: u32,
     /// Its query raised once: it cannot tell, and is asked no more.
     broken: AtomicBool,
+}
+
+impl PyFence {
+    fn new(fence: Py<PyAny>, owner: u32) -> Self {
+        PyFence {
+            fence,
+            owner,
+            broken: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Fence for PyFence {

@@ -467,7 +467,7 @@ impl PoolIter {
         }
         loop {
             if let Some(pinned) = self.pool_region.get().pinned.get() {
-                pinned.reclaim(py); // slots the device has read since (NOTE [Pinned slots])
+                pinned.reclaim(); // slots the device has read since (NOTE [Pinned slots])
             }
             self.send_tasks(py)?;
             let next = self.scheduler.next();

@@ -64,14 +64,9 @@ pub fn slot_empty<'py>(
     if !with_arena(|a| a.has_slot()).unwrap_or(false) {
         return Ok(None);
     }
-    let itemsize: usize = dtype.getattr("itemsize")?.extract()?;
-    let mut n = itemsize;
-    for &d in shape {
-        let Ok(d) = usize::try_from(d) else {
-            return Ok(None);
-        };
-        n = n.saturating_mul(d);
-    }
+    let Some(n) = crate::collate::nbytes_of(shape, dtype)? else {
+        return Ok(None);
+    };
     let Some(Some(view)) = with_arena(|a| a.alloc(n).map(|(_, ptr)| SlotView::new(a, ptr, n)))
     else {
         return Ok(None);
