@@ -136,3 +136,57 @@ def test_a_batch_of_arrays_copied_on_one_or_several_threads_is_torchs(threads, r
     finally:
         torch.set_num_threads(before)
     assert same(ours, tud.default_collate(batch))
+
+
+def describe(x):
+    """Where collation put a batch: device, dtype and shape of each tensor in it."""
+    if isinstance(x, torch.Tensor):
+        return (type(x).__name__, x.device.type, x.dtype, tuple(x.shape))
+    if isinstance(x, dict):
+        return {k: describe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [describe(v) for v in x]
+    return x
+
+
+MODE_BATCHES = [
+    [np.ones((3, 100, 100), np.float32) for _ in range(8)],  # large: the recycled-memory copy
+    [np.ones(3, np.float32), np.zeros(3, np.float32)],
+    [1, 2, 3],
+    [1.5, 2.5],
+    [True, False],
+    [torch.ones(3, 100, 100) for _ in range(8)],
+    [(np.ones((300, 300), np.uint8), 3) for _ in range(4)],
+    [{"a": 1.0, "b": np.zeros(4)} for _ in range(3)],
+]
+
+
+@pytest.mark.parametrize("batch", MODE_BATCHES)
+def test_a_default_device_places_the_batch_as_torchs_collate_does(batch):
+    # torch's collate makes numbers and numpy batches with torch.tensor / torch.as_tensor, so
+    # under torch.device(...) or torch.set_default_device they land on that device. Writing
+    # them through data_ptr() into a CPU-sized buffer crashed the interpreter here before.
+    with torch.device("meta"):
+        assert fast_collate(batch) is None
+        assert describe(rloader.default_collate(batch)) == describe(tud.default_collate(batch))
+
+
+@pytest.mark.parametrize("batch", MODE_BATCHES)
+def test_fake_tensor_mode_gets_torchs_fake_batch(batch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert fast_collate(batch) is None
+        assert describe(rloader.default_collate(batch)) == describe(tud.default_collate(batch))
+
+
+def test_a_single_process_loader_under_a_device_context_collates_as_torch():
+    dataset = [(np.full((300, 300), i, np.uint8), i) for i in range(32)]
+    loaders = [lib.DataLoader(dataset, batch_size=8) for lib in (tud, rloader)]
+    iterators = [iter(loader) for loader in loaders]  # the base seed needs a real device
+    with torch.device("meta"):
+        batches = [[describe(b) for b in it] for it in iterators]
+    assert batches[0] == batches[1]
+    assert batches[1][0] == [("Tensor", "meta", torch.uint8, (8, 300, 300))] + [
+        ("Tensor", "meta", torch.int64, (8,))
+    ]

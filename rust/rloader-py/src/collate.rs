@@ -30,6 +30,9 @@ struct Handles {
     frombuffer: Py<PyAny>,
     stack: Py<PyAny>,
     get_num_threads: Py<PyAny>,
+    /// `torch._C._is_torch_function_mode_enabled` and `torch._C._len_torch_dispatch_stack`.
+    function_mode: Py<PyAny>,
+    dispatch_modes: Py<PyAny>,
     tensor_type: Py<PyType>,
     strided: Py<PyAny>,
     int64: Py<PyAny>,
@@ -46,6 +49,7 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
     HANDLES.get_or_try_init(py, || {
         let torch = py.import("torch")?;
         let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(torch.getattr(name)?.unbind()) };
+        let torch_c = torch.getattr("_C")?;
         let ndarray_type = match py.import("numpy") {
             Ok(np) => Some(np.getattr("ndarray")?.cast_into::<PyType>()?.unbind()),
             Err(_) => None,
@@ -72,6 +76,8 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             frombuffer: get("frombuffer")?,
             stack: get("stack")?,
             get_num_threads: get("get_num_threads")?,
+            function_mode: torch_c.getattr("_is_torch_function_mode_enabled")?.unbind(),
+            dispatch_modes: torch_c.getattr("_len_torch_dispatch_stack")?.unbind(),
             tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
             strided: get("strided")?,
             int64: get("int64")?,
@@ -94,6 +100,9 @@ pub fn fast_collate<'py>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = batch.py();
     let h = handles(py)?;
+    if torch_modes_active(py, h)? {
+        return Ok(None);
+    }
     let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = batch.cast::<PyList>() {
         list.iter().collect()
     } else if let Ok(tuple) = batch.cast::<PyTuple>() {
@@ -102,6 +111,16 @@ pub fn fast_collate<'py>(
         return Ok(None);
     };
     collate_items(py, h, mem, batch, &items)
+}
+
+/// A torch function mode (`torch.set_default_device`, `with torch.device(...)`) or dispatch mode
+/// (`FakeTensorMode`) is active: the tensors collation makes are theirs to place (torch's collate
+/// makes numpy batches and numbers on the default device), so the general path, which calls the
+/// same torch functions as torch's collate, does it. This path writes through `data_ptr()`, which
+/// only a CPU tensor of its own allocation can take.
+fn torch_modes_active(py: Python<'_>, h: &Handles) -> PyResult<bool> {
+    Ok(h.function_mode.bind(py).call0()?.is_truthy()?
+        || h.dispatch_modes.bind(py).call0()?.extract::<usize>()? > 0)
 }
 
 fn all_exact<'py, T: pyo3::type_object::PyTypeInfo>(items: &[Bound<'py, PyAny>]) -> bool {
