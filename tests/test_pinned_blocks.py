@@ -163,6 +163,25 @@ def test_tensor_batches_that_require_grad_are_stacked_as_torch_does(driver):
     assert same([b.detach() for b in ours], [b.detach() for b in theirs])
 
 
+class ChannelsLast(tud.Dataset):
+    """Sample i: a float32 [2, 8, 16, 16] tensor in channels-last memory format (16 KiB), all i:
+    torch.stack keeps that format, so its batch is not contiguous."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        return torch.full((2, 8, 16, 16), float(i)).to(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_tensor_batches_keep_the_memory_format_torch_gives_them(driver, kind):
+    ours, theirs = list(loader_of(ChannelsLast(), kind)), torchs(ChannelsLast())
+    assert [b.stride() for b in ours] == [b.stride() for b in theirs]
+    assert not theirs[0].is_contiguous()
+    assert same(ours, theirs)
+
+
 class Varying(tud.Dataset):
     """Batch k (of 16) holds samples of 16 KiB + (k % 6) * 512 bytes: six sizes, 256 to 296 KiB
     a batch, in turn."""

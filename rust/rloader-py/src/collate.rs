@@ -354,7 +354,9 @@ pub fn nbytes_of(shape: &[isize], dtype: &Bound<'_, PyAny>) -> PyResult<Option<u
 
 /// `torch.stack(batch)` written into a block of pinned batch memory (NOTE [Pinned blocks]), so
 /// that pinning it copies nothing; or None, for `torch.stack` to make it as usual: a small
-/// batch, mixed dtypes (torch promotes them, an `out=` would cast), or a stack into `out=` that
+/// batch, mixed dtypes (torch promotes them, an `out=` would cast), a first item that is not
+/// contiguous (torch's output then takes the inputs' memory format, channels-last for instance;
+/// from a contiguous first item it is contiguous, as the block is), or a stack into `out=` that
 /// raises (inputs that require grad; torch's own error then comes from the plain stack).
 fn pinned_stack<'py>(
     py: Python<'py>,
@@ -372,6 +374,9 @@ fn pinned_stack<'py>(
         if !x.getattr("dtype")?.is(dtype) {
             return Ok(None);
         }
+    }
+    if !items[0].call_method0("is_contiguous")?.is_truthy()? {
+        return Ok(None);
     }
     let out = pooled_empty(py, h, mem, shape, dtype, nbytes)?;
     let kwargs = PyDict::new(py);
