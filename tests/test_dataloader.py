@@ -74,6 +74,37 @@ def test_same_batches_as_torch(kind, kwargs):
     assert same(ours, theirs)
 
 
+def tensor_traits(batch):
+    """What a user can see of each tensor in a batch besides its values: its strides, whether
+    it is a view (`_base`), its version counter, where its storage starts."""
+    if isinstance(batch, torch.Tensor):
+        return (batch.stride(), batch._base is None, batch._is_view(), batch._version,
+                batch.storage_offset(), batch.untyped_storage().nbytes())  # fmt: skip
+    return [tensor_traits(x) for x in batch]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: (np.full((3, 100, 100), i, np.float32), i),  # 1.2 MB batches: batch memory
+        lambda i: (torch.full((3, 100, 100), float(i)), float(i)),
+        lambda i: np.full(3, i, np.int16),
+    ],
+    ids=["arrays", "tensors", "small-arrays"],
+)
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(num_workers=2), dict(num_workers=2, persistent_workers=True)],
+    ids=["single-process", "workers", "persistent"],
+)
+def test_batch_tensors_are_made_like_torchs(make, kwargs):
+    # Batches in recycled memory or in a worker's slot are no views, and their version counter
+    # is torch's (0 when collated in this process, 1 when rebuilt from a worker's).
+    theirs, ours = both(MapDS(40, make), batch_size=10, **kwargs)
+    assert [tensor_traits(b) for b in ours] == [tensor_traits(b) for b in theirs]
+    assert same(ours, theirs)
+
+
 def test_non_writable_numpy_warns_like_torch():
     # torch warns once per process, so each library gets a fresh interpreter.
     import subprocess

@@ -64,9 +64,13 @@ _JOIN_TIMEOUT = 5.0
 
 
 def _rebuild_tensor(buffer, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    # As torch's own rebuild of a tensor a worker sent (torch._utils._rebuild_tensor): set_ onto
+    # the storage, so the batch is no view (`_base` None) and its `_version` is torch's.
     if len(buffer) == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+        storage = torch.UntypedStorage(0)
+    else:
+        storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    return torch.empty((0,), dtype=dtype, device="cpu").set_(storage, 0, shape)
 
 
 class _BatchPickler(pickle.Pickler):

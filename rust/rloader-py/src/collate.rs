@@ -318,8 +318,9 @@ const POOLED_MIN: usize = 128 * 1024;
 
 /// An uninitialized contiguous CPU tensor of `shape` and `dtype` (`nbytes` bytes) over a block
 /// of `mem` (NOTE [Batch memory] in rloader-core's batch_memory.rs): the block returns to `mem`
-/// when the last tensor over it is gone. The tensor is set over the block's storage rather than
-/// viewed from it, so that, like torch.empty's, it is no view (`_base` is None).
+/// when the last tensor over it is gone. The tensor is a detached alias of a view of the block,
+/// so that, like torch.empty's, it is no view (`_base` is None) and its `_version` is 0 (a
+/// `set_` onto the block's storage would make it 1).
 fn pooled_empty<'py>(
     py: Python<'py>,
     h: &Handles,
@@ -335,9 +336,8 @@ fn pooled_empty<'py>(
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", dtype)?;
     let flat = h.frombuffer.bind(py).call((view,), Some(&kwargs))?;
-    let storage = flat.call_method0("untyped_storage")?;
-    let out = h.empty.bind(py).call(((0,),), Some(&kwargs))?;
-    out.call_method1("set_", (storage, 0, PyTuple::new(py, shape)?))
+    flat.call_method1("view", (PyTuple::new(py, shape)?,))?
+        .call_method0("detach")
 }
 
 /// Bytes of a tensor of `shape` and `dtype`; None for a negative dimension.
