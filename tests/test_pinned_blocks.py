@@ -140,6 +140,7 @@ def test_stacked_tensor_batches_lie_in_registered_blocks(driver, kind):
     batches = []
     for batch in loader_of(Tensors(), kind):
         assert driver.covers(batch.data_ptr(), batch.nbytes)
+        assert (batch._base, batch._version) == (None, 0)  # as torch.stack's own batch
         batches.append(batch.clone())
     assert same(batches, torchs(Tensors()))
 

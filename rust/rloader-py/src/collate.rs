@@ -15,10 +15,12 @@
 //! (NOTE [Pinned blocks] in rloader-core's batch_memory.rs).
 
 use std::collections::HashMap;
+use std::sync::{mpsc, Mutex};
 
 use crate::buffers::{ArrayView, PooledView};
 use crate::slots;
 use pyo3::exceptions::PyBufferError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -89,14 +91,23 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
     })
 }
 
+/// Where a batch's large outputs are made, outside a worker's slots.
+#[derive(Clone, Copy, Default)]
+pub struct Outputs<'a> {
+    /// The loop's recycled batch memory (NOTE [Batch memory]); None: torch's allocator.
+    pub memory: Option<&'a BatchMemory>,
+    /// Threads that stack runs of a large tensor batch beside this one (NOTE [Stack helpers]);
+    /// None: this thread stacks it alone.
+    pub helpers: Option<&'a StackHelpers>,
+}
+
 /// Collates `batch` (a list or tuple) like `default_collate`, or returns `None` when the general
 /// path must do it.
 ///
-/// `mem`: where large outputs go outside a worker's slots (the single-process loop's recycled
-/// batch memory); None: torch's allocator.
+/// `to`: where large outputs go and who helps make them (the single-process loop's).
 pub fn fast_collate<'py>(
     batch: &Bound<'py, PyAny>,
-    mem: Option<&BatchMemory>,
+    to: Outputs<'_>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = batch.py();
     let h = handles(py)?;
@@ -110,7 +121,7 @@ pub fn fast_collate<'py>(
     } else {
         return Ok(None);
     };
-    collate_items(py, h, mem, batch, &items)
+    collate_items(py, h, to, batch, &items)
 }
 
 /// A torch function mode (`torch.set_default_device`, `with torch.device(...)`) or dispatch mode
@@ -130,7 +141,7 @@ fn all_exact<'py, T: pyo3::type_object::PyTypeInfo>(items: &[Bound<'py, PyAny>])
 fn collate_items<'py>(
     py: Python<'py>,
     h: &Handles,
-    mem: Option<&BatchMemory>,
+    to: Outputs<'_>,
     batch: &Bound<'py, PyAny>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -196,8 +207,13 @@ fn collate_items<'py>(
                 kwargs.set_item("out", out)?;
                 return Ok(Some(stack.call((batch, 0), Some(&kwargs))?));
             }
-            if let Some(mem) = mem.filter(|m| m.is_pinning()) {
+            if let Some(mem) = to.memory.filter(|m| m.is_pinning()) {
                 if let Some(out) = pinned_stack(py, h, mem, batch, items, &shape, &dtype)? {
+                    return Ok(Some(out));
+                }
+            }
+            if let Some(helpers) = to.helpers {
+                if let Some(out) = helpers.stack(py, h, items, &shape, &dtype)? {
                     return Ok(Some(out));
                 }
             }
@@ -206,14 +222,14 @@ fn collate_items<'py>(
     }
     if let Some(nd) = &h.ndarray_type {
         if first_type.is(nd.bind(py)) {
-            return arrays_tensor(py, h, mem, nd.bind(py), items);
+            return arrays_tensor(py, h, to.memory, nd.bind(py), items);
         }
     }
     if first.is_exact_instance_of::<PyTuple>() || first.is_exact_instance_of::<PyList>() {
-        return collate_sequences(py, h, mem, items);
+        return collate_sequences(py, h, to, items);
     }
     if first.is_exact_instance_of::<PyDict>() {
-        return collate_dicts(py, h, mem, items);
+        return collate_dicts(py, h, to, items);
     }
     Ok(None)
 }
@@ -223,7 +239,7 @@ fn collate_items<'py>(
 fn collate_sequences<'py>(
     py: Python<'py>,
     h: &Handles,
-    mem: Option<&BatchMemory>,
+    to: Outputs<'_>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     // Row-major, all rows in one vector: one allocation per batch, not one per sample.
@@ -255,7 +271,7 @@ fn collate_sequences<'py>(
         let column: Vec<Bound<'py, PyAny>> =
             cells.iter().skip(col).step_by(width).cloned().collect();
         let column_obj = PyTuple::new(py, &column)?;
-        match collate_items(py, h, mem, column_obj.as_any(), &column)? {
+        match collate_items(py, h, to, column_obj.as_any(), &column)? {
             Some(v) => out.append(v)?,
             None => return Ok(None),
         }
@@ -267,7 +283,7 @@ fn collate_sequences<'py>(
 fn collate_dicts<'py>(
     py: Python<'py>,
     h: &Handles,
-    mem: Option<&BatchMemory>,
+    to: Outputs<'_>,
     items: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let mut dicts = Vec::with_capacity(items.len());
@@ -287,7 +303,7 @@ fn collate_dicts<'py>(
             }
         }
         let column_obj = PyList::new(py, &column)?;
-        match collate_items(py, h, mem, column_obj.as_any(), &column)? {
+        match collate_items(py, h, to, column_obj.as_any(), &column)? {
             Some(v) => out.set_item(key, v)?,
             None => return Ok(None),
         }
@@ -380,11 +396,215 @@ fn pinned_stack<'py>(
     }
     let out = pooled_empty(py, h, mem, shape, dtype, nbytes)?;
     let kwargs = PyDict::new(py);
-    kwargs.set_item("out", &out)?;
+    kwargs.set_item("out", writer_of(py, h, &out, shape, dtype)?)?;
     match h.stack.bind(py).call((batch, 0), Some(&kwargs)) {
-        Ok(stacked) => Ok(Some(stacked)),
+        Ok(_) => Ok(Some(out)),
         Err(_) => Ok(None),
     }
+}
+
+/// An alias of `out` (contiguous, of `shape` and `dtype`) with a version counter of its own, for
+/// a `torch.stack(..., out=)` to write through: an out= write bumps the version of the tensor it
+/// writes, and torch.stack's own batch has version 0.
+fn writer_of<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    out: &Bound<'py, PyAny>,
+    shape: &[isize],
+    dtype: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "dtype"), dtype)?;
+    h.empty.bind(py).call(((0,),), Some(&kwargs))?.call_method1(
+        intern!(py, "set_"),
+        (
+            out.call_method0(intern!(py, "untyped_storage"))?,
+            0,
+            PyTuple::new(py, shape)?,
+        ),
+    )
+}
+
+// NOTE [Stack helpers]
+// torch.stack copies a batch of many small tensors on one thread, about 1 µs an input (a view and
+// a copy kernel each) plus the copy itself, whatever torch.get_num_threads() says. The
+// single-process loop (num_workers=0), which collates on the user's thread, therefore has the
+// batch stacked in `copy_threads` runs at once: this thread stacks the first run into the first
+// rows of the output, and helper threads the others into theirs, each a `torch.stack(run,
+// out=rows)`, which lets go of the GIL while it copies.
+//
+// - The helpers are long-lived threads of the loop's fetcher, started on its first large batch
+//   and joined when it is dropped: a thread started per batch costs about what the split saves.
+// - A helper touches Python only inside a job, attached for that job alone. Idle, it waits on its
+//   channel holding nothing, so it can be joined with the GIL held, and it never needs the
+//   interpreter to end: closing its channel ends it.
+// - Every job sent is waited for before `stack` returns (no `?` between the two), so a helper is
+//   idle whenever the fetcher can be dropped.
+// - The helpers belong to the process that started them (`pid`): a forked child has none of
+//   its parent's threads, so it neither sends to them nor joins them. The lock is only ever
+//   tried, never waited for: a fetcher used from two threads at once, or copied by a fork with
+//   the lock held, stacks on its calling thread.
+// - Any run that fails (sizes that differ, inputs that require grad, ...) leaves the batch to a
+//   plain torch.stack, whose result or error is torch's.
+
+/// A job for a helper: runs with no GIL, attaches for what it needs.
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Helper {
+    jobs: mpsc::Sender<Job>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The helper threads of one fetcher (NOTE [Stack helpers]).
+pub struct StackHelpers {
+    pid: u32,
+    helpers: Mutex<Vec<Helper>>,
+}
+
+impl Default for StackHelpers {
+    fn default() -> Self {
+        StackHelpers {
+            pid: std::process::id(),
+            helpers: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl StackHelpers {
+    /// `torch.stack(items)` made by this thread and the helpers together, or None for a plain
+    /// `torch.stack` to make it: one thread's worth of batch (`copy_threads`), mixed dtypes
+    /// (torch promotes them, an `out=` would cast), a first item that is not contiguous (torch's
+    /// output then takes the inputs' memory format), helpers busy or not to be had, or a run
+    /// that failed.
+    fn stack<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        items: &[Bound<'py, PyAny>],
+        shape: &[isize],
+        dtype: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(nbytes) = nbytes_of(shape, dtype)? else {
+            return Ok(None);
+        };
+        let threads = copy_threads(py, h, nbytes)?.min(items.len());
+        if threads <= 1 || self.pid != std::process::id() {
+            return Ok(None);
+        }
+        let Ok(mut helpers) = self.helpers.try_lock() else {
+            return Ok(None);
+        };
+        while helpers.len() < threads - 1 {
+            match spawn_helper() {
+                Some(helper) => helpers.push(helper),
+                None => break,
+            }
+        }
+        let threads = threads.min(helpers.len() + 1);
+        if threads <= 1 {
+            return Ok(None);
+        }
+        for x in items {
+            if !x.getattr(intern!(py, "dtype"))?.is(dtype) {
+                return Ok(None);
+            }
+        }
+        if !items[0]
+            .call_method0(intern!(py, "is_contiguous"))?
+            .is_truthy()?
+        {
+            return Ok(None);
+        }
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(intern!(py, "dtype"), dtype)?;
+        let out = h
+            .empty
+            .bind(py)
+            .call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
+        let writer = writer_of(py, h, &out, shape, dtype)?;
+        let per = items.len().div_ceil(threads);
+        let mut runs = Vec::with_capacity(threads);
+        for (r, run) in items.chunks(per).enumerate() {
+            let rows = writer.call_method1(intern!(py, "narrow"), (0, r * per, run.len()))?;
+            runs.push((PyList::new(py, run)?.unbind(), rows.unbind()));
+        }
+        let mut runs = runs.into_iter();
+        let mine = runs.next().expect("threads >= 2 runs");
+        // From here to the wait below nothing returns early: every job sent is waited for.
+        let mut replies = Vec::with_capacity(threads - 1);
+        for ((run, rows), helper) in runs.zip(helpers.iter()) {
+            let (done, reply) = mpsc::channel();
+            let job: Job = Box::new(move || {
+                let ok = Python::attach(move |py| {
+                    let ok = stack_run(py, &run, &rows).is_ok();
+                    drop((run, rows)); // attached: references let go of here, not deferred
+                    ok
+                });
+                let _ = done.send(ok);
+            });
+            // A helper that is gone drops the job (and its reply's sender): a failed run.
+            let _ = helper.jobs.send(job);
+            replies.push(reply);
+        }
+        let mine = stack_run(py, &mine.0, &mine.1).is_ok();
+        // Every reply is waited for, a failed run's too (not `all`, which would stop at it).
+        let oks: Vec<bool> = py.detach(|| {
+            replies
+                .into_iter()
+                .map(|reply| reply.recv().unwrap_or(false))
+                .collect()
+        });
+        let theirs = oks.into_iter().all(|ok| ok);
+        if !theirs {
+            // A helper that died (its reply never came) is not used again.
+            if helpers.iter().any(|h| h.thread.is_finished()) {
+                helpers.clear();
+            }
+        }
+        Ok((mine && theirs).then_some(out))
+    }
+}
+
+impl Drop for StackHelpers {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child's copy: its parent's threads are not here to join.
+            if let Ok(helpers) = self.helpers.get_mut() {
+                std::mem::forget(std::mem::take(helpers));
+            }
+            return;
+        }
+        let helpers = match self.helpers.get_mut() {
+            Ok(helpers) => std::mem::take(helpers),
+            Err(poisoned) => std::mem::take(poisoned.into_inner()),
+        };
+        for Helper { jobs, thread } in helpers {
+            drop(jobs); // its loop ends; idle, it holds nothing to wait for
+            let _ = thread.join();
+        }
+    }
+}
+
+fn spawn_helper() -> Option<Helper> {
+    let (jobs, queue) = mpsc::channel::<Job>();
+    let thread = std::thread::Builder::new()
+        .name("rloader-stack".into())
+        .spawn(move || {
+            for job in queue {
+                job();
+            }
+        })
+        .ok()?;
+    Some(Helper { jobs, thread })
+}
+
+/// `torch.stack(run, 0, out=rows)`.
+fn stack_run(py: Python<'_>, run: &Py<PyList>, rows: &Py<PyAny>) -> PyResult<()> {
+    let h = handles(py)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "out"), rows)?;
+    h.stack.bind(py).call((run, 0), Some(&kwargs))?;
+    Ok(())
 }
 
 /// Bytes from which `arrays_tensor` copies without the GIL.
@@ -529,7 +749,7 @@ fn split_copy(rows: &[usize], threads: usize, copy_rows: impl Fn(usize, &[usize]
 /// `fast_collate(batch)`: the collated batch, or None when the general path must run.
 #[pyfunction(name = "fast_collate")]
 fn py_fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
-    fast_collate(batch, None)
+    fast_collate(batch, Outputs::default())
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::buffers::BatchBuffers;
-use crate::collate::fast_collate;
+use crate::collate::{fast_collate, Outputs, StackHelpers};
 use crate::stats::{Stage, Stats};
 
 /// One batch of keys for a map-style dataset.
@@ -84,6 +84,8 @@ pub struct Fetcher {
     /// Set when the fetcher's pool is stopping (worker threads): a batch being fetched is
     /// abandoned between two samples instead of being finished for no one.
     stop: Option<Arc<AtomicBool>>,
+    /// Threads that stack large tensor batches beside this one (NOTE [Stack helpers]).
+    helpers: StackHelpers,
 }
 
 /// The error of a fetch abandoned because its pool is stopping (`Fetcher::with_stop`); no one
@@ -111,6 +113,7 @@ impl Fetcher {
             collate,
             stats: None,
             stop: None,
+            helpers: StackHelpers::default(),
         })
     }
 
@@ -133,6 +136,7 @@ impl Fetcher {
             collate,
             stats: None,
             stop: None,
+            helpers: StackHelpers::default(),
         }
     }
 
@@ -331,8 +335,11 @@ impl Fetcher {
                     .bind(py)
                     .call_method0(intern!(py, "fast_path_may_run"))?;
                 if may_run.is_truthy()? {
-                    let mem = buffers.as_ref().map(|b| b.get().memory());
-                    if let Some(out) = fast_collate(&data, mem)? {
+                    let to = Outputs {
+                        memory: buffers.as_ref().map(|b| b.get().memory()),
+                        helpers: Some(&self.helpers),
+                    };
+                    if let Some(out) = fast_collate(&data, to)? {
                         return Ok(out);
                     }
                 }
