@@ -105,6 +105,25 @@ def test_batch_tensors_are_made_like_torchs(make, kwargs):
     assert same(ours, theirs)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: np.full((3, 100, 100), i, np.float32),
+        lambda i: torch.full((3, 100, 100), float(i)),
+    ],
+    ids=["arrays", "tensors"],
+)
+@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2)], ids=["single-process", "workers"])
+def test_batches_take_in_place_shape_changes_like_torchs(make, kwargs):
+    # A batch in recycled memory or a worker's slot is a tensor of its own, not a detached
+    # alias, which would refuse these.
+    for lib in (tud, rloader):
+        batch = next(iter(lib.DataLoader(MapDS(20, make), batch_size=10, **kwargs)))
+        batch.unsqueeze_(1).squeeze_(1).transpose_(0, 1)
+        batch.resize_(5, 3, 100, 100)
+        assert batch.shape == (5, 3, 100, 100)
+
+
 def test_non_writable_numpy_warns_like_torch():
     # torch warns once per process, so each library gets a fresh interpreter.
     import subprocess

@@ -8,12 +8,14 @@ import gc
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 import torch.utils.data as tud
 
 import rloader
+from rloader import _rloader
 
 from _compare import same
 
@@ -59,7 +61,8 @@ class Samples(tud.Dataset):
 def traits(batch):
     """Strides, view-ness and version of each tensor in a batch, as in test_dataloader."""
     if isinstance(batch, torch.Tensor):
-        return (batch.stride(), batch._base is None, batch._version, batch.requires_grad)
+        version = None if batch.is_inference() else batch._version  # inference: no counter
+        return (batch.stride(), batch._base is None, version, batch.requires_grad)
     return [traits(x) for x in batch]
 
 
@@ -81,13 +84,64 @@ MAKES = {
 }  # fmt: skip
 
 
+# The makes whose batches the helpers stack when they hold 1 MiB or more (items under 32768
+# elements, of one dtype, contiguous); the others are stacked by torch.stack alone.
+SPLIT = {"float32", "int64", "pairs"}
+
+
+def splittable(batch) -> bool:
+    stacked = batch[0] if isinstance(batch, list) else batch
+    return stacked.nbytes >= 1 << 20
+
+
 @pytest.mark.parametrize("batch_size", [25, 64, 256])
 @pytest.mark.parametrize("make", list(MAKES), ids=list(MAKES))
 def test_batches_are_torchs_on_any_number_of_threads(torch_threads, make, batch_size):
     # 230 samples: the last batch is a remainder, split in runs that do not divide evenly.
+    before = _rloader._split_stacks()
     theirs, ours = both(Samples(MAKES[make]), batch_size=batch_size)
     assert same(ours, theirs)
     assert traits(ours) == traits(theirs)
+    split = _rloader._split_stacks() - before
+    if make in SPLIT and torch_threads > 1:
+        assert split == sum(map(splittable, ours))
+        assert split > 0 or make == "pairs" and batch_size < 256  # 12 KiB items: 768 KiB
+    else:
+        assert split == 0
+
+
+def test_large_items_are_left_to_torchs_own_threads(torch_threads):
+    # 3x224x224 floats: torch.stack copies each on torch's threads already.
+    before = _rloader._split_stacks()
+    theirs, ours = both(Samples(lambda i: torch.full((3, 224, 224), float(i)), n=24), batch_size=8)
+    assert same(ours, theirs)
+    assert _rloader._split_stacks() == before
+
+
+@pytest.mark.parametrize("start", [32, 40, 64 - 21])
+@pytest.mark.parametrize("other", [(3, 64, 65), (3, 64, 63), (64, 3, 64)])
+def test_a_whole_run_of_another_shape_raises_torchs_error(torch_threads, start, other):
+    # Items from `start` on have another shape: a helper's whole run, or part of one. An out=
+    # of the first's shape would be resized (or written past) instead of raising.
+    ragged = Samples(lambda i: torch.zeros(*((3, 64, 64) if i < start else other)), n=64)
+    errors = []
+    for lib in (tud, rloader):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "An output with one or more elements was resized"
+            with pytest.raises(RuntimeError) as error:
+                list(lib.DataLoader(ragged, batch_size=64))
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_grad_and_inference_modes_are_the_callers(torch_threads, mode):
+    grad = Samples(lambda i: torch.full((3, 64, 64), float(i), requires_grad=i % 2 == 1))
+    with getattr(torch, mode)():
+        theirs, ours = both(grad, batch_size=64)
+        assert [b.is_inference() for b in ours] == [b.is_inference() for b in theirs]
+    assert traits(ours) == traits(theirs)
+    assert same(ours, theirs)
 
 
 def test_inputs_that_require_grad_get_torchs_graph(torch_threads):

@@ -144,6 +144,9 @@ def distributed_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, 
 def fast_collate(batch: Any) -> Any | None:
     """The collated batch, or None when the general path must run."""
 
+def _split_stacks() -> int:
+    """How many batches this process stacked with helper threads (NOTE [Stack helpers])."""
+
 # buffers.rs
 
 @final

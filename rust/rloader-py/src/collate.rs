@@ -15,7 +15,8 @@
 //! (NOTE [Pinned blocks] in rloader-core's batch_memory.rs).
 
 use std::collections::HashMap;
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex, PoisonError};
 
 use crate::buffers::{ArrayView, PooledView};
 use crate::slots;
@@ -35,6 +36,10 @@ struct Handles {
     /// `torch._C._is_torch_function_mode_enabled` and `torch._C._len_torch_dispatch_stack`.
     function_mode: Py<PyAny>,
     dispatch_modes: Py<PyAny>,
+    /// `torch.is_inference_mode_enabled`.
+    inference_mode: Py<PyAny>,
+    /// `torch._C._autograd._unsafe_set_version_counter`, where this torch has it.
+    set_version: Option<Py<PyAny>>,
     tensor_type: Py<PyType>,
     strided: Py<PyAny>,
     int64: Py<PyAny>,
@@ -80,6 +85,12 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             get_num_threads: get("get_num_threads")?,
             function_mode: torch_c.getattr("_is_torch_function_mode_enabled")?.unbind(),
             dispatch_modes: torch_c.getattr("_len_torch_dispatch_stack")?.unbind(),
+            inference_mode: get("is_inference_mode_enabled")?,
+            set_version: torch_c
+                .getattr("_autograd")
+                .and_then(|a| a.getattr("_unsafe_set_version_counter"))
+                .ok()
+                .map(Bound::unbind),
             tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
             strided: get("strided")?,
             int64: get("int64")?,
@@ -334,9 +345,9 @@ const POOLED_MIN: usize = 128 * 1024;
 
 /// An uninitialized contiguous CPU tensor of `shape` and `dtype` (`nbytes` bytes) over a block
 /// of `mem` (NOTE [Batch memory] in rloader-core's batch_memory.rs): the block returns to `mem`
-/// when the last tensor over it is gone. The tensor is a detached alias of a view of the block,
-/// so that, like torch.empty's, it is no view (`_base` is None) and its `_version` is 0 (a
-/// `set_` onto the block's storage would make it 1).
+/// when the last tensor over it is gone. The tensor is set over the block's storage rather than
+/// viewed from it (or detached from a view, which would refuse `unsqueeze_` and the like), so
+/// that, like torch.empty's, it is no view (`_base` is None).
 fn pooled_empty<'py>(
     py: Python<'py>,
     h: &Handles,
@@ -352,8 +363,23 @@ fn pooled_empty<'py>(
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", dtype)?;
     let flat = h.frombuffer.bind(py).call((view,), Some(&kwargs))?;
-    flat.call_method1("view", (PyTuple::new(py, shape)?,))?
-        .call_method0("detach")
+    let storage = flat.call_method0("untyped_storage")?;
+    let out = h.empty.bind(py).call(((0,),), Some(&kwargs))?;
+    let out = out.call_method1("set_", (storage, 0, PyTuple::new(py, shape)?))?;
+    reset_version(py, h, &out);
+    Ok(out)
+}
+
+/// Sets the version counter of `out`, which `set_` made 1, back to the 0 of torch's fresh
+/// batch, where this torch lets us (`_unsafe_set_version_counter`, whose arguments changed from
+/// a tensor and an int to sequences of them); elsewhere it stays 1.
+fn reset_version(py: Python<'_>, h: &Handles, out: &Bound<'_, PyAny>) {
+    if let Some(set_version) = &h.set_version {
+        let set_version = set_version.bind(py);
+        if set_version.call1(((out,), (0,))).is_err() {
+            let _ = set_version.call1((out, 0));
+        }
+    }
 }
 
 /// Bytes of a tensor of `shape` and `dtype`; None for a negative dimension.
@@ -426,8 +452,9 @@ fn writer_of<'py>(
 }
 
 // NOTE [Stack helpers]
-// torch.stack copies a batch of many small tensors on one thread, about 1 µs an input (a view and
-// a copy kernel each) plus the copy itself, whatever torch.get_num_threads() says. The
+// torch.stack copies a batch of many small tensors (under 32768 elements each, torch's grain) on
+// one thread, about 1 µs an input (a view and a copy kernel each) plus the copy itself, whatever
+// torch.get_num_threads() says. The
 // single-process loop (num_workers=0), which collates on the user's thread, therefore has the
 // batch stacked in `copy_threads` runs at once: this thread stacks the first run into the first
 // rows of the output, and helper threads the others into theirs, each a `torch.stack(run,
@@ -472,10 +499,9 @@ impl Default for StackHelpers {
 
 impl StackHelpers {
     /// `torch.stack(items)` made by this thread and the helpers together, or None for a plain
-    /// `torch.stack` to make it: one thread's worth of batch (`copy_threads`), mixed dtypes
-    /// (torch promotes them, an `out=` would cast), a first item that is not contiguous (torch's
-    /// output then takes the inputs' memory format), helpers busy or not to be had, or a run
-    /// that failed.
+    /// `torch.stack` to make it: one thread's worth of batch (`copy_threads`), items that torch
+    /// copies on its own threads, inference mode, helpers busy or not to be had, items the runs
+    /// cannot stack as torch would (`runs_of`), or a run that failed.
     fn stack<'py>(
         &self,
         py: Python<'py>,
@@ -487,8 +513,15 @@ impl StackHelpers {
         let Some(nbytes) = nbytes_of(shape, dtype)? else {
             return Ok(None);
         };
+        if shape[1..].iter().product::<isize>() >= TORCH_GRAIN_SIZE {
+            return Ok(None); // torch copies each such item on its own threads already
+        }
         let threads = copy_threads(py, h, nbytes)?.min(items.len());
         if threads <= 1 || self.pid != std::process::id() {
+            return Ok(None);
+        }
+        // Grad and inference mode are the calling thread's: a helper's run would not see them.
+        if h.inference_mode.bind(py).call0()?.is_truthy()? {
             return Ok(None);
         }
         let Ok(mut helpers) = self.helpers.try_lock() else {
@@ -504,30 +537,11 @@ impl StackHelpers {
         if threads <= 1 {
             return Ok(None);
         }
-        for x in items {
-            if !x.getattr(intern!(py, "dtype"))?.is(dtype) {
-                return Ok(None);
-            }
-        }
-        if !items[0]
-            .call_method0(intern!(py, "is_contiguous"))?
-            .is_truthy()?
-        {
-            return Ok(None);
-        }
-        let kwargs = PyDict::new(py);
-        kwargs.set_item(intern!(py, "dtype"), dtype)?;
-        let out = h
-            .empty
-            .bind(py)
-            .call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
-        let writer = writer_of(py, h, &out, shape, dtype)?;
         let per = items.len().div_ceil(threads);
-        let mut runs = Vec::with_capacity(threads);
-        for (r, run) in items.chunks(per).enumerate() {
-            let rows = writer.call_method1(intern!(py, "narrow"), (0, r * per, run.len()))?;
-            runs.push((PyList::new(py, run)?.unbind(), rows.unbind()));
-        }
+        // An error making the runs is no batch's: a plain torch.stack gives torch's.
+        let Ok(Some((out, runs))) = runs_of(py, h, items, shape, dtype, per) else {
+            return Ok(None);
+        };
         let mut runs = runs.into_iter();
         let mine = runs.next().expect("threads >= 2 runs");
         // From here to the wait below nothing returns early: every job sent is waited for.
@@ -561,28 +575,97 @@ impl StackHelpers {
                 helpers.clear();
             }
         }
-        Ok((mine && theirs).then_some(out))
+        if !(mine && theirs) {
+            return Ok(None);
+        }
+        SPLIT_STACKS.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(out))
     }
+}
+
+/// Batches the stack helpers made, for the tests to see that they do (`_split_stacks()`).
+static SPLIT_STACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// `_split_stacks()`: how many batches this process stacked with helpers (NOTE [Stack helpers]).
+#[pyfunction(name = "_split_stacks")]
+fn split_stacks() -> usize {
+    SPLIT_STACKS.load(Ordering::Relaxed)
 }
 
 impl Drop for StackHelpers {
     fn drop(&mut self) {
         if self.pid != std::process::id() {
             // A forked child's copy: its parent's threads are not here to join.
-            if let Ok(helpers) = self.helpers.get_mut() {
-                std::mem::forget(std::mem::take(helpers));
-            }
+            let helpers = self
+                .helpers
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner);
+            std::mem::forget(std::mem::take(helpers));
             return;
         }
-        let helpers = match self.helpers.get_mut() {
-            Ok(helpers) => std::mem::take(helpers),
-            Err(poisoned) => std::mem::take(poisoned.into_inner()),
-        };
+        let helpers = std::mem::take(
+            self.helpers
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
         for Helper { jobs, thread } in helpers {
             drop(jobs); // its loop ends; idle, it holds nothing to wait for
             let _ = thread.join();
         }
     }
+}
+
+/// Elements from which torch's copy of one tensor runs on torch's own threads
+/// (`at::internal::GRAIN_SIZE`).
+const TORCH_GRAIN_SIZE: isize = 32768;
+
+/// A run of rows = the items that one thread stacks, and the rows of the output they go into.
+type Run = (Py<PyList>, Py<PyAny>);
+
+/// The output of `torch.stack(items)` (uninitialized) and its runs of `per` items, or None when
+/// the runs could not make torch's batch: an item of another dtype (torch promotes them, an out=
+/// would cast), a first item that requires grad (out= refuses it) or is not contiguous (torch's
+/// output then takes the inputs' memory format), or a run whose first item differs in shape from
+/// the batch's first. torch.stack checks each run's items against the run's first, so with the
+/// runs' firsts checked here no out= is ever resized.
+fn runs_of<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    items: &[Bound<'py, PyAny>],
+    shape: &[isize],
+    dtype: &Bound<'py, PyAny>,
+    per: usize,
+) -> PyResult<Option<(Bound<'py, PyAny>, Vec<Run>)>> {
+    let first = &items[0];
+    if first.getattr(intern!(py, "requires_grad"))?.is_truthy()?
+        || !first
+            .call_method0(intern!(py, "is_contiguous"))?
+            .is_truthy()?
+    {
+        return Ok(None);
+    }
+    let size = first.getattr(intern!(py, "shape"))?;
+    for (i, x) in items.iter().enumerate() {
+        if !x.getattr(intern!(py, "dtype"))?.is(dtype) {
+            return Ok(None);
+        }
+        if i > 0 && i % per == 0 && !x.getattr(intern!(py, "shape"))?.eq(&size)? {
+            return Ok(None);
+        }
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "dtype"), dtype)?;
+    let out = h
+        .empty
+        .bind(py)
+        .call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
+    let writer = writer_of(py, h, &out, shape, dtype)?;
+    let mut runs = Vec::with_capacity(items.len().div_ceil(per));
+    for (r, run) in items.chunks(per).enumerate() {
+        let rows = writer.call_method1(intern!(py, "narrow"), (0, r * per, run.len()))?;
+        runs.push((PyList::new(py, run)?.unbind(), rows.unbind()));
+    }
+    Ok(Some((out, runs)))
 }
 
 fn spawn_helper() -> Option<Helper> {
@@ -754,5 +837,6 @@ fn py_fast_collate<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py,
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_fast_collate, m)?)?;
+    m.add_function(wrap_pyfunction!(split_stacks, m)?)?;
     Ok(())
 }
