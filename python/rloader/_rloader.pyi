@@ -22,6 +22,7 @@ __all__ = [
     "distributed_stream",
     "distributed_sizes",
     "fast_collate",
+    "_split_stacks",
     "PoolIter",
     "HandOuts",
     "KeyFeed",
