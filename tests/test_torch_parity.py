@@ -344,7 +344,11 @@ def death(lib, how):
         # Details are lost ...", "... (pid N) is killed by signal: Terminated.") instead of
         # its iterator's "DataLoader worker (pid(s) N) exited unexpectedly" (seen in CI for
         # exit3 and SIGTERM). The oracle is asked again then: the iterator's words are the
-        # ones rloader matches.
+        # ones rloader matches. torch 2.6 may also fail in its profiler on the way out of
+        # `__next__` when that handler's error flies ("The underlying op of
+        # 'profiler._record_function_exit' has no overload name '_RecordFunction'"), a bug of
+        # its own: asked again too.
+        theirs = None
         for _ in range(5):
             # torch's dying workers leave their multiprocessing temp dirs (pymp-*) behind:
             # in a directory of this test's, removed after.
@@ -357,10 +361,13 @@ def death(lib, how):
                     cwd=os.path.dirname(__file__),
                     env={**os.environ, "TMPDIR": tmp},
                 )
+            if done.returncode != 0 and "'profiler._record_function_exit'" in done.stderr:
+                continue
             assert done.returncode == 0, done.stderr
             theirs = tuple(json.loads(done.stdout.splitlines()[-1]))
             if not theirs[0].startswith("DataLoader worker (pid PID) "):
                 break
+        assert theirs is not None, done.stderr
         return theirs
     return death_here(lib, how)
 
