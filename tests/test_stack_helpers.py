@@ -227,3 +227,28 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_a_batch_collated_while_the_interpreter_finalizes_is_stacked_here():
+    # A helper cannot attach once finalizing has begun (Python ends such a thread, which
+    # aborted the process): such a batch is stacked on the calling thread alone.
+    script = """
+import sys, torch, rloader
+torch.set_num_threads(3)
+data = [torch.full((3, 64, 64), float(i)) for i in range(64)]
+loader = rloader.DataLoader(data, batch_size=64)
+
+class Late:
+    def __del__(self):
+        batch = next(iter(loader))
+        print(sys.is_finalizing(), bool(torch.equal(batch, torch.stack(data))), flush=True)
+
+late = Late()
+late.cycle = late  # collected by the interpreter's last collection, once finalizing has begun
+del late
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True True"

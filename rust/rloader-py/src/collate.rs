@@ -36,8 +36,9 @@ struct Handles {
     /// `torch._C._is_torch_function_mode_enabled` and `torch._C._len_torch_dispatch_stack`.
     function_mode: Py<PyAny>,
     dispatch_modes: Py<PyAny>,
-    /// `torch.is_inference_mode_enabled`.
+    /// `torch.is_inference_mode_enabled`, `sys.is_finalizing`.
     inference_mode: Py<PyAny>,
+    is_finalizing: Py<PyAny>,
     /// `torch._C._autograd._unsafe_set_version_counter`, where this torch has it.
     set_version: Option<Py<PyAny>>,
     tensor_type: Py<PyType>,
@@ -86,6 +87,7 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             function_mode: torch_c.getattr("_is_torch_function_mode_enabled")?.unbind(),
             dispatch_modes: torch_c.getattr("_len_torch_dispatch_stack")?.unbind(),
             inference_mode: get("is_inference_mode_enabled")?,
+            is_finalizing: py.import("sys")?.getattr("is_finalizing")?.unbind(),
             set_version: torch_c
                 .getattr("_autograd")
                 .and_then(|a| a.getattr("_unsafe_set_version_counter"))
@@ -347,7 +349,8 @@ const POOLED_MIN: usize = 128 * 1024;
 /// of `mem` (NOTE [Batch memory] in rloader-core's batch_memory.rs): the block returns to `mem`
 /// when the last tensor over it is gone. The tensor is set over the block's storage rather than
 /// viewed from it (or detached from a view, which would refuse `unsqueeze_` and the like), so
-/// that, like torch.empty's, it is no view (`_base` is None).
+/// that, like torch.empty's, it is no view (`_base` is None). Unlike torch.empty's, its storage
+/// cannot grow: `resize_` to more elements raises.
 fn pooled_empty<'py>(
     py: Python<'py>,
     h: &Handles,
@@ -473,6 +476,9 @@ fn writer_of<'py>(
 //   the lock held, stacks on its calling thread.
 // - Any run that fails (sizes that differ, inputs that require grad, ...) leaves the batch to a
 //   plain torch.stack, whose result or error is torch's.
+// - Once the interpreter is finalizing, the batch is stacked by the calling thread alone: Python
+//   ends a thread that attaches then, which would abort the process from a helper. (A daemon
+//   thread whose batch is under way as finalizing begins is not covered.)
 
 /// A job for a helper: runs with no GIL, attaches for what it needs.
 type Job = Box<dyn FnOnce() + Send>;
@@ -520,8 +526,12 @@ impl StackHelpers {
         if threads <= 1 || self.pid != std::process::id() {
             return Ok(None);
         }
-        // Grad and inference mode are the calling thread's: a helper's run would not see them.
-        if h.inference_mode.bind(py).call0()?.is_truthy()? {
+        // Inference mode is the calling thread's: a helper's run, outside it, could not write
+        // into an inference tensor. (Grad mode is too, but a run it matters to fails, and the
+        // batch falls back.) Once the interpreter is finalizing, a helper could not attach.
+        if h.inference_mode.bind(py).call0()?.is_truthy()?
+            || h.is_finalizing.bind(py).call0()?.is_truthy()?
+        {
             return Ok(None);
         }
         let Ok(mut helpers) = self.helpers.try_lock() else {
