@@ -368,6 +368,70 @@ def test_dead_worker_is_reported_quickly(how, expected):
     assert expected in str(err.value.__cause__)
 
 
+IGNORED_SIGCHLD = """
+import os, re, signal, sys, threading, time
+import torch.utils.data as tud, rloader
+sys.path.insert(0, {tests!r})
+from test_workers import Dies
+
+def death(lib):
+    start = time.monotonic()
+    try:
+        list(lib.DataLoader(Dies("kill"), batch_size=1, num_workers=2))
+    except RuntimeError as err:
+        words = [re.sub(r"pid(\\(s\\))? \\d+", r"pid\\1 PID", str(e)) for e in (err, err.__cause__)]
+        return words, time.monotonic() - start
+
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+{body}
+"""
+
+
+def run_ignoring_sigchld(body: str) -> str:
+    import subprocess
+    import sys
+
+    script = IGNORED_SIGCHLD.format(tests=os.path.dirname(__file__), body=body)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_dead_worker_is_reported_with_sigchld_ignored_as_torch_reports_it():
+    # Ignored, SIGCHLD makes the kernel reap the workers: multiprocessing then never sees them
+    # end, and rloader waited forever for the batch. torch's iterator puts its own handler over
+    # SIG_IGN; rloader gives SIGCHLD its default back, and says what torch says.
+    out = run_ignoring_sigchld(
+        """
+ours, ours_took = death(rloader)
+after = signal.getsignal(signal.SIGCHLD)
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+theirs, _ = death(tud)
+same = ours[0] == theirs[0] and ours[1].startswith(theirs[1])  # then rloader's own hint
+print(same, ours_took < 10, after == signal.SIG_DFL, theirs[1])
+"""
+    )
+    assert out == "True True True DataLoader worker (pid PID) is killed by signal: Killed."
+
+
+def test_a_dead_worker_is_noticed_with_sigchld_ignored_outside_the_main_thread():
+    # Outside the main thread no handler can be set: the worker's exit status is lost, and its
+    # end is noticed through its sentinel. (torch's iterator waits forever there.)
+    out = run_ignoring_sigchld(
+        """
+result = []
+thread = threading.Thread(target=lambda: result.append(death(rloader)))
+thread.start()
+thread.join(60)
+(words, took), = result
+print(words[0], "|", "how it ended is lost" in words[1], took < 10)
+"""
+    )
+    assert out == "DataLoader worker (pid(s) PID) exited unexpectedly | True True"
+
+
 class ExitsCleanly(tud.Dataset):
     """Its last sample ends the worker with code 0, once the worker was told to stop."""
 

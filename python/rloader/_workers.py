@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import random
 import signal
 import sys
+import threading
 import traceback
 import weakref
 from typing import Any
@@ -273,9 +275,46 @@ class _WorkerHooks:
 # ---------------------------------------------------------------- the main process
 
 
+# The exit code given for a worker whose exit status was taken by someone else.
+_STATUS_LOST = -(2**31)
+
+
+def _ended_unseen(proc) -> bool:
+    """The worker process has ended, but its exit status is gone: with SIGCHLD ignored the
+    kernel reaps children itself (or another part of the program reaped it), so
+    multiprocessing, whose ``waitpid`` fails, reports it running forever. Its sentinel, a pipe
+    the child held open, says it has ended."""
+    if proc.exitcode is not None:
+        return False
+    try:
+        return bool(multiprocessing.connection.wait([proc.sentinel], 0))
+    except (OSError, ValueError):
+        return False
+
+
+def _no_autoreaping() -> None:
+    """Gives SIGCHLD its default action back if it is ignored, as torch's iterators do (they
+    install their SIGCHLD handler over it): ignored, the kernel reaps the workers and their
+    exit status, which the error for a dead worker reports, is lost. Only the main thread can
+    set a handler; elsewhere the status stays lost and ``_ended_unseen`` notices the exit."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except (ValueError, OSError, AttributeError):  # no SIGCHLD here, or not settable
+        pass
+
+
 def _torch_exit_text(pid: int, code: int) -> str:
     """What torch's SIGCHLD handler says of a worker that ended with ``code`` (a negative code:
     killed by that signal), or "" for code 0, of which torch says nothing more."""
+    if code == _STATUS_LOST:
+        return (
+            f"DataLoader worker (pid {pid}) exited unexpectedly; how it ended is lost: its "
+            "exit status was taken elsewhere in this process (SIGCHLD is ignored and the "
+            "loader runs outside the main thread, or some code reaps child processes)."
+        )
     if code < 0:
         text = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code)}. "
         if -code == signal.SIGBUS:
@@ -355,10 +394,15 @@ class _Pool:
         return pickle.dumps(keys, protocol=5)
 
     def exited(self) -> list:
-        """``(worker_id, exit code)`` of each worker process that has ended."""
-        return [
-            (i, proc.exitcode) for i, proc in enumerate(self.procs) if proc.exitcode is not None
-        ]
+        """``(worker_id, exit code)`` of each worker process that has ended; ``_STATUS_LOST``
+        for one that ended with its exit status taken elsewhere (``_ended_unseen``)."""
+        out = []
+        for i, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                out.append((i, proc.exitcode))
+            elif _ended_unseen(proc):
+                out.append((i, _STATUS_LOST))
+        return out
 
     def death(self, worker_id: int, code: int) -> RuntimeError:
         """The error for a worker that ended before its time (the caller raises it)."""
@@ -383,6 +427,10 @@ class _Pool:
 def _stop_processes(procs: list) -> None:
     for proc in procs:
         proc.join(timeout=_JOIN_TIMEOUT)
+        if _ended_unseen(proc):
+            # Gone, but multiprocessing thinks it runs: it would refuse to close it. Its pipe
+            # is closed by multiprocessing's finalizer when the Process object goes.
+            continue
         if proc.is_alive():
             proc.terminate()
             proc.join(timeout=1.0)
@@ -446,6 +494,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
     except BaseException:
         _REGIONS[loader] = region
         raise
+    _no_autoreaping()
     # From here on workers may exist: make sure they go, whatever happens.
     finalizer = weakref.finalize(it, pool.shutdown)
     try:
