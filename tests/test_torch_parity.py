@@ -223,10 +223,9 @@ class Stuck:
 
 
 def test_timeout_is_raised_before_the_stuck_worker_is_stopped():
-    started = time.monotonic()
     with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds") as caught:
         list(rloader.DataLoader(Stuck(), batch_size=None, num_workers=1, timeout=0.5))
-    assert time.monotonic() - started < 4  # torch: 0.5 s; stopping the worker takes 5 s more
+    # Raised while the worker is still in its 60 s sleep: not after waiting it out or stopping it.
     pool = caught.value._rloader_iterator._rloader_pool
     pids = [p.pid for p in pool.procs]
     assert all(p.is_alive() for p in pool.procs)
