@@ -12,7 +12,7 @@ WHEEL_STAMP := $(VENV)/.rloader-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.typed) pyproject.toml
 
-.PHONY: bench bench-resume test test-rust test-python test-oldest-torch build lint clean
+.PHONY: bench bench-resume test test-rust test-python test-oldest-torch build lint clean soak
 .DEFAULT_GOAL := test
 
 # lightning and accelerate: tests/test_lightning.py and tests/test_accelerate.py check what those
@@ -56,6 +56,13 @@ test-rust:
 test-python: build
 	@echo "== Python tests (pytest; several minutes: many tests start worker processes)"
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The long soak (tests/soak.py; tests/test_soak.py runs a short one): 10,000 iterators with
+# faults drawn at random, then 1,000 more under CPython's debug allocator, which catches writes
+# past a block and use after free. Each case must end within bounds and leave nothing behind.
+soak: build
+	$(PY) -X faulthandler tests/soak.py --iterators 10000 --seed 1
+	PYTHONMALLOC=debug $(PY) -X faulthandler tests/soak.py --iterators 1000 --seed 2
 
 # The same Python tests against the oldest torch pyproject.toml claims, in a venv of its own
 # (another ~5 GB; not part of `make test`, run before a release).
