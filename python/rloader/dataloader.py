@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _pin, _resume, _rloader, _threads, _twin, _workers
+from . import _pin, _resume, _rloader, _state_check, _threads, _twin, _workers
 from ._collate import _collate_plan, default_collate, default_convert
 from ._seed import draw_seed
 from .dataset import Dataset
@@ -286,6 +286,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         of the states of every rank of a job over a ``DistributedSampler``: the samples of that
         epoch no rank handed out are then shared by this job's ranks (see the README).
         """
+        _state_check.check(self, state)  # a TypeError or ValueError naming the bad field
         _resume.load_state_dict(self, state)
 
 
