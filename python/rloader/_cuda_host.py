@@ -18,7 +18,8 @@ __all__ = ["slot_pinning"]
 
 
 def slot_pinning() -> Optional[tuple]:
-    """``(register, unregister, fence)`` for pinning worker processes' batches where they
+    """``(register, unregister, fence)`` (``_HostRegister``, ``_HostUnregister`` and
+    ``_RecordFence`` in ``_rloader.pyi``) for pinning worker processes' batches where they
     arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), and
     thread workers' and the single-process loop's where they are collated
     (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-core's batch_memory.rs), or

@@ -63,7 +63,8 @@ def _received_fd(dup) -> _RegionFd:
 
 
 class _Pool:
-    """The worker processes of one iterator, and how to stop them."""
+    """The worker processes of one iterator, and how to stop them: what the Rust ``PoolIter``
+    calls back (``_PoolHooks`` in ``_rloader.pyi``)."""
 
     def __init__(self, region, loader) -> None:
         self.region = region

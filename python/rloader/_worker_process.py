@@ -127,7 +127,7 @@ def _worker_main(spec: dict) -> None:
 
 
 class _WorkerHooks:
-    """What the Rust worker loop calls back for."""
+    """What the Rust worker loop calls back for (``_WorkerHooks`` in ``_rloader.pyi``)."""
 
     def __init__(self, worker_id: int, dataset, worker_states: bool) -> None:
         self.worker_id = worker_id
