@@ -6,10 +6,10 @@ the loader's ``__dict__``, for three reasons:
 - A loader pickles as torch's does, after iteration too: the record holds objects that do
   not pickle or must not travel (a memfd, the Rust iterators' Stats, a weak reference to the
   latest iterator).
-- ``copy.copy(loader)`` and ``copy.deepcopy(loader)`` make a loader with a record of its own,
-  as torch's copies share nothing of a running epoch: two loaders sharing a region would start
-  two pools on one piece of shared memory. Frameworks that rebuild a loader as
-  ``type(loader)(**kwargs)`` (Lightning) likewise get a new record.
+- ``copy.copy(loader)`` and ``copy.deepcopy(loader)`` make a loader with a record of its own
+  (a new, empty one): two loaders sharing a region would start two pools on one piece of
+  shared memory, and one's ``load_state_dict()`` would resume the other. Frameworks that
+  rebuild a loader as ``type(loader)(**kwargs)`` (Lightning) likewise get a new record.
 - The record never keeps its loader alive; it goes with the loader (nothing in it may hold the
   loader strongly, or the entry would live forever).
 """
