@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import rloader
+from rloader._loader_record import record_of
 
 
 class PoolViews(torch.utils.data.Dataset):
@@ -60,7 +61,7 @@ def test_dropped_batches_memory_is_reused():
         del images, idx
     # At most the batch being made and the one the loop variable still held.
     assert len(pointers) <= 2
-    buffers = rloader.dataloader._BUFFERS[loader]
+    buffers = record_of(loader).buffers
     assert 1 <= buffers.free_blocks <= 4
 
 
@@ -126,4 +127,4 @@ def test_thread_workers_reuse_dropped_batches_memory():
         del images, idx
     assert len(pointers) < 40
     # The blocks came from the loader's pool, and went back to it.
-    assert 1 <= rloader.dataloader._BUFFERS[loader].free_blocks <= 4
+    assert 1 <= record_of(loader).buffers.free_blocks <= 4

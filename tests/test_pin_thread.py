@@ -1,7 +1,7 @@
-"""The pin_memory thread of multi-process loading (python/rloader/_pin.py, PinnedBatches).
+"""The pin_memory thread of multi-process loading (python/rloader/_pin_thread.py, PinnedBatches).
 
 This machine may have no accelerator, so torch would not pin at all: these tests stand a
-recording function in for the pinning (``_pin.pin_plan``) and check the thread around it — which
+recording function in for the pinning (``_pin_policy.pin_plan``) and check the thread around it — which
 thread pins, that results, errors, epochs and shutdown come through it as without it.
 """
 
@@ -52,7 +52,9 @@ def pinning(monkeypatch):
             raise ValueError("cannot pin this batch")
         return batch.clone()
 
-    monkeypatch.setattr(rloader._pin, "pin_plan", lambda loader: pin if loader.pin_memory else None)
+    monkeypatch.setattr(
+        rloader._pin_policy, "pin_plan", lambda loader: pin if loader.pin_memory else None
+    )
     return seen
 
 

@@ -2,7 +2,7 @@
 (NOTE [Pinned blocks] in rloader-core's batch_memory.rs): the loader's recycled batch blocks
 registered with the driver, and reused only once the device has read them.
 
-On the CPU a stand-in driver (``_pin.slot_pinning``) records registrations and hands out
+On the CPU a stand-in driver (``_cuda_host.slot_pinning``) records registrations and hands out
 events that complete when the test says so; the tests at the end run on a real GPU.
 """
 
@@ -20,7 +20,8 @@ import torch
 import torch.utils.data as tud
 
 import rloader
-from rloader import _pin
+from rloader import _cuda_host
+from rloader._loader_record import record_of
 
 from _compare import same
 from _pinning import Driver, Event, slow_stream_reads
@@ -319,7 +320,7 @@ def test_batches_are_pinned_where_they_are_collated_on_cuda(kind, data):
     loader = loader_of(data(), kind, batch_size=64)
     for batch in loader:
         assert batch.is_pinned()
-        assert rloader.dataloader._BUFFERS[loader]._pinned
+        assert record_of(loader).buffers._pinned
     assert same([b.clone() for b in loader], torchs(data(), 64))
 
 
@@ -340,7 +341,9 @@ def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_its_block_is_reu
 def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, kind, data):
     # The check above can fail: with fences that say "done" at once, blocks are reused while
     # the device has not read them yet.
-    register, unregister, _ = _pin.slot_pinning()
-    monkeypatch.setattr(_pin, "slot_pinning", lambda: (register, unregister, lambda: Event(True)))
+    register, unregister, _ = _cuda_host.slot_pinning()
+    monkeypatch.setattr(
+        _cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
+    )
     loader = loader_of(data(), kind, batch_size=64)
     assert slow_stream_reads(loader, data(), 20_000_000) > 0

@@ -580,7 +580,7 @@ def test_the_sharded_stream_is_torchs():
 def test_worker_states_resume_through_the_pin_thread(monkeypatch):
     # With pin_memory the batches reach the user through a thread: what counts is what the
     # user got (the thread may hold one more).
-    monkeypatch.setattr(rloader._pin, "pin_plan", lambda loader: lambda b: b)
+    monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b)
     make = sharded(2, persistent=True)
     expected = uninterrupted(make, 2, 3, True)
     for epoch, batch in [(0, 3), (1, len(expected[1]) - 2)]:

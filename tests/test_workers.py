@@ -131,10 +131,10 @@ def test_forked_workers_inherit_numpy_random():
 
 
 def test_worker_seeding_keeps_format_stack_but_its_source_lines():
-    from rloader import _workers
+    from rloader import _worker_process
 
     def nested(limit=None):
-        return traceback.format_stack(limit=limit), _workers._stack_lines_without_source(
+        return traceback.format_stack(limit=limit), _worker_process._stack_lines_without_source(
             limit=limit
         )
 
@@ -143,10 +143,10 @@ def test_worker_seeding_keeps_format_stack_but_its_source_lines():
         # format_stack's entries are 'File ..., line N, in f' then the source line; the same
         # frames, less the source (the calls sit on the same line, so line numbers agree).
         assert short == [entry.split("\n")[0] + "\n" for entry in full]
-    assert traceback.format_stack is not _workers._stack_lines_without_source
-    _workers._manual_seed(7)
+    assert traceback.format_stack is not _worker_process._stack_lines_without_source
+    _worker_process._manual_seed(7)
     assert torch.initial_seed() == 7
-    assert traceback.format_stack is not _workers._stack_lines_without_source
+    assert traceback.format_stack is not _worker_process._stack_lines_without_source
     if not torch.cuda.is_initialized():  # the CUDA seeding was queued with a stack, less its source
         queued = [call for call in torch.cuda._lazy_seed_tracker.get_calls() if call]
         assert queued
@@ -644,11 +644,11 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt(pin):
     # the join timeout made an hour, a worker that was not told would keep this script, and the
     # test, waiting until run_script's timeout. No wall-clock bound, so load cannot fail it.
     done = run_script(f"""
-        import rloader, rloader._pin, rloader._workers
+        import rloader, rloader._pin_policy, rloader._process_pool
         from test_workers import Squares
-        rloader._workers._JOIN_TIMEOUT = 3600.0
+        rloader._process_pool._JOIN_TIMEOUT = 3600.0
         # Stands in for pinning on a machine without an accelerator (see test_pin_thread.py).
-        rloader._pin.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
+        rloader._pin_policy.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
         it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=2, pin_memory={pin}))
         next(it)
         print(" ".join(str(p.pid) for p in it._rloader_pool.procs), flush=True)
@@ -909,12 +909,13 @@ def test_out_of_order_a_slow_worker_holds_only_its_share():
 
 
 def test_a_failed_first_draw_keeps_the_loaders_region():
-    from rloader._workers import _REGIONS
+    from rloader._loader_record import record_of
 
     loader = rloader.DataLoader(Squares(10), batch_size=1, sampler=FailingSampler(0), num_workers=2)
     with pytest.raises(IndexError, match="sampler ran out of luck"):
         iter(loader)
-    assert loader in _REGIONS  # no worker was started; the next iter() reuses the region
+    # No worker was started; the next iter() reuses the region.
+    assert record_of(loader).region is not None
 
 
 def _exit_at_start(worker_id):

@@ -38,17 +38,18 @@ restores it with the rest of a checkpoint.
 Between epochs (before the first ``iter()``, or once an epoch has ended) the state holds the
 generators' current states instead, and the next ``iter()`` starts a fresh epoch from them.
 
-Elastic resume (``load_state_dict([state of rank 0, ..., state of rank N-1])`` on a loader
-over a ``DistributedSampler`` with M ranks): the samples of the saved epoch that no old rank
-handed out, in the epoch's order, are split as ``DistributedSampler`` splits a dataset (padded
-by repeating the start, or trimmed with ``drop_last``), one share per new rank; later epochs
-are the new world's normal ones.
+Elastic resume (``load_state_dict()`` given every rank's state, on another number of ranks) is
+``_reshard``'s: it works out this rank's share of the saved epoch, which ``_elastic_plan`` here
+makes the pending resume.
+
+The epoch and the pending resume are kept in the loader's record (``_loader_record``), not in
+the loader: a loader pickles after iteration as torch's does, and nothing here keeps a loader
+alive.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import warnings
 import weakref
 import zlib
@@ -58,22 +59,17 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import _rloader
+from . import _reshard
+from ._loader_record import record_of
 from ._seed import draw_seed
 from .sampler import _InfiniteConstantSampler
 
 FORMAT = "rloader.DataLoader/1"
 
-# Per loader: its latest epoch (an ``Epoch``) and a resume waiting for the next ``iter()``.
-# Kept beside the loader, not in it: a loader pickles after iteration as torch's does, and
-# nothing here keeps a loader alive.
-_EPOCHS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_PENDING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 def epoch_of(loader) -> "Epoch":
     """The epoch ``iter(loader)`` is starting (``Epoch.begin`` made it)."""
-    return _EPOCHS[loader]
+    return record_of(loader).epoch
 
 
 def _pack(generator: Optional[torch.Generator]) -> bytes:
@@ -185,7 +181,8 @@ class Epoch:
     def begin(cls, loader, draws_base_seed: bool) -> "Epoch":
         """Starts an ``iter()`` (which draws the workers' base seed unless it resets persistent
         workers): records the states, and applies a pending resume."""
-        pending = _PENDING.pop(loader, None)
+        record = record_of(loader)
+        pending, record.pending = record.pending, None
         workers = between = None
         if pending is not None and pending["position"] is None:
             _set_generators(loader, pending["generators"], borrow_global=False)  # between epochs
@@ -210,9 +207,9 @@ class Epoch:
                 epoch._resume(loader, pending, draws_base_seed)
             except BaseException:
                 epoch.end_window()
-                _PENDING[loader] = pending  # the resume waits for the next iter()
+                record.pending = pending  # the resume waits for the next iter()
                 raise
-        _EPOCHS[loader] = epoch
+        record.epoch = epoch
         return epoch
 
     def _resume(self, loader, pending: dict, draws_base_seed: bool) -> None:
@@ -434,7 +431,8 @@ def _set_generators(loader, packed: dict, role: Optional[str] = None, borrow_glo
 
 
 def state_dict(loader) -> dict:
-    pending = _PENDING.get(loader)
+    record = record_of(loader)
+    pending = record.pending
     if pending is not None:  # loaded, not yet iterated: the same position
         return {k: v for k, v in pending.items() if k != "elastic"}
     state = dict(
@@ -444,7 +442,7 @@ def state_dict(loader) -> dict:
         in_order=bool(loader.in_order),
         batch_size=loader.batch_size,
     )
-    epoch = _EPOCHS.get(loader)
+    epoch = record.epoch
     progress = epoch.progress() if epoch is not None else None
     if progress is not None and not progress["finished"]:
         position = int(progress["position"])
@@ -520,7 +518,7 @@ def _stateful_workers(loader) -> bool:
 def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
     """Whether a resume (the pending one by default) starts workers that load their datasets'
     states first (a persistent loader's running workers are then replaced)."""
-    pending = _PENDING.get(loader) if pending is None else pending
+    pending = record_of(loader).pending if pending is None else pending
     return pending is not None and pending.get("workers") is not None and _stateful_workers(loader)
 
 
@@ -544,16 +542,16 @@ def _check_workers(loader, state: dict) -> None:
 
 def load_state_dict(loader, state) -> None:
     if isinstance(state, (list, tuple)):
-        _PENDING[loader] = _elastic_plan(loader, list(state), 0)
+        record_of(loader).pending = _elastic_plan(loader, list(state), 0)
         return
     if isinstance(state, dict) and state.get("elastic_from") is not None:
         # Saved during an epoch resumed from another world size: that epoch again, from here,
         # on the same new world.
-        _check_rank(loader, *state["world"])
+        _reshard.check_rank(_drawing_sampler(loader), *state["world"])
         plan = _elastic_plan(
             loader, list(state["elastic_from"]), state["position"], list(state.get("holes", ()))
         )
-        _PENDING[loader] = plan
+        record_of(loader).pending = plan
         return
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(
@@ -562,128 +560,30 @@ def load_state_dict(loader, state) -> None:
         )
     distributed = (state.get("sampler") or {}).get("distributed")
     if state["position"] is not None and distributed is not None:
-        _check_rank(loader, distributed["num_replicas"], distributed["rank"])
-    _check_workers(loader, state)
-    _PENDING[loader] = dict(state)
-
-
-def _check_rank(loader, num_replicas: int, rank: int) -> None:
-    sampler = _drawing_sampler(loader)
-    if isinstance(sampler, tud.distributed.DistributedSampler) and (
-        sampler.num_replicas,
-        sampler.rank,
-    ) != (num_replicas, rank):
-        raise ValueError(
-            f"this state is rank {rank}'s of a job of {num_replicas} ranks, and this loader's "
-            f"sampler is rank {sampler.rank} of {sampler.num_replicas}: to resume on another "
-            "world size, give load_state_dict() the list of every old rank's state"
+        _reshard.check_rank(
+            _drawing_sampler(loader), distributed["num_replicas"], distributed["rank"]
         )
+    _check_workers(loader, state)
+    record_of(loader).pending = dict(state)
 
 
 def _elastic_plan(loader, states: list, position: int, holes: list = ()) -> dict:
-    if not states:
-        raise ValueError("load_state_dict() was given an empty list of rank states")
+    """The pending resume of an epoch saved on another world size (``_reshard``): this rank's
+    share of what no old rank handed out, less its batches below ``position`` but ``holes``
+    (those handed out on this world, when the resumed epoch was saved again)."""
     sampler = _drawing_sampler(loader)
-    if not isinstance(sampler, tud.distributed.DistributedSampler):
-        raise ValueError(
-            "load_state_dict() with one state per rank needs a DataLoader over a "
-            "DistributedSampler (the new world's rank and size)"
-        )
-    saved = []
-    for state in states:
-        if isinstance(state, dict) and state.get("elastic_from") is not None:
-            raise ValueError(
-                "these states were saved during an epoch that was itself resumed on another "
-                "world size: resume them on that world size (one state per rank), and change the "
-                "world size again once that epoch has ended"
-            )
-        info = (state.get("sampler") or {}).get("distributed") if isinstance(state, dict) else None
-        if info is None:
-            raise ValueError("each rank's state must come from a loader over a DistributedSampler")
-        saved.append((info, state))
-    infos = [info for info, _ in saved]
-    first = infos[0]
-    world = first["num_replicas"]
-    if sorted(info["rank"] for info in infos) != list(range(world)) or any(
-        (i["num_replicas"], i["epoch"], i["seed"], i["shuffle"], i["drop_last"], i["length"])
-        != (
-            world,
-            first["epoch"],
-            first["seed"],
-            first["shuffle"],
-            first["drop_last"],
-            first["length"],
-        )
-        for i in infos
-    ):
-        raise ValueError(
-            "load_state_dict() needs the states of every rank of one saved job and epoch "
-            f"(ranks 0..num_replicas-1 of the same sampler): got ranks {[i['rank'] for i in infos]}"
-        )
-    if any(state["position"] is None for _, state in saved):
-        # Between epochs on the old world: the new world starts its next epoch normally.
+    share = _reshard.remaining_share(sampler, states)
+    if share is None:  # between epochs on the old world: the new world starts its next epoch
         return dict(format=FORMAT, position=None, sampler=None, generators={})
-    n = first["length"]
-    if n != len(sampler.dataset):
-        raise ValueError(
-            f"the saved job's dataset had {n} samples, this one has {len(sampler.dataset)}"
-        )
-    num_samples = (
-        math.ceil((n - world) / world) if first["drop_last"] and n % world else math.ceil(n / world)
-    )
-    consumed: set = set()
-    order: list = [None] * (num_samples * world)
-    for info, state in saved:
-        if info.get("order", "rloader") == "torch":  # torch's DistributedSampler: its order
-            theirs = tud.distributed.DistributedSampler(
-                range(n), world, info["rank"], info["shuffle"], info["seed"], info["drop_last"]
-            )
-            theirs.set_epoch(info["epoch"])
-            shard = list(theirs)
-        else:
-            shard = _rloader.distributed_indices(
-                n,
-                world,
-                info["rank"],
-                info["shuffle"],
-                info["seed"] & (2**64 - 1),
-                info["epoch"] & (2**64 - 1),
-                num_samples,
-            )
-        order[info["rank"] :: world] = shard
-        # What the rank handed out, in its own batch size (the new world's may differ).
-        batch_size = state.get("batch_size")
-        if batch_size is None:
-            raise ValueError(
-                "another world size needs each old rank's batch_size (a loader with a "
-                "batch_sampler of its own, or without batching, cannot say how many samples "
-                "its batches held)"
-            )
-        not_yet = set(state.get("holes", ()))  # out of order: not handed out yet
-        for b in range(state["position"]) if not_yet else ():
-            if b not in not_yet:
-                consumed.update(shard[b * batch_size : (b + 1) * batch_size])
-        if not not_yet:
-            consumed.update(shard[: state["position"] * batch_size])
-    limit = min(n, num_samples * world)
-    left = [i for i in order[:limit] if i not in consumed]
-    new_world, rank = sampler.num_replicas, sampler.rank
-    if sampler.drop_last:
-        left = left[: len(left) - len(left) % new_world]
-    elif left and len(left) % new_world:
-        padding = new_world - len(left) % new_world
-        left += (left * math.ceil(padding / len(left)))[:padding]
-    mine = left[rank::new_world]
+    mine, epoch = share
+    # (the plan waits beside the loader, in its record: it must not hold the loader itself)
+    batch_size, drop_last = loader.batch_size, loader.drop_last
 
     def keys(_ignored):
-        batches = (
-            tud.BatchSampler(mine, loader.batch_size, loader.drop_last)
-            if loader.batch_size is not None
-            else mine
-        )
+        batches = tud.BatchSampler(mine, batch_size, drop_last) if batch_size is not None else mine
         return _skip_handed(batches, position, holes)
 
-    sampler.epoch = first["epoch"]
+    sampler.epoch = epoch
     return dict(
         format=FORMAT,
         position=position,

@@ -3,8 +3,9 @@
 # with `python -m mypy.stubtest rloader._rloader`.
 
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sized
-from typing import Any, Protocol, final
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from types import TracebackType
+from typing import Any, NoReturn, Protocol, final
 
 # In registration order, as PyO3 builds it.
 __all__ = [
@@ -42,6 +43,107 @@ __all__ = [
 ]
 
 __version__: str
+
+# ---- What the Rust side calls back: objects of rloader's Python side, by their methods.
+# Each Protocol names the Python class that implements it; Rust calls each method positionally
+# (hence the `/`), and an exception a callback raises is that operation's error.
+
+class _WrappedError(Protocol):
+    """torch's ``ExceptionWrapper``: an error caught where a batch was made (a worker, a
+    thread, the pin thread), raised again where the batch is handed out."""
+
+    def reraise(self) -> NoReturn: ...
+
+class _PoolHooks(Protocol):
+    """``rloader._process_pool._Pool``: the Python side of a ``PoolIter`` (pool.rs), the main
+    process's end of the worker processes."""
+
+    def dump_keys(self, keys: Any, /) -> bytes:
+        """A batch of keys that are not plain indices, pickled for a task."""
+    def loads(
+        self,
+        message: Message,
+        lease: Lease | None,
+        pickle_range: tuple[int, int],
+        buffers: list[tuple[bool, int, int]],
+        /,
+    ) -> Any:
+        """The batch a DATA message carries (``rloader._wire.loads``): the pickle is
+        ``message[start:end]``; each out-of-band buffer ``(in_slot, start, end)`` is bytes of the
+        slot ``lease`` holds, or of the message. With ``worker_states``: ``(batch, state)``."""
+    def load_error(self, data: bytes, /) -> _WrappedError:
+        """A worker's error (an ERROR message's body, ``rloader._wire.dump_error``'s)."""
+    def load_state(self, data: bytes, /) -> Any:
+        """A worker's dataset state (a RESUMED or ENDED message's body)."""
+    def exited(self) -> list[tuple[int, int]]:
+        """``(worker_id, exit code)`` of each worker process that has ended."""
+    def death(self, worker_id: int, code: int, /) -> BaseException:
+        """The error for a worker that ended before its time (Rust raises it)."""
+    def shutdown(self) -> None:
+        """Stops the workers (idempotent; NOTE [Worker shutdown])."""
+
+class _WorkerHooks(Protocol):
+    """``rloader._worker_process._WorkerHooks``: what ``worker_loop`` (worker.rs) asks of
+    Python in a worker process."""
+
+    def dumps(self, batch: Any, ended: bool, /) -> tuple[bytes, list[Any]]:
+        """A batch as pickle bytes and its out-of-band buffers (``rloader._wire.dumps``);
+        ``ended``: the dataset's iterator ended making it."""
+    def dump_error(self, exc: BaseException, traceback: TracebackType | None, /) -> bytes:
+        """An error of the dataset or collate_fn, pickled in torch's ExceptionWrapper."""
+    def dump_state(self) -> bytes:
+        """The worker's dataset state, pickled (empty when it has none)."""
+    def restart(self) -> Iterable[Any]:
+        """A persistent worker's iterable dataset, for a new epoch."""
+    def load_keys(self, data: bytes, /) -> Any:
+        """A task's keys that ``_PoolHooks.dump_keys`` pickled."""
+
+class _ThreadWorker(Protocol):
+    """``rloader._threads._ThreadWorker``: one worker thread's setup, run on that thread by
+    ``ThreadPool`` (threads.rs)."""
+
+    def start(self) -> tuple[Any, Iterator[Any] | None, _WrappedError | None]:
+        """(the worker's dataset, its iterator for an iterable dataset, the error of
+        ``worker_init_fn`` or ``iter(dataset)``: the answer to the first task)."""
+    def restart(self) -> Iterable[Any]:
+        """A persistent worker's iterable dataset, for a new epoch."""
+    def wrap_error(self, exc: BaseException, traceback: TracebackType | None, /) -> _WrappedError:
+        """An error of the dataset or collate_fn, as the worker's answer."""
+    def finish(self) -> None:
+        """The thread is leaving: its worker info goes."""
+
+class _AsyncThreadWorker(_ThreadWorker, Protocol):
+    """``rloader._threads._AsyncThreadWorker``: a worker thread over an async dataset, which
+    runs an event loop (NOTE [Async datasets])."""
+
+    def run_async(self, reporter: Reporter, /) -> None:
+        """The thread's life after ``start``: runs the loop until ``stop_async``."""
+    def stop_async(self) -> None: ...
+    def submit(self, task: int, keys: Any, /) -> None:
+        """Called on the main thread: hands a task to the worker's loop."""
+
+class _HostRegister(Protocol):
+    """Pins ``length`` bytes at ``addr`` for the accelerator (``cudaHostRegister``), or
+    raises: batches are then copied into pinned memory (``rloader._cuda_host``)."""
+
+    def __call__(self, addr: int, length: int, /) -> object: ...
+
+class _HostUnregister(Protocol):
+    """Undoes ``_HostRegister`` for the range starting at ``addr``."""
+
+    def __call__(self, addr: int, /) -> object: ...
+
+class _Fence(Protocol):
+    """Events recorded on the streams of every device in use when a pinned batch was dropped:
+    its memory is written again only once they have completed."""
+
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+
+class _RecordFence(Protocol):
+    """Records a ``_Fence`` now, on the calling thread's current streams."""
+
+    def __call__(self) -> _Fence: ...
 
 # streams.rs
 
@@ -172,13 +274,13 @@ class LengthWarning:
 class PoolIter:
     """The iterator ``iter(DataLoader(..., num_workers>0))`` returns."""
 
-    # Instances have a __dict__; rloader._workers.start_pool sets this one.
+    # Instances have a __dict__; rloader._process_pool.start_pool sets this one (its _Pool).
     _rloader_pool: Any
     def _pin_slots(
         self,
-        register: Callable[[int, int], object],
-        unregister: Callable[[int], object],
-        fence: Callable[[], Any],
+        register: _HostRegister,
+        unregister: _HostUnregister,
+        fence: _RecordFence,
     ) -> None:
         """From now on, batches arriving in slots are pinned there (NOTE [Pinned slots])."""
     def __new__(
@@ -192,7 +294,7 @@ class PoolIter:
         persistent: bool,
         pin: Callable[[Any], Any] | None,
         length_of: Sized | None,
-        hooks: Any,
+        hooks: _PoolHooks,
         reported_len: tuple[Any, int] | None = None,
         worker_states: bool = False,
         first_worker: int = 0,
@@ -248,13 +350,13 @@ class ThreadPool:
     def __new__(
         cls,
         *,
-        workers: list[Any],
+        workers: list[_ThreadWorker] | list[_AsyncThreadWorker],
         iterable: bool,
         auto_collation: bool,
         batch_size: int | None,
         drop_last: bool,
         collate_fn: Callable[[Any], Any],
-        collate_plan: Any | None,
+        collate_plan: _CollatePlan | None,
         pin: Callable[[Any], Any] | None,
         asynchronous: bool = False,
         buffers: BatchBuffers | None = None,
@@ -279,7 +381,7 @@ class Reporter:
     """How an async worker's event loop reports a task's result."""
 
     def batch(self, task: int, batch: Any) -> bool: ...
-    def error(self, task: int, wrapper: Any) -> bool: ...
+    def error(self, task: int, wrapper: _WrappedError) -> bool: ...
 
 @final
 class ThreadIter:
@@ -339,7 +441,7 @@ class KeyFeed:
 # `spec` holds (other keys are ignored): region_fd (int), worker_id, num_workers,
 # prefetch_factor (ints), dataset, iterable (bool), samples (an iterator or None),
 # auto_collation, batch_size (int or None), drop_last, collate_fn, collate_plan
-# (_CollatePlan or None), init_error (bytes or None), parent_pid (int), hooks.
+# (_CollatePlan or None), init_error (bytes or None), parent_pid (int), hooks (_WorkerHooks).
 def worker_loop(spec: Mapping[str, Any]) -> None:
     """A worker process's loop: take tasks, fetch and collate, send answers, until told to stop."""
 
@@ -394,9 +496,9 @@ class BatchBuffers:
         """Blocks kept free for the next batches (some may wait for the device)."""
     def _pin_blocks(
         self,
-        register: Callable[[int, int], object],
-        unregister: Callable[[int], object],
-        fence: Callable[[], Any],
+        register: _HostRegister,
+        unregister: _HostUnregister,
+        fence: _RecordFence,
     ) -> None:
         """From now on, blocks are registered with the accelerator's driver when first taken
         and reused once the fence recorded when their batch is dropped has completed."""

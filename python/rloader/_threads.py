@@ -42,10 +42,10 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _pin, _resume, _rloader, _thread_info
+from . import _compat, _pin_policy, _resume, _rloader, _thread_info
 from ._collate import _collate_plan
+from ._process_pool import _reported_len
 from ._seed import draw_seed
-from ._workers import _reported_len
 from .sampler import iter_keys
 
 __all__ = ["start_threads"]
@@ -265,7 +265,7 @@ def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
         )
-    pin = _pin.pin_plan(loader)
+    pin = _pin_policy.pin_plan(loader)
     pinning = pin is not None and torch.accelerator.is_available()
     device = torch.accelerator.current_device_index() if pinning else None
     _install_per_thread_worker_info()

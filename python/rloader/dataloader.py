@@ -9,7 +9,7 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 - ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
   ``_rloader.worker_loop`` (``rust/rloader-py/src/pool.rs`` and ``worker.rs``,
-  ``python/rloader/_workers.py``).
+  ``python/rloader/_process_pool.py`` and ``_worker_process.py``).
 - ``num_workers>0, worker_type="thread"``: worker threads of this process, in
   ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads.rs``,
   ``python/rloader/_threads.py``).
@@ -17,7 +17,6 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -25,8 +24,18 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _pin, _resume, _rloader, _state_check, _threads, _twin, _workers
+from . import (
+    _cuda_host,
+    _pin_policy,
+    _process_pool,
+    _resume,
+    _rloader,
+    _state_check,
+    _threads,
+    _twin,
+)
 from ._collate import _collate_plan, default_collate, default_convert
+from ._loader_record import record_of
 from ._seed import draw_seed
 from .dataset import Dataset
 from .sampler import (
@@ -40,10 +49,6 @@ from .sampler import (
 __all__ = ["DataLoader"]
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-# Each loader's latest epoch's Stats (kept beside the loader, as NOTE [Resume] keeps its
-# records: a loader pickles as torch's does).
-_STATS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
@@ -228,7 +233,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         if self.worker_type == "thread":
             return _threads.start_threads(self, buffers=lambda pin: _batch_buffers(self, pin))
         self.check_worker_number_rationality()
-        return _workers.start_pool(self)
+        return _process_pool.start_pool(self)
 
     def __iter__(self):
         persistent = self.persistent_workers and self.num_workers > 0
@@ -242,14 +247,14 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
                     # (workers stopped by an error, a dead one say, are started anew)
                     self._iterator = self._get_iterator()
                 else:
-                    _workers.reset_pool(self._iterator, self)
+                    _process_pool.reset_pool(self._iterator, self)
                 it = self._iterator
             else:
                 it = self._get_iterator()
         finally:
             epoch.end_window()
         epoch.bind(it)
-        _STATS[self] = it._stats
+        record_of(self).stats = it._stats
         return it
 
     def stats(self) -> Optional[dict]:
@@ -260,7 +265,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         ``transport_s`` (taking batches in from worker processes), ``pin_s``; with
         ``batches``, the number handed out. Workers' stages (threads or processes) are summed
         over the workers. None before the first ``iter()``. An rloader extension."""
-        stats = _STATS.get(self)
+        stats = record_of(self).stats
         return None if stats is None else stats.as_dict()
 
     def state_dict(self) -> dict:
@@ -310,7 +315,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
             f"timeout={loader.timeout} only applies to worker processes: "
             "set timeout=0 or num_workers > 0"
         )
-    pin = _pin.pin_plan(loader)
+    pin = _pin_policy.pin_plan(loader)
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     # torch draws a base seed for worker processes with every iterator, workers or not:
@@ -334,20 +339,16 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
     )
 
 
-# Each loader's recycled batch memory, kept across its epochs so that a new epoch's batches
-# reuse the last one's pages (NOTE [Batch memory] in rust/rloader-core/src/batch_memory.rs);
-# freed with the loader.
-_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _batch_buffers(loader: DataLoader, pin) -> _rloader.BatchBuffers:
-    """The loader's batch memory. When batches are pinned (``pin``: ``_pin.pin_plan``'s) on
-    CUDA, its blocks are registered with the driver, so a batch is pinned where it was collated
-    (NOTE [Pinned blocks]); a loader whose ``pin_memory`` changed gets new memory."""
-    pinning = _pin.slot_pinning() if pin is not None else None
-    buffers = _BUFFERS.get(loader)
+    """The loader's recycled batch memory (``LoaderRecord.buffers``), kept across its epochs.
+    When batches are pinned (``pin``: ``_pin_policy.pin_plan``'s) on CUDA, its blocks are
+    registered with the driver, so a batch is pinned where it was collated (NOTE [Pinned
+    blocks]); a loader whose ``pin_memory`` changed gets new memory."""
+    pinning = _cuda_host.slot_pinning() if pin is not None else None
+    record = record_of(loader)
+    buffers = record.buffers
     if buffers is None or buffers._pinned != (pinning is not None):
-        buffers = _BUFFERS[loader] = _rloader.BatchBuffers()
+        buffers = record.buffers = _rloader.BatchBuffers()
         if pinning is not None:
             buffers._pin_blocks(*pinning)
     return buffers

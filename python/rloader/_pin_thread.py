@@ -1,62 +1,19 @@
-"""Pinning a batch into page-locked memory, for fast copies to the accelerator."""
+"""The pin_memory thread of worker processes: ``PinnedBatches`` (NOTE [Pin thread])."""
 
 from __future__ import annotations
 
-import collections.abc
-import copy
 import queue
 import threading
 import time
-import warnings
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch._utils import ExceptionWrapper
 
-from . import _compat, _rloader
+from . import _rloader
 
-__all__ = ["PinnedBatches", "pin_batch", "slot_pinning"]
-
-
-def pin_batch(data: Any) -> Any:
-    """A copy of ``data`` with every tensor (and anything with ``.pin_memory()``) pinned.
-
-    Containers keep their type where they can, as torch's DataLoader keeps them.
-    """
-    if isinstance(data, torch.Tensor) or hasattr(data, "pin_memory"):
-        return data.pin_memory()
-    if isinstance(data, (str, bytes)):
-        return data
-    if isinstance(data, collections.abc.Mapping):
-        pinned = {key: pin_batch(value) for key, value in data.items()}
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                clone = copy.copy(data)
-                clone.update(pinned)
-                return clone
-            return type(data)(pinned)  # type: ignore[call-arg]
-        except TypeError:
-            return pinned
-    if isinstance(data, tuple):
-        if hasattr(data, "_fields"):
-            return type(data)(*(pin_batch(item) for item in data))
-        return type(data)(pin_batch(item) for item in data)
-    if isinstance(data, collections.abc.Sequence):
-        items = [pin_batch(item) for item in data]
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
-                for i, item in enumerate(items):
-                    clone[i] = item  # type: ignore[index]
-                return clone
-            return type(data)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
-    return data
-
-
-# ---------------------------------------------------------------- the pin_memory thread
+__all__ = ["PinnedBatches"]
 
 # How often a waiting pin thread looks at its stop flag (torch checks every 5 s; shorter here
 # because stopping it is how an abandoned iterator shuts its workers down).
@@ -296,99 +253,3 @@ def _reraised(wrapper: ExceptionWrapper) -> BaseException:
     except BaseException as exc:
         return exc
     return RuntimeError(wrapper.exc_msg)
-
-
-def slot_pinning() -> Optional[tuple]:
-    """``(register, unregister, fence)`` for pinning worker processes' batches where they
-    arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), and
-    thread workers' and the single-process loop's where they are collated
-    (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-core's batch_memory.rs), or
-    None where the accelerator is not CUDA (batches are then copied into pinned memory, as
-    torch's are). Nothing here touches CUDA until the first batch arrives, on the
-    pin thread, after the workers have started (as torch's pin thread is the first to).
-
-    ``fence()`` records an event on the current stream of every device in use when a batch is
-    dropped: the slot it lies in goes back to its worker once they have all completed, so a
-    batch moved with ``non_blocking=True`` (to any device, or scattered by ``DataParallel``,
-    whose copy streams the devices' current streams wait for) and dropped at once is read
-    before it is overwritten.
-    """
-    if not torch.cuda.is_available() or torch.version.hip is not None:
-        return None
-    portable = 1  # cudaHostRegisterPortable: pinned for every device, as torch's pinned memory
-
-    def register(addr: int, length: int) -> None:
-        cudart = torch.cuda.cudart()
-        error = cudart.cudaHostRegister(addr, length, portable)
-        if error != cudart.cudaError.success:
-            _clear_cuda_error()
-            raise RuntimeError(f"cudaHostRegister of {length} bytes failed: {error}")
-
-    def unregister(addr: int) -> None:
-        cudart = torch.cuda.cudart()
-        if cudart.cudaHostUnregister(addr) != cudart.cudaError.success:
-            _clear_cuda_error()
-
-    def fence() -> "_Events":
-        return _Events([_recorded(d) for d in _devices_in_use()])
-
-    return register, unregister, fence
-
-
-def _devices_in_use() -> list:
-    """The CUDA devices this process has a context on (a copy to a device needs one)."""
-    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-    if has_context is None:
-        return [torch.cuda.current_device()]
-    return [d for d in range(torch.cuda.device_count()) if has_context(d)]
-
-
-def _recorded(device: int):
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
-
-
-class _Events:
-    """Events on several devices' streams, done when all are."""
-
-    __slots__ = ("events",)
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def query(self) -> bool:
-        return all(event.query() for event in self.events)
-
-    def synchronize(self) -> None:
-        for event in self.events:
-            event.synchronize()
-
-
-def _clear_cuda_error() -> None:
-    """Resets the CUDA runtime's last error after a refused call, which torch would otherwise
-    report at its next unrelated check (torch's ``cudart()`` has no ``cudaGetLastError``)."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
-        for path in paths:
-            ctypes.CDLL(path).cudaGetLastError()
-    except (OSError, AttributeError):
-        pass
-
-
-def pin_plan(loader) -> Optional[Callable]:
-    """``pin_batch`` when batches should be pinned; warns as the user's torch does (its texts
-    and conditions differ between versions: ``_compat.pin_memory_warnings``)."""
-    if not loader.pin_memory:
-        return None
-    for category, text in _compat.pin_memory_warnings(loader.pin_memory_device):
-        warnings.warn(text, category, stacklevel=4)
-    if not torch.accelerator.is_available():
-        return None
-    accelerator = torch.accelerator.current_accelerator()
-    if accelerator is not None and accelerator.type == "mps":
-        return None
-    return pin_batch

@@ -1,0 +1,263 @@
+"""The main process's side of multi-process loading: the worker processes around the Rust pool
+(``rust/rloader-py/src/pool.rs``), from their start to their stop.
+
+Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
+``multiprocessing_context`` works and datasets travel by torch's rules), and stop them. What
+runs in a worker process is ``_worker_process``; how a batch crosses between the processes,
+``_wire``; how a dead worker is noticed and named, ``_worker_death``. Everything between —
+assigning index batches to workers, the bound on work in flight, reordering, waiting, noticing
+dead workers, and each worker's fetch-and-collate loop — runs in Rust, and batches cross
+between processes through shared-memory rings and slots.
+
+The shared memory of a pool is one anonymous region (``_rloader.PoolRegion``, a memfd): it has
+no name, so nothing can be left in /dev/shm, and workers get its descriptor (inherited under
+fork, passed by multiprocessing under spawn and forkserver). When a pool has stopped, its region
+is kept for the same loader's next pool (``LoaderRecord.region``), so a new epoch finds its batch slots
+already reserved and mapped.
+
+NOTE [Worker shutdown]: a pool is stopped by ``_Pool.shutdown``, which is idempotent and is
+called (1) by the Rust iterator when an epoch ends without persistent workers, (2) when the
+iterator is garbage-collected (``weakref.finalize``), and (3) at interpreter exit (finalize's
+atexit hook). It asks each worker to stop, waits up to ``_JOIN_TIMEOUT`` seconds, then
+terminates and kills stragglers, and only then hands the region back to the loader. Workers
+also exit on their own when the main process dies: the kernel
+signals them (PR_SET_PDEATHSIG) and their wait loop checks the parent every 100 ms.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import weakref
+
+from torch.utils.data.dataloader import _DatasetKind
+
+from . import _compat, _cuda_host, _pin_policy, _resume, _rloader
+from ._loader_record import record_of
+from ._pin_thread import PinnedBatches
+from ._seed import draw_seed
+from ._wire import loads
+from ._worker_death import STATUS_LOST, ended_unseen, no_autoreaping, worker_death
+from ._worker_process import _worker_main
+from .sampler import iter_keys
+
+__all__ = ["reset_pool", "start_pool"]
+
+_JOIN_TIMEOUT = 5.0
+
+
+class _RegionFd:
+    """A pool region's descriptor in a worker's spec: the int itself under fork (inherited);
+    under spawn and forkserver, multiprocessing passes a duplicate with the process."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        return _received_fd, (multiprocessing.reduction.DupFd(self.fd),)
+
+
+def _received_fd(dup) -> _RegionFd:
+    return _RegionFd(dup.detach())
+
+
+class _Pool:
+    """The worker processes of one iterator, and how to stop them: what the Rust ``PoolIter``
+    calls back (``_PoolHooks`` in ``_rloader.pyi``)."""
+
+    def __init__(self, region, loader) -> None:
+        self.region = region
+        self.loader = weakref.ref(loader)
+        self.procs: list = []
+        self.stopped = False
+
+    # With worker_states, what a worker's ``dumps`` sent is ``(batch, its dataset's state)``:
+    # PoolIter splits the pair and keeps the state for when the batch is handed out.
+    loads = staticmethod(loads)
+
+    def load_error(self, data: bytes):
+        return pickle.loads(data)
+
+    def load_state(self, data: bytes):
+        """A worker's dataset state as it restarted or ended (``_WorkerHooks.dump_state``)."""
+        return pickle.loads(data)
+
+    @staticmethod
+    def dump_keys(keys) -> bytes:
+        return pickle.dumps(keys, protocol=5)
+
+    def exited(self) -> list:
+        """``(worker_id, exit code)`` of each worker process that has ended; ``STATUS_LOST``
+        for one that ended with its exit status taken elsewhere (``ended_unseen``)."""
+        out = []
+        for i, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                out.append((i, proc.exitcode))
+            elif ended_unseen(proc):
+                out.append((i, STATUS_LOST))
+        return out
+
+    def death(self, worker_id: int, code: int) -> RuntimeError:
+        """The error for a worker that ended before its time (the caller raises it)."""
+        return worker_death(worker_id, self.procs[worker_id].pid, code)
+
+    def shutdown(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        # Closed rings tell the workers to leave (the iterator may have closed the task rings
+        # already, at the end of the sampler); then they are joined.
+        try:
+            self.region._close_rings()
+        finally:
+            _stop_processes(self.procs)  # whatever happened, the processes go
+        # Every worker is gone (joined): the region can serve the loader's next pool.
+        loader = self.loader()
+        if loader is not None:
+            record_of(loader).region = self.region
+
+
+def _stop_processes(procs: list) -> None:
+    for proc in procs:
+        proc.join(timeout=_JOIN_TIMEOUT)
+        if ended_unseen(proc):
+            # Gone, but multiprocessing thinks it runs: it would refuse to close it. Its pipe
+            # is closed by multiprocessing's finalizer when the Process object goes.
+            continue
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        proc.close()
+
+
+def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
+    """Starts ``loader.num_workers`` workers and returns the iterator over their batches."""
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter_keys(loader._index_sampler)
+    base_seed = draw_seed(loader.generator)
+    epoch = _resume.epoch_of(loader)
+    keys = epoch.keys(keys)  # NOTE [Resume]
+    # Workers of a stateful IterableDataset send its state with each batch; those of a resumed
+    # epoch load theirs first, and the round robin starts where it was.
+    worker_states = iterable and _resume.stateful_iterable(loader.dataset)
+    dataset_states = epoch.worker_states() or [(None, False)] * loader.num_workers
+    if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
+        raise _compat.assertion(
+            "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+        )
+    pin = _pin_policy.pin_plan(loader)
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    record = record_of(loader)
+    region, record.region = record.region, None  # this pool's until it stops
+    if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
+        region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
+    try:  # the sampler's first draws may fail: then the region serves the next pool still
+        new_feed = feed = None
+        drawn = 0
+        if pin is not None:
+            # The pin thread sends the tasks; the main thread draws their keys, or for an iterable
+            # dataset their tokens (NOTE [Key feed]).
+            new_feed = _key_feed(
+                region, loader._auto_collation, loader.prefetch_factor * loader.num_workers
+            )
+            feed, drawn = new_feed(keys)
+        pool = _Pool(region, loader)
+        it = _rloader.PoolIter(
+            region=region,
+            in_order=bool(loader.in_order),  # torch takes any truthy value
+            keys=feed if feed is not None else keys,
+            auto_collation=loader._auto_collation,
+            # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
+            # not the pin thread's wait for the workers, which may run while the user is busy.
+            timeout=0.0 if pin is not None else float(loader.timeout),
+            persistent=bool(loader.persistent_workers),
+            pin=None,  # pinned on a thread of its own (below)
+            length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
+            hooks=pool,
+            reported_len=None if pin is not None else _reported_len(loader),
+            worker_states=worker_states,
+            first_worker=epoch.first_worker(),
+        )
+        it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
+        # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
+        # (torch too queues them in iter(), but only once all its workers are started).
+        it._prefill()
+    except BaseException:
+        record.region = region
+        raise
+    no_autoreaping()
+    # From here on workers may exist: make sure they go, whatever happens.
+    finalizer = weakref.finalize(it, pool.shutdown)
+    try:
+        for worker_id in range(loader.num_workers):
+            spec = dict(
+                region_fd=_RegionFd(region.fd),
+                worker_id=worker_id,
+                num_workers=loader.num_workers,
+                prefetch_factor=loader.prefetch_factor,
+                base_seed=base_seed,
+                dataset=loader.dataset,
+                iterable=iterable,
+                auto_collation=loader._auto_collation,
+                batch_size=loader.batch_size,
+                drop_last=loader.drop_last,
+                collate_fn=loader.collate_fn,
+                worker_init_fn=loader.worker_init_fn,
+                parent_pid=os.getpid(),
+                worker_states=worker_states,
+                dataset_state=dataset_states[worker_id][0],
+                dataset_ended=dataset_states[worker_id][1],
+            )
+            proc = context.Process(target=_worker_main, args=(spec,), daemon=True)
+            proc.start()
+            pool.procs.append(proc)
+    except BaseException:
+        finalizer()
+        raise
+    if pin is not None:
+        pinning = _cuda_host.slot_pinning()
+        if pinning is not None:  # batches are pinned where the workers write them
+            it._pin_slots(*pinning)
+        return PinnedBatches(
+            it,
+            pin,
+            loader._index_sampler,
+            loader.timeout,
+            feed,
+            drawn,
+            new_feed,
+            _reported_len(loader),
+        )
+    return it
+
+
+def _key_feed(region, auto_collation: bool, first: int):
+    """What makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into
+    (NOTE [Key feed] in key_feed.rs), with its first ``first`` batches of keys drawn as torch
+    draws them in ``iter()``: returns ``(feed, batches drawn)``. (It holds no loader: a
+    persistent loader holds its iterator, which holds this.)"""
+
+    def new_feed(keys):
+        feed = _rloader.KeyFeed(region, keys, auto_collation, _Pool.dump_keys)
+        return feed, feed.draw(first)
+
+    return new_feed
+
+
+def _reported_len(loader):
+    """``(dataset, len(loader))`` when ``len()`` of a loader over an IterableDataset was asked:
+    torch warns once more batches than that are handed out."""
+    if loader._IterableDataset_len_called is None:
+        return None
+    return (loader.dataset, loader._IterableDataset_len_called)
+
+
+def reset_pool(it, loader) -> None:
+    """A new epoch on persistent workers."""
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter_keys(loader._index_sampler)
+    it._reset(_resume.epoch_of(loader).keys(keys), _reported_len(loader))
