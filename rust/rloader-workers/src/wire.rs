@@ -181,7 +181,8 @@ pub fn decode_batch_table(msg: &[u8]) -> Result<BatchTable, PoolError> {
         .ok_or(PoolError::TruncatedBatch)?;
     let pickle = (at, at.saturating_add(pickle_len));
     at = pickle.1;
-    let mut buffers = Vec::with_capacity(n.min(1 << 16));
+    // No more entries than the message has room for: a garbage count allocates nothing big.
+    let mut buffers = Vec::with_capacity(n.min(msg.len().saturating_sub(entries) / TABLE_ENTRY));
     let mut in_slot = 0;
     for i in 0..n {
         // Every entry before the end of `msg` is read before any past it: a table promising
