@@ -115,7 +115,7 @@ impl Counts {
             .map(|(_, n)| n)
             .sum();
         let mut out = format!(
-            "seed {seed:#x}: {total} ring inputs in {:.1} s, {errors} errors returned, {} \
+            "RLOADER_FUZZ_SEED={seed}: {total} ring inputs in {:.1} s, {errors} errors returned, {} \
              messages round-tripped, slowest input {} us\n",
             elapsed.as_secs_f64(),
             self.messages,
