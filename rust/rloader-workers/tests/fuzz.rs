@@ -91,8 +91,8 @@ impl Counts {
         let total: u64 = self.inputs.values().sum();
         let errors: u64 = self.errors.values().sum();
         let mut out = format!(
-            "RLOADER_FUZZ_SEED={seed}: {total} inputs in {:.1} s, {errors} errors returned (by any of the decoders), {} valid \
-             messages round-tripped, slowest input {} us\n",
+            "RLOADER_FUZZ_SEED={seed}: {total} inputs in {:.1} s, {errors} errors returned (by \
+             any of the decoders), {} valid messages round-tripped, slowest input {} us\n",
             elapsed.as_secs_f64(),
             self.round_trips,
             self.slowest.as_micros()
