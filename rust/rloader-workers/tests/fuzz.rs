@@ -384,16 +384,22 @@ fn align_up(x: u128, to: u128) -> u128 {
     x.div_ceil(to) * to
 }
 
-/// The region's length by the layout's rules in u128: past isize::MAX, no layout.
+/// The region's length by the layout's rules in u128 (u128::MAX past that): past isize::MAX,
+/// no layout.
 fn reference_len(workers: usize, prefetch: usize) -> u128 {
     let (w, a) = (workers as u128, Ring::ALIGN as u128);
-    let slots = w * (prefetch.max(1) as u128 + 3);
-    let times_at = align_up(64 + SLOT_META_BYTES as u128 * slots, a);
-    let rings_at = align_up(times_at + times::BYTES as u128 * w, a);
     let per_worker = align_up(Ring::required_len(INDEX_RING) as u128, a)
         + align_up(Ring::required_len(RESULT_RING) as u128, a);
-    let slots_at = align_up(rings_at + w * per_worker, SLOTS_ALIGN as u128);
-    slots_at + slots * SLOT_SPAN as u128
+    // Below 2^64 slots every sum below fits in u128.
+    let slots = w
+        .checked_mul(prefetch.max(1) as u128 + 3)
+        .filter(|&n| n < 1 << 64);
+    slots.map_or(u128::MAX, |slots| {
+        let times_at = align_up(64 + SLOT_META_BYTES as u128 * slots, a);
+        let rings_at = align_up(times_at + times::BYTES as u128 * w, a);
+        let slots_at = align_up(rings_at + w * per_worker, SLOTS_ALIGN as u128);
+        slots_at + slots * SLOT_SPAN as u128
+    })
 }
 
 fn layout_input(rng: &mut Rng, counts: &mut Counts) {
