@@ -12,7 +12,7 @@ WHEEL_STAMP := $(VENV)/.rloader-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.typed) pyproject.toml
 
-.PHONY: bench bench-resume test test-rust test-python test-oldest-torch build lint clean soak
+.PHONY: bench bench-resume test test-rust test-python test-oldest-torch build lint fuzz soak clean
 .DEFAULT_GOAL := test
 
 # lightning and accelerate: tests/test_lightning.py and tests/test_accelerate.py check what those
@@ -75,6 +75,21 @@ test-oldest-torch: build
 		pytest pytest-timeout hypothesis lightning accelerate
 	$(OLDEST_VENV)/bin/python -m pip install -q --force-reinstall --no-deps dist/rloader-*.whl
 	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+# Fuzzing what the worker pool decodes from another process: its messages, region layout and
+# slots (rust/rloader-workers/tests/fuzz.rs) and the rings' framing and positions
+# (rust/rloader-queue/tests/fuzz.rs), FUZZ_INPUTS inputs each, from a fresh seed each run (the
+# output says it; RLOADER_FUZZ_SEED=<seed> replays a run). A short fixed-seed round of both is
+# part of `make test-rust`. Then 100,000 malformed, truncated and hostile states through
+# DataLoader.load_state_dict (tests/fuzz_state.py; tests/test_state_fuzz.py runs 3,000).
+FUZZ_INPUTS ?= 10000000
+FUZZ_STATES ?= 100000
+fuzz: build
+	@echo "== fuzzing the pool's decoders, $(FUZZ_INPUTS) inputs each (a few minutes)"
+	RLOADER_FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release -p rloader-workers -p rloader-queue \
+		--test fuzz -- --ignored --nocapture
+	@echo "== fuzzing load_state_dict with $(FUZZ_STATES) malformed states"
+	$(PY) -W ignore tests/fuzz_state.py --states $(FUZZ_STATES) --seed 1
 
 # ruff checks the Python; mypy's stubtest checks the installed wheel's _rloader.pyi (a copy of
 # python/rloader/_rloader.pyi, hence `build`) against its native module. It reads the installed

@@ -72,6 +72,10 @@ pub(crate) const MAX_MESSAGE_LEN: u64 = (1 << 48) - 1;
 const SPIN_LIMIT: u32 = if cfg!(loom) { 0 } else { 64 };
 /// The smallest data area a ring may have: one frame header plus some payload.
 pub(crate) const MIN_CAPACITY: u64 = 16;
+/// Past this, the reader's position read when a side starts is garbage: no ring carries
+/// 8 EiB. Below it (and the writer's at most `cap` ahead) the positions' sums (a position plus
+/// a frame, plus the capacity) cannot overflow.
+const MAX_START_POSITION: u64 = 1 << 63;
 
 /// Written once by the creator before any peer attaches; `closed` by either side.
 #[repr(C, align(64))]
@@ -340,7 +344,7 @@ impl RingCore<'_> {
         if !st.started {
             let tail = self.hdr.prod.tail.load(Ordering::Acquire);
             let head = self.hdr.cons.head.load(Ordering::Acquire);
-            if head > tail || tail - head > self.cap() {
+            if head > tail || tail - head > self.cap() || head > MAX_START_POSITION {
                 return Err(corrupt(format!(
                     "head {head}, tail {tail}, capacity {}",
                     self.cap()
@@ -541,7 +545,7 @@ impl RingCore<'_> {
         if !st.started {
             let head = self.hdr.cons.head.load(Ordering::Acquire);
             let tail = self.hdr.prod.tail.load(Ordering::Acquire);
-            if head > tail || tail - head > self.cap() {
+            if head > tail || tail - head > self.cap() || head > MAX_START_POSITION {
                 return Err(corrupt(format!(
                     "head {head}, tail {tail}, capacity {}",
                     self.cap()
@@ -561,7 +565,7 @@ impl RingCore<'_> {
             return Err(corrupt(format!(
                 "the writer's position {tail} is outside [{}, {}]",
                 st.cached_tail,
-                st.head + self.cap()
+                st.head.saturating_add(self.cap())
             )));
         }
         st.cached_tail = tail;

@@ -337,6 +337,20 @@ fn garbage_reader_position_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn positions_at_the_end_of_the_u64_range_are_an_error_not_an_overflow() {
+    // Before: a producer starting there overflowed `tail + 8` (a panic in a debug build; in a
+    // release build the message went out at a wrapped position), a consumer waited forever.
+    let r = ring(256);
+    for at in [TAIL, 128] {
+        scribble(&r, at, &(u64::MAX - 3).to_le_bytes());
+    }
+    let err = peer(&r).send(&[b"hello"], SHORT).unwrap_err();
+    assert!(matches!(err, QueueError::Corrupt(_)), "{err}");
+    let err = peer(&r).recv(&mut Vec::new(), SHORT).unwrap_err();
+    assert!(matches!(err, QueueError::Corrupt(_)), "{err}");
+}
+
+#[test]
 fn handles_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Ring>();

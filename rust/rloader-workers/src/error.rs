@@ -12,6 +12,11 @@ use rloader_queue::QueueError;
 pub enum PoolError {
     /// A pool needs at least one worker.
     NoWorkers,
+    /// A pool's region would be larger than a process can address.
+    TooManySlots {
+        num_workers: usize,
+        prefetch_factor: usize,
+    },
     /// The hand-off failed (a ring's or the region's error).
     Queue(QueueError),
     /// A message too short to hold the 16-byte header.
@@ -41,6 +46,14 @@ impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PoolError::NoWorkers => f.write_str("a worker pool needs num_workers > 0"),
+            PoolError::TooManySlots {
+                num_workers,
+                prefetch_factor,
+            } => write!(
+                f,
+                "rloader: num_workers={num_workers} with prefetch_factor={prefetch_factor} needs \
+                 more address space for batch slots than a process has; lower them"
+            ),
             PoolError::Queue(e) => e.fmt(f),
             PoolError::ShortHeader => {
                 f.write_str("rloader: a worker message is shorter than its header")

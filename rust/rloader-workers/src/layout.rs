@@ -15,6 +15,7 @@ use rloader_queue::{Ring, ShmRegion};
 
 use crate::slots::{self, Arena, SLOT_META_BYTES, SLOT_SPAN};
 use crate::times;
+use crate::PoolError;
 
 /// Ring capacities. A message larger than its ring streams through it in parts (the main
 /// process reassembles it), so these bound memory, not batch size. Tensor bytes travel in
@@ -45,42 +46,86 @@ pub struct Layout {
     slots_at: usize,
 }
 
-fn align(x: usize) -> usize {
-    x.div_ceil(Ring::ALIGN) * Ring::ALIGN
+/// `x` rounded up to a multiple of `to`; None past `usize::MAX`.
+fn align_up(x: usize, to: usize) -> Option<usize> {
+    x.div_ceil(to).checked_mul(to)
 }
 
 impl Layout {
     /// The layout of a pool of `num_workers` (at least one) with `prefetch_factor` tasks in
     /// flight per worker.
+    ///
+    /// # Panics
+    /// Where [`Layout::try_new`] fails.
     pub fn new(num_workers: usize, prefetch_factor: usize) -> Layout {
-        let slots_per_worker = slots::slots_per_worker(prefetch_factor);
-        let states_at = STATES_AT;
-        let times_at = align(states_at + SLOT_META_BYTES * num_workers * slots_per_worker);
-        let mut at = align(times_at + times::BYTES * num_workers);
-        let mut rings = Vec::with_capacity(num_workers);
-        for _ in 0..num_workers {
-            let spans = [INDEX_RING, RESULT_RING].map(|capacity| {
-                let span = (at, Ring::required_len(capacity));
-                at = align(at + span.1);
-                span
-            });
-            rings.push(spans);
+        Layout::try_new(num_workers, prefetch_factor).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The layout of a pool of `num_workers` with `prefetch_factor` tasks in flight per worker,
+    /// or why there is none: no worker, or a region past `isize::MAX` bytes (which no process
+    /// can map, and whose offsets would overflow). Every offset of the layout is then computed
+    /// without overflow: each piece ends at or before `len`.
+    pub fn try_new(num_workers: usize, prefetch_factor: usize) -> Result<Layout, PoolError> {
+        if num_workers == 0 {
+            return Err(PoolError::NoWorkers);
         }
-        let committed = at;
-        let slots_at = at.div_ceil(SLOTS_ALIGN) * SLOTS_ALIGN;
-        Layout {
-            len: slots_at + num_workers * slots_per_worker * SLOT_SPAN,
+        let too_large = || PoolError::TooManySlots {
+            num_workers,
+            prefetch_factor,
+        };
+        let slots_per_worker = slots::slots_per_worker(prefetch_factor).ok_or_else(too_large)?;
+        let states_at = STATES_AT;
+        // Each worker's rings, each ring ALIGN-aligned.
+        let ring_spans = [INDEX_RING, RESULT_RING].map(Ring::required_len);
+        let per_worker = align_up(ring_spans[0], Ring::ALIGN)
+            .zip(align_up(ring_spans[1], Ring::ALIGN))
+            .and_then(|(a, b)| a.checked_add(b));
+        let slots = num_workers.checked_mul(slots_per_worker);
+        let (times_at, rings_at, committed, slots_at, len) = slots
+            .and_then(|slots| {
+                let times_at = align_up(
+                    states_at.checked_add(SLOT_META_BYTES.checked_mul(slots)?)?,
+                    Ring::ALIGN,
+                )?;
+                let rings_at = align_up(
+                    times_at.checked_add(times::BYTES.checked_mul(num_workers)?)?,
+                    Ring::ALIGN,
+                )?;
+                let committed = rings_at.checked_add(per_worker?.checked_mul(num_workers)?)?;
+                let slots_at = align_up(committed, SLOTS_ALIGN)?;
+                let len = slots_at.checked_add(slots.checked_mul(SLOT_SPAN)?)?;
+                Some((times_at, rings_at, committed, slots_at, len))
+            })
+            .filter(|&(.., len)| len <= isize::MAX as usize)
+            .ok_or_else(too_large)?;
+        let mut at = rings_at;
+        let rings = (0..num_workers)
+            .map(|_| {
+                ring_spans.map(|span| {
+                    let piece = (at, span);
+                    at += span.div_ceil(Ring::ALIGN) * Ring::ALIGN;
+                    piece
+                })
+            })
+            .collect();
+        debug_assert_eq!(at, committed);
+        Ok(Layout {
+            len,
             committed,
             rings,
             slots_per_worker,
             states_at,
             times_at,
             slots_at,
-        }
+        })
     }
 
     /// The offset of worker `w`'s fetch and collate times (`times.rs`).
+    ///
+    /// # Panics
+    /// If the pool has no worker `w`.
     pub fn times(&self, w: usize) -> usize {
+        assert!(w < self.num_workers(), "no worker {w}");
         self.times_at + w * times::BYTES
     }
 
@@ -108,7 +153,15 @@ impl Layout {
     }
 
     /// The offsets of worker `w`'s slot `s` and of its state word.
+    ///
+    /// # Panics
+    /// If the pool has no worker `w` or its workers no slot `s` (past the layout's pieces, the
+    /// offsets could overflow).
     pub fn slot(&self, w: usize, s: usize) -> (usize, usize) {
+        assert!(
+            w < self.num_workers() && s < self.slots_per_worker,
+            "no slot {s} of worker {w}"
+        );
         let i = w * self.slots_per_worker + s;
         (
             self.slots_at + i * SLOT_SPAN,
@@ -191,6 +244,50 @@ mod tests {
         // One worker's rings take more than 2 MiB: the slots start at 4 MiB, and end the region.
         assert_eq!(l.slot(0, 0).0, 2 * SLOTS_ALIGN);
         assert_eq!(l.len, l.slot(0, 4).0 + SLOT_SPAN);
+    }
+
+    #[test]
+    fn layouts_past_the_address_space_are_refused() {
+        // Before: the slots' span overflowed (a panic in a debug build; in a release build, a
+        // region length wrapped to a few MiB while slot offsets pointed past it).
+        for (workers, prefetch) in [
+            (1 << 20, 1 << 14),
+            (1 << 34, 0),
+            (usize::MAX, 2),
+            (1, usize::MAX),
+            (2, usize::MAX - 3),
+            (1 << 40, 1 << 40),
+        ] {
+            assert!(
+                matches!(
+                    Layout::try_new(workers, prefetch),
+                    Err(PoolError::TooManySlots { .. })
+                ),
+                "{workers} {prefetch}"
+            );
+        }
+        assert!(matches!(Layout::try_new(0, 2), Err(PoolError::NoWorkers)));
+        // Huge but addressable: 2^32 slots of 1 GiB (and 32 GiB of their metadata before them).
+        let l = Layout::try_new(1, (1 << 32) - 3).unwrap();
+        assert_eq!(l.slots_per_worker(), 1 << 32);
+        assert!(l.len <= isize::MAX as usize);
+        assert_eq!(l.slot(0, l.slots_per_worker() - 1).0 + SLOT_SPAN, l.len);
+        // isize::MAX bytes hold fewer than 2^33 slots of 1 GiB.
+        assert!(Layout::try_new(1, (1 << 33) - 3).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "num_workers=1 with prefetch_factor=18446744073709551615")]
+    fn new_panics_where_try_new_fails() {
+        Layout::new(1, usize::MAX);
+    }
+
+    #[test]
+    #[should_panic(expected = "no slot 0 of worker 18446744073709551615")]
+    fn a_slot_of_no_worker_panics_instead_of_overflowing() {
+        // Before: `w * slots_per_worker` overflowed (a panic in a debug build, a wrapped offset
+        // in a release build).
+        Layout::new(2, 2).slot(usize::MAX, 0);
     }
 
     proptest! {

@@ -60,8 +60,9 @@ const HIGH_WATER_PAGE: usize = 4096;
 
 /// Slots per worker: enough for the tasks in flight to one worker (`prefetch_factor`), the
 /// batch the user is holding and the one before it (alive while `next()` runs), and one spare.
-pub fn slots_per_worker(prefetch_factor: usize) -> usize {
-    prefetch_factor.max(1) + 3
+/// None past `usize::MAX`.
+pub fn slots_per_worker(prefetch_factor: usize) -> Option<usize> {
+    prefetch_factor.max(1).checked_add(3)
 }
 
 /// The state word of one slot.
@@ -83,7 +84,10 @@ unsafe fn state_word(region: &ShmRegion, at: usize) -> &AtomicU32 {
 /// `Layout::slot`).
 pub fn reset_unleased(region: &ShmRegion, state_at: usize) {
     assert!(
-        state_at % 4 == 0 && state_at + 4 <= region.len(),
+        state_at % 4 == 0
+            && state_at
+                .checked_add(4)
+                .is_some_and(|end| end <= region.len()),
         "a state word's offset"
     );
     // SAFETY: an aligned u32 inside the region (checked above), used only atomically.
@@ -138,11 +142,16 @@ impl Arena {
     /// # Panics
     /// If those do not lie inside the region, aligned (state words to 4, slots to 64).
     pub fn new(region: Arc<ShmRegion>, states_at: usize, slots_at: usize, slots: usize) -> Self {
+        let fits = |at: usize, each: usize| {
+            each.checked_mul(slots)
+                .and_then(|n| at.checked_add(n))
+                .is_some_and(|end| end <= region.len())
+        };
         assert!(
             states_at % 4 == 0
-                && states_at + SLOT_META_BYTES * slots <= region.len()
+                && fits(states_at, SLOT_META_BYTES)
                 && slots_at % ALIGN == 0
-                && slots_at + SLOT_SPAN * slots <= region.len(),
+                && fits(slots_at, SLOT_SPAN),
             "slots outside the region"
         );
         Arena {
@@ -161,20 +170,25 @@ impl Arena {
         }
     }
 
+    /// # Panics
+    /// If the worker has no slot `slot`.
     fn state(&self, slot: usize) -> &AtomicU32 {
+        assert!(slot < self.committed.len(), "no slot {slot}");
         // SAFETY: `new` checked that `slots` SLOT_META_BYTES-byte entries at `states_at` lie
-        // inside the region, 4-aligned.
+        // inside the region, 4-aligned, and `slot` is one of them.
         unsafe { state_word(&self.region, self.states_at + SLOT_META_BYTES * slot) }
     }
 
     fn high_water(&self, slot: usize) -> &AtomicU32 {
+        assert!(slot < self.committed.len(), "no slot {slot}");
         // SAFETY: as for `state`: the word after each state word is the slot's high-water mark.
         unsafe { state_word(&self.region, self.states_at + SLOT_META_BYTES * slot + 4) }
     }
 
     fn slot_ptr(&self, slot: usize) -> *mut u8 {
+        assert!(slot < self.committed.len(), "no slot {slot}");
         // SAFETY: `new` checked that `slots` spans of SLOT_SPAN bytes at `slots_at` lie inside
-        // the region.
+        // the region, and `slot` is one of them.
         unsafe { self.region.as_ptr().add(self.slots_at + slot * SLOT_SPAN) }
     }
 
@@ -273,6 +287,9 @@ impl Arena {
 
     /// Takes back a slot `finish` handed to the main process when the message naming it could
     /// not be sent: the main process never learns of it, so the worker still owns its bytes.
+    ///
+    /// # Panics
+    /// If the worker has no slot `slot`.
     pub fn unhold(&mut self, slot: usize) {
         self.state(slot).store(FREE, Ordering::Relaxed);
     }
@@ -575,6 +592,33 @@ mod tests {
                 "{state_at} {slot_at} {len}"
             );
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "no slot 5")]
+    fn unhold_of_a_slot_the_worker_lacks_panics() {
+        // Before: it stored FREE through a pointer past the worker's state words (the next
+        // worker's, or past the region).
+        let (l, r) = region();
+        let mut a = l.arena(r, WORKERS - 1);
+        a.unhold(l.slots_per_worker() + 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "slots outside the region")]
+    fn an_arena_whose_span_overflows_is_refused() {
+        // Before, in a release build: `slots_at + SLOT_SPAN * slots` wrapped below the region's
+        // length and the check passed, for slots far outside the mapping.
+        let (_, r) = region();
+        Arena::new(r, 64, usize::MAX / ALIGN * ALIGN, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "a state word's offset")]
+    fn reset_unleased_past_the_address_space_panics() {
+        // Before, in a release build: `state_at + 4` wrapped to 0 and the check passed.
+        let (_, r) = region();
+        reset_unleased(&r, usize::MAX - 3);
     }
 
     /// The hand-off across processes: a forked "worker" writes a batch into its slot and marks

@@ -101,8 +101,9 @@ impl<'a> BatchMessage<'a> {
     /// `buffers[i]` lying at offset `places[i]` of slot `slot`, or travelling inline when None.
     ///
     /// # Panics
-    /// If `places` and `buffers` differ in length, or a buffer is placed in a slot when `slot`
-    /// is None.
+    /// If `places` and `buffers` differ in length, a buffer is placed in a slot when `slot`
+    /// is None, or the slot or a place is `usize::MAX` (which reads as [`NOWHERE`]: the message
+    /// would not decode to what was meant).
     pub fn new(
         worker: usize,
         task: u64,
@@ -115,6 +116,11 @@ impl<'a> BatchMessage<'a> {
         assert!(
             slot.is_some() || places.iter().all(Option::is_none),
             "buffers in a slot need the slot's number"
+        );
+        let nowhere = Some(NOWHERE as usize);
+        assert!(
+            slot != nowhere && !places.contains(&nowhere),
+            "usize::MAX is no slot number nor offset"
         );
         let word = |x: Option<usize>| x.map_or(NOWHERE, |x| x as u64).to_le_bytes();
         let mut head = Vec::with_capacity(HEADER + TABLE_HEAD + TABLE_ENTRY * buffers.len());
@@ -181,7 +187,8 @@ pub fn decode_batch_table(msg: &[u8]) -> Result<BatchTable, PoolError> {
         .ok_or(PoolError::TruncatedBatch)?;
     let pickle = (at, at.saturating_add(pickle_len));
     at = pickle.1;
-    let mut buffers = Vec::with_capacity(n.min(1 << 16));
+    // No more entries than the message has room for: a garbage count allocates nothing big.
+    let mut buffers = Vec::with_capacity(n.min(msg.len().saturating_sub(entries) / TABLE_ENTRY));
     let mut in_slot = 0;
     for i in 0..n {
         // Every entry before the end of `msg` is read before any past it: a table promising
@@ -292,6 +299,22 @@ mod tests {
             decode_batch_table(&msg),
             Err(PoolError::OutsideSlot)
         ));
+    }
+
+    #[test]
+    #[should_panic(expected = "usize::MAX is no slot number nor offset")]
+    fn a_slot_numbered_like_nowhere_is_refused_when_encoding() {
+        // Before: encoded as NOWHERE, the message decoded as a batch with no slot (and
+        // OutsideSlot for its buffers): encode-then-decode did not give back what was encoded.
+        BatchMessage::new(0, 0, Some(usize::MAX), b"", &[b"ab"], &[Some(0)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "usize::MAX is no slot number nor offset")]
+    fn an_offset_like_nowhere_is_refused_when_encoding() {
+        // Before: it decoded as an inline buffer, which the message did not carry (a
+        // TruncatedBatch for a valid batch).
+        BatchMessage::new(0, 0, Some(1), b"", &[b"ab"], &[Some(usize::MAX)]);
     }
 
     #[test]
