@@ -312,13 +312,17 @@ impl Arena {
 }
 
 /// The main process's hold on one worker slot: the bytes of one batch's tensors. The slot goes
-/// back to its worker (FREE) when the lease is dropped (NOTE [Slots]).
+/// back to its worker (FREE) when the lease is dropped (NOTE [Slots]), by the process that took
+/// it: a process forked while the lease lived has a copy of it (and of the batch over it), and
+/// that copy's drop leaves the slot alone, or the worker would write the next batch into memory
+/// the main process's batch still shows.
 #[derive(Debug)]
 pub struct SlotLease {
     region: Arc<ShmRegion>,
     state_at: usize,
     addr: usize,
     len: usize,
+    owner: u32,
 }
 
 impl SlotLease {
@@ -343,6 +347,7 @@ impl SlotLease {
             state_at,
             addr,
             len,
+            owner: std::process::id(),
         })
     }
 
@@ -362,6 +367,9 @@ impl SlotLease {
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
+        if std::process::id() != self.owner {
+            return; // a forked child's copy (see SlotLease)
+        }
         // SAFETY: `state_at` is a slot's state word (checked in `new`).
         unsafe { state_word(&self.region, self.state_at) }.store(FREE, Ordering::Release);
     }
@@ -547,6 +555,24 @@ mod tests {
         drop(a);
         let b = l.arena(r, 0);
         assert_eq!(b.high_water(0).load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn a_forked_copy_of_a_lease_leaves_the_slot_leased() {
+        let (l, r) = region();
+        let (slot_at, state_at) = l.slot(1, 0);
+        let lease = SlotLease::new(r.clone(), state_at, slot_at, 64).unwrap();
+        // What a process forked from this one holds: the same lease, taken by another pid.
+        let mut copy = SlotLease::new(r.clone(), state_at, slot_at, 64).unwrap();
+        copy.owner = lease.owner.wrapping_add(1);
+        drop(copy);
+        assert_eq!(
+            state(&r, state_at),
+            LEASED,
+            "the taker's batch still shows the slot"
+        );
+        drop(lease);
+        assert_eq!(state(&r, state_at), FREE);
     }
 
     #[test]
