@@ -6,7 +6,7 @@
 //! - `Lease`: the main process's hold on a slot a DATA message named (NOTE [Slots] in
 //!   rloader-workers' slots.rs);
 //! - `PooledView`: a block of recycled batch memory, for a tensor the single-process loop
-//!   collates into (NOTE [Batch memory] in rloader-core's batch_memory.rs).
+//!   collates into (NOTE [Batch memory] in rloader-memory).
 //!
 //! Read: numpy arrays the fast collate copies (`ArrayView`), and the out-of-band buffers of a
 //! pickled batch a worker sends (`contiguous_bytes`).
@@ -24,7 +24,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use rloader_core::batch_memory::{BatchMemory, PooledBlock};
+use rloader_memory::{BatchMemory, PooledBlock};
 use rloader_queue::ShmRegion;
 use rloader_workers::slots::{Arena, SlotLease, ViewCount};
 
@@ -228,7 +228,7 @@ impl PooledView {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
-/// A loader's recycled batch memory (`rloader_core::batch_memory`), kept by the DataLoader
+/// A loader's recycled batch memory (rloader-memory's `BatchMemory`), kept by the DataLoader
 /// across its epochs and handed to each single-process iterator.
 #[pyclass(module = "rloader._rloader", frozen)]
 pub struct BatchBuffers(BatchMemory);
@@ -252,8 +252,8 @@ impl BatchBuffers {
 
     /// From now on, blocks are registered with the accelerator's driver (`register(addr, len)`,
     /// `unregister(addr)`) when first taken, and reused once the `fence()` recorded when their
-    /// batch is dropped has completed (NOTE [Pinned blocks] in rloader-core's
-    /// batch_memory.rs; `rloader._pin.slot_pinning`). Asked again, it keeps the first driver.
+    /// batch is dropped has completed (NOTE [Pinned blocks] in rloader-memory;
+    /// `rloader._pin.slot_pinning`). Asked again, it keeps the first driver.
     fn _pin_blocks(&self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
         self.0
             .set_pinning(Arc::new(PinnedBlocks::new(register, unregister, fence)));

@@ -12,7 +12,7 @@
 //! shared-memory slot when there is one (NOTE [Slots] in rloader-workers' slots.rs), with
 //! `torch.stack(..., out=...)` as torch's collate does in a worker. Elsewhere large arrays go
 //! into the loader's recycled batch memory, and so do large tensors when that memory is pinned
-//! (NOTE [Pinned blocks] in rloader-core's batch_memory.rs).
+//! (NOTE [Pinned blocks] in rloader-memory).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,7 +25,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
-use rloader_core::batch_memory::BatchMemory;
+use rloader_memory::BatchMemory;
 
 /// The torch and numpy objects the fast path needs, looked up once.
 struct Handles {
@@ -346,7 +346,7 @@ fn numbers_tensor<'py, T: Copy>(
 const POOLED_MIN: usize = 128 * 1024;
 
 /// An uninitialized contiguous CPU tensor of `shape` and `dtype` (`nbytes` bytes) over a block
-/// of `mem` (NOTE [Batch memory] in rloader-core's batch_memory.rs): the block returns to `mem`
+/// of `mem` (NOTE [Batch memory] in rloader-memory): the block returns to `mem`
 /// when the last tensor over it is gone. The tensor is set over the block's storage rather than
 /// viewed from it (or detached from a view, which would refuse `unsqueeze_` and the like), so
 /// that, like torch.empty's, it is no view (`_base` is None). Unlike torch.empty's, its storage

@@ -21,8 +21,8 @@
 //! - `errors.rs`: how core errors become the exceptions torch raises.
 //!
 //! What needs no interpreter lives in the pure-Rust crates: index arithmetic in rloader-core,
-//! the rings in rloader-queue, the pool's scheduler, messages, layout and slots in
-//! rloader-workers.
+//! batch memory in rloader-memory, the rings in rloader-queue, the pool's scheduler, messages,
+//! layout and slots in rloader-workers.
 
 use pyo3::prelude::*;
 

@@ -98,7 +98,7 @@ impl LoaderIter {
     /// - `exhausted`: a resumed epoch whose iterable dataset had ended: nothing more comes
     ///   (`iter(dataset)` is not called).
     /// - `buffers`: the loader's recycled batch memory, kept across its epochs, which the
-    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-core).
+    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-memory).
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
                         collate_plan, pin, length_of, reported_len, exhausted=false,

@@ -91,7 +91,7 @@ struct Shared {
     collate_plan: Option<Py<PyAny>>,
     pin: Option<Py<PyAny>>,
     stats: Py<Stats>,
-    /// The loader's recycled batch memory (NOTE [Batch memory] in rloader-core), shared by
+    /// The loader's recycled batch memory (NOTE [Batch memory] in rloader-memory), shared by
     /// the workers: the default collate's large outputs go there.
     buffers: Option<Py<BatchBuffers>>,
     /// Set by `ThreadPool::stop`: workers leave before their next job, and a batch being
