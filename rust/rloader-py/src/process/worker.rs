@@ -17,10 +17,10 @@ use rloader_workers::layout::DOORBELL_AT;
 use rloader_workers::wire::{self, kind, BatchMessage, HEADER};
 use rloader_workers::{times, Layout, MainProcess, PoolError};
 
-use crate::buffers::contiguous_bytes;
 use crate::errors::to_py;
-use crate::fetch::{Collate, Fetcher, KeyBatch};
-use crate::slots;
+use crate::fetch::{Collate, Fetcher};
+use crate::memory::{contiguous_bytes, slots};
+use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
 use crate::wait;
 

@@ -9,7 +9,7 @@ use rloader_workers::layout::DOORBELL_AT;
 use rloader_workers::{slots, Layout, PoolError};
 
 use crate::errors::to_py;
-use crate::pinned::PinnedSlots;
+use crate::memory::PinnedSlots;
 
 /// The shared memory of a loader's worker pools: an anonymous region (memfd), so nothing is ever
 /// left in /dev/shm and /dev/shm's size does not limit it. It holds the pool's doorbell, rings

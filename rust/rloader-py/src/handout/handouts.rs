@@ -1,4 +1,4 @@
-//! `HandOuts`: what a multi-process iterator has handed out to the user this epoch, for
+//! `HandOuts`: what a multi-worker iterator has handed out to the user this epoch, for
 //! `DataLoader.state_dict()` (NOTE [Resume] in python/rloader/_resume.py).
 //!
 //! It records, per batch handed out (or raised as its error): the task it answered (tasks are
