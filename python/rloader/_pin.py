@@ -77,8 +77,8 @@ class PinnedBatches:
 
     NOTE [Pin thread]: only the thread touches ``source`` while it runs — PyO3 refuses a
     second borrow of it. The sampler is not the thread's: with a map-style dataset the main
-    thread draws the keys of the tasks the thread sends into ``feed`` (NOTE [Key feed] in
-    key_feed.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
+    thread draws the keys of the tasks the thread sends into ``feed`` (NOTE [Key feed]),
+    keeping torch's account of the tasks in flight. Every other use of ``source``
     (a new epoch, shutting down) first stops the thread (``_halt``), which sees its stop flag
     within ``_POLL`` seconds. Errors travel as items, and the thread goes on after a worker's
     error, as torch's iterator goes on after one; it ends after the epoch's "end" item, or
@@ -121,7 +121,7 @@ class PinnedBatches:
         # The PoolIter's Stats (its transport; this iterator's waits; the thread's pinning),
         # taken now: while the thread runs, only the thread may touch `source`.
         self._stats = source._stats
-        # What reached the user, recorded here as it does (handouts.rs: the thread only polls).
+        # What reached the user, recorded here as it does (HandOuts: the thread only polls).
         self._handouts = source._handouts
         self._start()
 
@@ -302,7 +302,7 @@ def slot_pinning() -> Optional[tuple]:
     """``(register, unregister, fence)`` for pinning worker processes' batches where they
     arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), and
     thread workers' and the single-process loop's where they are collated
-    (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-core's batch_memory.rs), or
+    (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-memory), or
     None where the accelerator is not CUDA (batches are then copied into pinned memory, as
     torch's are). Nothing here touches CUDA until the first batch arrives, on the
     pin thread, after the workers have started (as torch's pin thread is the first to).

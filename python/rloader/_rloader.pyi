@@ -43,7 +43,7 @@ __all__ = [
 
 __version__: str
 
-# streams.rs
+# sampling/streams.rs
 
 @final
 class IndexChunks:
@@ -67,7 +67,7 @@ class BatchStream:
     def __iter__(self) -> BatchStream: ...
     def __next__(self) -> list[Any]: ...
 
-# loader.rs
+# single_process.rs
 
 # A default collate's plan: `CollatePlan` in rloader._collate, which holds the fast path's rule.
 class _CollatePlan(Protocol):
@@ -107,7 +107,7 @@ class LoaderIter:
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
 
-# samplers.rs
+# sampling/samplers.rs
 
 def sequential(n: int) -> IndexChunks: ...
 def random_indices(n: int, num_samples: int, replacement: bool, seed: int) -> IndexChunks: ...
@@ -140,7 +140,7 @@ def distributed_stream(
 def distributed_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """DistributedSampler's ``(num_samples, total_size)``, as torch computes them."""
 
-# collate.rs
+# collate/
 
 def fast_collate(batch: Any) -> Any | None:
     """The collated batch, or None when the general path must run."""
@@ -148,7 +148,7 @@ def fast_collate(batch: Any) -> Any | None:
 def _split_stacks() -> int:
     """How many batches this process stacked with helper threads (NOTE [Stack helpers])."""
 
-# buffers.rs
+# memory/export.rs
 
 @final
 class Message:
@@ -159,14 +159,14 @@ class Message:
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
-# length_warning.rs
+# handout/length_warning.rs
 
 @final
 class LengthWarning:
     def __new__(cls, dataset: Any, reported: int, workers: bool) -> LengthWarning: ...
     def yielded(self) -> None: ...
 
-# pool.rs
+# process/pool.rs
 
 @final
 class PoolIter:
@@ -218,7 +218,7 @@ class PoolIter:
     def _prefill(self) -> None: ...
     def _poll(self, wait: float) -> tuple[str, Any, tuple[int, int, Any] | None]: ...
 
-# handouts.rs
+# handout/handouts.rs
 
 @final
 class HandOuts:
@@ -239,7 +239,7 @@ class HandOuts:
     @property
     def last_worker(self) -> int | None: ...
 
-# threads.rs
+# threads/ (Stats: stats.rs)
 
 @final
 class ThreadPool:
@@ -316,7 +316,7 @@ class ThreadIter:
         self, keys: Iterable[Any] | None, reported_len: tuple[Any, int] | None = None
     ) -> None: ...
 
-# key_feed.rs
+# process/key_feed.rs
 
 @final
 class KeyFeed:
@@ -334,7 +334,7 @@ class KeyFeed:
     def end(self) -> None:
         """Ends the feed: no task is sent after the keys already drawn."""
 
-# worker.rs
+# process/worker.rs
 
 # `spec` holds (other keys are ignored): region_fd (int), worker_id, num_workers,
 # prefetch_factor (ints), dataset, iterable (bool), samples (an iterator or None),
@@ -343,7 +343,7 @@ class KeyFeed:
 def worker_loop(spec: Mapping[str, Any]) -> None:
     """A worker process's loop: take tasks, fetch and collate, send answers, until told to stop."""
 
-# region.rs
+# process/region.rs
 
 @final
 class PoolRegion:
@@ -364,7 +364,7 @@ class PoolRegion:
     def _span(self) -> tuple[int, int]:
         """(address, length) of the region in this process (for tests)."""
 
-# buffers.rs
+# memory/slots.rs (SlotView, Lease), memory/batch_buffers.rs (PooledView, BatchBuffers)
 
 @final
 class SlotView:
@@ -413,7 +413,7 @@ class Lease:
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
-# slots.rs
+# memory/slots.rs
 
 # `dtype`: a torch.dtype. None when this thread has no slot to allocate from.
 def slot_empty(shape: list[int], dtype: Any) -> Any | None:

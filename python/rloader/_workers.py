@@ -1,4 +1,4 @@
-"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/pool.rs``).
+"""Multi-process loading: worker processes around the Rust pool (``rust/rloader-py/src/process/``).
 
 Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
 ``multiprocessing_context`` works and datasets travel by torch's rules), seed each worker and
@@ -220,7 +220,7 @@ def _worker_main(spec: dict) -> None:
             samples = iter(()) if spec["dataset_ended"] else iter(dataset)
     except Exception as exc:  # reported with the first task, as torch does
         init_error = dump_error(worker_id, exc)
-    # The spec, with what this process made of it (rust/rloader-py/src/worker.rs, WorkerSpec).
+    # The spec, with what this process made of it (WorkerSpec, rloader-py's process/worker.rs).
     _rloader.worker_loop(
         dict(
             spec,
@@ -542,7 +542,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
 
 def _key_feed(region, auto_collation: bool, first: int):
     """What makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into
-    (NOTE [Key feed] in key_feed.rs), with its first ``first`` batches of keys drawn as torch
+    (NOTE [Key feed]), with its first ``first`` batches of keys drawn as torch
     draws them in ``iter()``: returns ``(feed, batches drawn)``. (It holds no loader: a
     persistent loader holds its iterator, which holds this.)"""
 

@@ -5,13 +5,14 @@ arguments, validates them the same way, and keeps them as the same plain instanc
 so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, rebuilding it as
 ``type(loader)(**kwargs)``) treat it as torch's. What differs is where the work happens:
 
-- ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/loader.rs``).
+- ``num_workers=0``: iteration runs in ``_rloader.LoaderIter``
+  (``rust/rloader-py/src/single_process.rs``).
 - ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
-  ``_rloader.worker_loop`` (``rust/rloader-py/src/pool.rs`` and ``worker.rs``,
+  ``_rloader.worker_loop`` (``rust/rloader-py/src/process/pool.rs`` and ``worker.rs``,
   ``python/rloader/_workers.py``).
 - ``num_workers>0, worker_type="thread"``: worker threads of this process, in
-  ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads.rs``,
+  ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads/``,
   ``python/rloader/_threads.py``).
 """
 
@@ -334,7 +335,7 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
 
 
 # Each loader's recycled batch memory, kept across its epochs so that a new epoch's batches
-# reuse the last one's pages (NOTE [Batch memory] in rust/rloader-core/src/batch_memory.rs);
+# reuse the last one's pages (NOTE [Batch memory] in rust/rloader-memory/src/lib.rs);
 # freed with the loader.
 _BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
