@@ -55,6 +55,7 @@ impl LoaderIter {
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
                         collate_plan, pin, length_of, reported_len, exhausted=false,
                         buffers=None))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

@@ -98,6 +98,7 @@ impl PoolIter {
     #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
                         length_of, hooks, reported_len=None, worker_states=false,
                         first_worker=0))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

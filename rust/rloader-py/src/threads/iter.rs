@@ -42,6 +42,7 @@ impl ThreadIter {
     #[new]
     #[pyo3(signature = (*, pool, in_order, prefetch_factor, keys, auto_collation, timeout,
                         persistent, length_of, reported_len=None))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

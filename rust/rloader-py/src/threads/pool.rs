@@ -46,6 +46,7 @@ impl ThreadPool {
     #[new]
     #[pyo3(signature = (*, workers, iterable, auto_collation, batch_size, drop_last, collate_fn,
                         collate_plan, pin, asynchronous=false, buffers=None))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
