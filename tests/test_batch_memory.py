@@ -1,5 +1,5 @@
 """Recycled batch memory of the single-process loop (NOTE [Batch memory] in
-rust/rloader-core/src/batch_memory.rs): a batch's memory is reused once the user drops it,
+rust/rloader-memory/src/lib.rs): a batch's memory is reused once the user drops it,
 never while they keep it."""
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
 
 
 # ---------------------------------------------------------------- the sampler, on the main thread
-# NOTE [Key feed] in key_feed.rs: with pinning, the main thread still draws every batch of keys,
+# NOTE [Key feed]: with pinning, the main thread still draws every batch of keys,
 # keeping torch's account of the tasks in flight.
 
 

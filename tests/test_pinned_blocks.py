@@ -1,5 +1,5 @@
 """Batches of thread workers and of the single-process loop pinned where they are collated
-(NOTE [Pinned blocks] in rloader-core's batch_memory.rs): the loader's recycled batch blocks
+(NOTE [Pinned blocks] in rloader-memory): the loader's recycled batch blocks
 registered with the driver, and reused only once the device has read them.
 
 On the CPU a stand-in driver (``_cuda_host.slot_pinning``) records registrations and hands out

@@ -1,6 +1,6 @@
 """The single-process loop stacks a large batch of tensors on several threads (NOTE [Stack
-helpers] in rust/rloader-py/src/collate.rs): the batches, their layout and their errors are
-torch's whatever the thread count, and the helper threads go with the iterator."""
+helpers] in rust/rloader-py/src/collate/stack_helpers.rs): the batches, their layout and their
+errors are torch's whatever the thread count, and the helper threads go with the iterator."""
 
 from __future__ import annotations
 

@@ -291,7 +291,7 @@ class Ints(tud.Dataset):
 
 
 # A task of 40,000 indices does not fit in a fresh task ring: iter() queues what fits before the
-# workers start and keeps the rest back (rust/rloader-py/src/pool.rs, PoolIter::_prefill).
+# workers start and keeps the rest back (rust/rloader-py/src/process/pool.rs, PoolIter::_prefill).
 BIG_BATCH = dict(batch_size=40_000, num_workers=2)
 
 

@@ -253,7 +253,7 @@ def _effective_map() -> CollateFnMap:
 
 class CollatePlan(NamedTuple):
     """How a default collate function collates: the one rule for when the Rust fast path
-    (``_rloader.fast_collate``, ``rust/rloader-py/src/collate.rs``) may run.
+    (``_rloader.fast_collate``, ``rust/rloader-py/src/collate/``) may run.
 
     The fast path gives the default collate's results for the batches it handles only while
     nobody has registered handlers on, or changed, the collate maps: while ``live_map`` equals
@@ -277,7 +277,7 @@ def _general_default_collate(batch: Any) -> Any:
 def default_collate(batch):
     """Collate ``batch`` with ``default_collate_fn_map`` (torch's ``default_collate``).
 
-    Common batches go through the Rust fast path (``rust/rloader-py/src/collate.rs``), which
+    Common batches go through the Rust fast path (``rust/rloader-py/src/collate/``), which
     returns None for anything it does not handle; it is skipped inside worker processes (where
     tensors are collated into shared memory; worker threads take it) and once the map has
     been changed.

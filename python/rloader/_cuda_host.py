@@ -22,7 +22,7 @@ def slot_pinning() -> Optional[tuple]:
     ``_RecordFence`` in ``_rloader.pyi``) for pinning worker processes' batches where they
     arrive (``PoolIter._pin_slots``, NOTE [Pinned slots] in rloader-workers' pinned.rs), and
     thread workers' and the single-process loop's where they are collated
-    (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-core's batch_memory.rs), or
+    (``BatchBuffers._pin_blocks``, NOTE [Pinned blocks] in rloader-memory), or
     None where the accelerator is not CUDA (batches are then copied into pinned memory, as
     torch's are). Nothing here touches CUDA until the first batch arrives, on the
     pin thread, after the workers have started (as torch's pin thread is the first to).

@@ -36,7 +36,7 @@ class LoaderRecord:
         self.stats: Any = None
         # The recycled batch memory, kept across epochs so that a new epoch's batches reuse the
         # last one's pages (``_rloader.BatchBuffers``; NOTE [Batch memory] in
-        # rust/rloader-core/src/batch_memory.rs); freed with the loader.
+        # rust/rloader-memory/src/lib.rs); freed with the loader.
         self.buffers: Any = None
         # The worker processes' shared memory (``_rloader.PoolRegion``) while no pool uses it:
         # the next pool finds its batch slots already reserved and mapped (_process_pool.py).

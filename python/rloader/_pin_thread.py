@@ -35,7 +35,7 @@ class PinnedBatches:
     NOTE [Pin thread]: only the thread touches ``source`` while it runs — PyO3 refuses a
     second borrow of it. The sampler is not the thread's: with a map-style dataset the main
     thread draws the keys of the tasks the thread sends into ``feed`` (NOTE [Key feed] in
-    key_feed.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
+    process/key_feed.rs), keeping torch's account of the tasks in flight. Every other use of ``source``
     (a new epoch, shutting down) first stops the thread (``_halt``), which sees its stop flag
     within ``_POLL`` seconds. Errors travel as items, and the thread goes on after a worker's
     error, as torch's iterator goes on after one; it ends after the epoch's "end" item, or
@@ -78,7 +78,7 @@ class PinnedBatches:
         # The PoolIter's Stats (its transport; this iterator's waits; the thread's pinning),
         # taken now: while the thread runs, only the thread may touch `source`.
         self._stats = source._stats
-        # What reached the user, recorded here as it does (handouts.rs: the thread only polls).
+        # What reached the user, recorded here as it does (handout/handouts.rs: the thread only polls).
         self._handouts = source._handouts
         self._start()
 

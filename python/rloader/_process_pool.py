@@ -1,5 +1,5 @@
 """The main process's side of multi-process loading: the worker processes around the Rust pool
-(``rust/rloader-py/src/pool.rs``), from their start to their stop.
+(``rust/rloader-py/src/process/pool.rs``), from their start to their stop.
 
 Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
 ``multiprocessing_context`` works and datasets travel by torch's rules), and stop them. What
@@ -237,7 +237,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
 
 def _key_feed(region, auto_collation: bool, first: int):
     """What makes, for an iterator of the sampler, the KeyFeed the main thread draws keys into
-    (NOTE [Key feed] in key_feed.rs), with its first ``first`` batches of keys drawn as torch
+    (NOTE [Key feed] in process/key_feed.rs), with its first ``first`` batches of keys drawn as torch
     draws them in ``iter()``: returns ``(feed, batches drawn)``. (It holds no loader: a
     persistent loader holds its iterator, which holds this.)"""
 

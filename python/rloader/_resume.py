@@ -9,7 +9,7 @@ workers but not handed out are not counted: they are produced again after a resu
 order they are a prefix, saved as its length ``position``. With ``in_order=False`` and workers
 they are every batch below ``position`` but a few ``holes``: each hole is a batch drawn and not
 handed out yet, and the scheduler never lets more than ``prefetch_factor × num_workers`` of
-those exist (``HandOuts``, rust/rloader-py/src/handouts.rs, records them as the batches reach
+those exist (``HandOuts``, rloader-py's handout/handouts.rs, records them as the batches reach
 the user; the Scheduler says which task each one answered). ``load_state_dict()`` leaves a
 pending resume that the next ``iter()`` applies: the generators are put back in their saved
 states, the epoch's draws happen in the usual order (base seed, then the sampler's seed at its
@@ -328,7 +328,7 @@ class Epoch:
         if iterator is None:
             return None
         taken, finished = iterator._progress
-        handouts = getattr(iterator, "_handouts", None)  # with workers (handouts.rs)
+        handouts = getattr(iterator, "_handouts", None)  # with workers (HandOuts)
         holes: list = []
         if self.iterable:
             fetched_again = not self.restored_stream

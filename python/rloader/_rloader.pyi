@@ -55,7 +55,7 @@ class _WrappedError(Protocol):
     def reraise(self) -> NoReturn: ...
 
 class _PoolHooks(Protocol):
-    """``rloader._process_pool._Pool``: the Python side of a ``PoolIter`` (pool.rs), the main
+    """``rloader._process_pool._Pool``: the Python side of a ``PoolIter`` (process/pool.rs), the main
     process's end of the worker processes."""
 
     def dump_keys(self, keys: Any, /) -> bytes:
@@ -83,7 +83,7 @@ class _PoolHooks(Protocol):
         """Stops the workers (idempotent; NOTE [Worker shutdown])."""
 
 class _WorkerHooks(Protocol):
-    """``rloader._worker_process._WorkerHooks``: what ``worker_loop`` (worker.rs) asks of
+    """``rloader._worker_process._WorkerHooks``: what ``worker_loop`` (process/worker.rs) asks of
     Python in a worker process."""
 
     def dumps(self, batch: Any, ended: bool, /) -> tuple[bytes, list[Any]]:
@@ -100,7 +100,7 @@ class _WorkerHooks(Protocol):
 
 class _ThreadWorker(Protocol):
     """``rloader._threads._ThreadWorker``: one worker thread's setup, run on that thread by
-    ``ThreadPool`` (threads.rs)."""
+    ``ThreadPool`` (threads/pool.rs)."""
 
     def start(self) -> tuple[Any, Iterator[Any] | None, _WrappedError | None]:
         """(the worker's dataset, its iterator for an iterable dataset, the error of
@@ -145,7 +145,7 @@ class _RecordFence(Protocol):
 
     def __call__(self) -> _Fence: ...
 
-# streams.rs
+# sampling/streams.rs
 
 @final
 class IndexChunks:
@@ -169,7 +169,7 @@ class BatchStream:
     def __iter__(self) -> BatchStream: ...
     def __next__(self) -> list[Any]: ...
 
-# loader.rs
+# single_process.rs
 
 # A default collate's plan: `CollatePlan` in rloader._collate, which holds the fast path's rule.
 class _CollatePlan(Protocol):
@@ -209,7 +209,7 @@ class LoaderIter:
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
 
-# samplers.rs
+# sampling/samplers.rs
 
 def sequential(n: int) -> IndexChunks: ...
 def random_indices(n: int, num_samples: int, replacement: bool, seed: int) -> IndexChunks: ...
@@ -242,7 +242,7 @@ def distributed_stream(
 def distributed_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """DistributedSampler's ``(num_samples, total_size)``, as torch computes them."""
 
-# collate.rs
+# collate/
 
 def fast_collate(batch: Any) -> Any | None:
     """The collated batch, or None when the general path must run."""
@@ -250,7 +250,7 @@ def fast_collate(batch: Any) -> Any | None:
 def _split_stacks() -> int:
     """How many batches this process stacked with helper threads (NOTE [Stack helpers])."""
 
-# buffers.rs
+# memory/export.rs
 
 @final
 class Message:
@@ -261,14 +261,14 @@ class Message:
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
-# length_warning.rs
+# handout/length_warning.rs
 
 @final
 class LengthWarning:
     def __new__(cls, dataset: Any, reported: int, workers: bool) -> LengthWarning: ...
     def yielded(self) -> None: ...
 
-# pool.rs
+# process/pool.rs
 
 @final
 class PoolIter:
@@ -320,7 +320,7 @@ class PoolIter:
     def _prefill(self) -> None: ...
     def _poll(self, wait: float) -> tuple[str, Any, tuple[int, int, Any] | None]: ...
 
-# handouts.rs
+# handout/handouts.rs
 
 @final
 class HandOuts:
@@ -341,7 +341,7 @@ class HandOuts:
     @property
     def last_worker(self) -> int | None: ...
 
-# threads.rs
+# threads/ (Stats: stats.rs)
 
 @final
 class ThreadPool:
@@ -418,7 +418,7 @@ class ThreadIter:
         self, keys: Iterable[Any] | None, reported_len: tuple[Any, int] | None = None
     ) -> None: ...
 
-# key_feed.rs
+# process/key_feed.rs
 
 @final
 class KeyFeed:
@@ -436,7 +436,7 @@ class KeyFeed:
     def end(self) -> None:
         """Ends the feed: no task is sent after the keys already drawn."""
 
-# worker.rs
+# process/worker.rs
 
 # `spec` holds (other keys are ignored): region_fd (int), worker_id, num_workers,
 # prefetch_factor (ints), dataset, iterable (bool), samples (an iterator or None),
@@ -445,7 +445,7 @@ class KeyFeed:
 def worker_loop(spec: Mapping[str, Any]) -> None:
     """A worker process's loop: take tasks, fetch and collate, send answers, until told to stop."""
 
-# region.rs
+# process/region.rs
 
 @final
 class PoolRegion:
@@ -466,7 +466,7 @@ class PoolRegion:
     def _span(self) -> tuple[int, int]:
         """(address, length) of the region in this process (for tests)."""
 
-# buffers.rs
+# memory/slots.rs (SlotView, Lease), memory/batch_buffers.rs (PooledView, BatchBuffers)
 
 @final
 class SlotView:
@@ -515,7 +515,7 @@ class Lease:
         def __buffer__(self, flags: int, /) -> memoryview: ...
         def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
-# slots.rs
+# memory/slots.rs
 
 # `dtype`: a torch.dtype. None when this thread has no slot to allocate from.
 def slot_empty(shape: list[int], dtype: Any) -> Any | None:

@@ -1,6 +1,6 @@
 """Worker threads: ``DataLoader(..., num_workers=N, worker_type="thread")``.
 
-N threads of this process run the fetch-and-collate loop (``rust/rloader-py/src/threads.rs``,
+N threads of this process run the fetch-and-collate loop (``rust/rloader-py/src/threads/``,
 NOTE [Thread workers]) and hand their batches over as they are: the dataset exists once, no
 batch is pickled or copied through shared memory, and starting a worker costs a thread, not a
 process. Python's part is each thread's setup (this module's ``_ThreadWorker``) and the one

@@ -3,7 +3,7 @@
 A worker process pickles its batch with ``dumps``; plain CPU tensors go out of band as raw
 buffers, which the Rust side finds already in the worker's shared-memory slot (collated there),
 or copies there, or when they do not fit sends inline in the message (``send_batch`` in
-rust/rloader-py/src/worker.rs). The main
+rust/rloader-py/src/process/worker.rs). The main
 process rebuilds the batch with ``loads`` over its own mapping of the slot and of the message,
 without a copy: the tensors keep the slot's ``Lease`` alive, and the slot goes back to its
 worker when the last of them is gone (NOTE [Slots]). A worker's exception travels pickled

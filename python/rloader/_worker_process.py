@@ -4,7 +4,7 @@ It does what only Python can do in a worker, as torch's ``_worker_loop`` does it
 Ctrl-C, install torch's crash handlers, seed ``random``, torch and numpy, set
 ``get_worker_info()``, run ``worker_init_fn``, load a resumed dataset's state and start an
 iterable dataset's iterator. Then it hands over to the Rust loop (``_rloader.worker_loop``,
-rust/rloader-py/src/worker.rs), which takes tasks, fetches, collates and sends answers until it
+rust/rloader-py/src/process/worker.rs), which takes tasks, fetches, collates and sends answers until it
 is told to stop or the main process is gone, calling back into ``_WorkerHooks`` for what is
 Python's (pickling through ``_wire``, a new epoch's iterator). The main process's side is
 ``_process_pool``.
@@ -113,7 +113,7 @@ def _worker_main(spec: dict) -> None:
             samples = iter(()) if spec["dataset_ended"] else iter(dataset)
     except Exception as exc:  # reported with the first task, as torch does
         init_error = dump_error(worker_id, exc)
-    # The spec, with what this process made of it (rust/rloader-py/src/worker.rs, WorkerSpec).
+    # The spec, with what this process made of it (rust/rloader-py/src/process/worker.rs, WorkerSpec).
     _rloader.worker_loop(
         dict(
             spec,

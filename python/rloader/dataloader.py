@@ -5,13 +5,13 @@ arguments, validates them the same way, and keeps them as the same plain instanc
 so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, rebuilding it as
 ``type(loader)(**kwargs)``) treat it as torch's. What differs is where the work happens:
 
-- ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/loader.rs``).
+- ``num_workers=0``: iteration runs in ``_rloader.LoaderIter`` (``rust/rloader-py/src/single_process.rs``).
 - ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
-  ``_rloader.worker_loop`` (``rust/rloader-py/src/pool.rs`` and ``worker.rs``,
+  ``_rloader.worker_loop`` (``rust/rloader-py/src/process/``,
   ``python/rloader/_process_pool.py`` and ``_worker_process.py``).
 - ``num_workers>0, worker_type="thread"``: worker threads of this process, in
-  ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads.rs``,
+  ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads/``,
   ``python/rloader/_threads.py``).
 """
 

@@ -7,14 +7,12 @@
 //! * [`distributed`]: `DistributedSampler` (torch's padding and sharding);
 //! * [`batch`]: `BatchSampler` over any index stream.
 //!
-//! [`prefetch`] runs a stream's draws ahead on a thread of its own; [`batch_memory`] keeps the
-//! memory of dropped batches mapped for the next ones.
+//! [`prefetch`] runs a stream's draws ahead on a thread of its own.
 //!
 //! All randomness comes from [`Rng`], whose output for a given seed is part of
 //! rloader's stable contract (see [`rng`]).
 
 pub mod batch;
-pub mod batch_memory;
 pub mod buffer;
 mod compact;
 pub mod distributed;

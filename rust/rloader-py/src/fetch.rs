@@ -1,9 +1,10 @@
 //! `Fetcher`: one batch of keys in, one collated batch out.
 //!
 //! The fetch-and-collate step of torch's `_MapDatasetFetcher` / `_IterableDatasetFetcher`,
-//! shared by the single-process loop (`loader.rs`) and the worker loop (`worker.rs`). Python is
-//! entered only for the dataset (`__getitem__`, `__getitems__`, `__next__`) and a custom
-//! `collate_fn`; with the default collate_fn, common batches are collated by `collate.rs`.
+//! shared by the single-process loop (single_process.rs), the worker process loop
+//! (process/worker.rs) and worker threads (threads/worker.rs). Python is entered only for the
+//! dataset (`__getitem__`, `__getitems__`, `__next__`) and a custom `collate_fn`; with the
+//! default collate_fn, common batches are collated by collate/.
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -13,17 +14,10 @@ use pyo3::{PyTraverseError, PyVisit};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::buffers::BatchBuffers;
-use crate::collate::{fast_collate, Outputs, StackHelpers};
+use crate::collate::{fast_collate, LargeOutputs, StackHelpers};
+use crate::memory::BatchBuffers;
+use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
-
-/// One batch of keys for a map-style dataset.
-pub enum KeyBatch<'py> {
-    /// Made by an rloader sampler: plain indices.
-    Indices(Vec<u64>),
-    /// Whatever a user's sampler yielded (a batch, or one key without auto-collation).
-    Object(Bound<'py, PyAny>),
-}
 
 pub enum Collate {
     /// A default collate, by its `CollatePlan` (python/rloader/_collate.py, which holds the
@@ -335,7 +329,7 @@ impl Fetcher {
                     .bind(py)
                     .call_method0(intern!(py, "fast_path_may_run"))?;
                 if may_run.is_truthy()? {
-                    let to = Outputs {
+                    let to = LargeOutputs {
                         memory: buffers.as_ref().map(|b| b.get().memory()),
                         helpers: Some(&self.helpers),
                     };

@@ -5,7 +5,7 @@
 //! lives here, where `cargo test` reaches it:
 //! - [`scheduler`]: which task goes to which worker, and which result is handed out next
 //!   (torch's account of tasks in flight and its reordering);
-//! - [`handed`]: which tasks have been handed out, small even out of order (for resuming);
+//! - [`handouts`]: which tasks have been handed out, small even out of order (for resuming);
 //! - [`wire`]: the pool's messages, their header and the DATA table that says where a batch's
 //!   bytes are (NOTE [Pool protocol]);
 //! - [`layout`]: where the doorbell, the rings and the batch slots lie in a pool's region;
@@ -20,7 +20,7 @@
 //! The hand-off itself (rings and doorbell in shared memory) is `rloader-queue`'s.
 
 mod error;
-pub mod handed;
+pub mod handouts;
 pub mod layout;
 pub mod parent;
 pub mod pinned;
@@ -30,7 +30,7 @@ pub mod times;
 pub mod wire;
 
 pub use error::PoolError;
-pub use handed::Handed;
+pub use handouts::HandedOutTasks;
 pub use layout::Layout;
 pub use parent::MainProcess;
 pub use scheduler::{Next, Scheduler};

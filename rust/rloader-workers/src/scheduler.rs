@@ -18,7 +18,8 @@
 //!   flight and no draw owed (after a sampler's error), where torch ends it too.
 //!
 //! It also says which task (and worker) each result handed out answered
-//! ([`Scheduler::last_handed_out`]): a resumable position, out of order too ([`crate::Handed`]).
+//! ([`Scheduler::last_handed_out`]): a resumable position, out of order too
+//! ([`crate::HandedOutTasks`]).
 //!
 //! An iterable-style dataset's worker may run out of data: its answer to a task is then
 //! "ended" ([`Scheduler::on_worker_ended`]), it gets no more tasks, and results it can no longer
@@ -467,17 +468,17 @@ mod tests {
 
     /// An epoch of `tasks` tasks whose answers arrive in an order picked by `pick` (from the
     /// inbox's length), each result being its task's number; returns what `last_handed_out`
-    /// reported for each hand-out, and the largest number of holes seen (see `Handed`).
+    /// reported for each hand-out, and the largest number of holes seen (see `HandedOutTasks`).
     fn handed_out(
         num_workers: usize,
         prefetch: usize,
         in_order: bool,
         tasks: u64,
         mut pick: impl FnMut(usize) -> usize,
-    ) -> (Vec<(usize, u64)>, usize, crate::Handed) {
+    ) -> (Vec<(usize, u64)>, usize, crate::HandedOutTasks) {
         let mut s = Scheduler::new(num_workers, prefetch, in_order);
         let (mut drawn, mut inbox, mut out) = (0, Vec::new(), Vec::new());
-        let mut handed = crate::Handed::new();
+        let mut handed = crate::HandedOutTasks::new();
         let mut most_holes = 0;
         loop {
             while s.draws_owed() > 0 {

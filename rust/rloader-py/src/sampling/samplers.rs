@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use std::sync::Arc;
 
+use super::streams::{plain, IndexChunks, Indices};
 use crate::errors::CoreError;
-use crate::streams::{plain, IndexChunks, Indices};
 use rloader_core::{distributed, random, weighted, Rng};
 
 /// `0, 1, …, n-1`: SequentialSampler's stream.
@@ -62,7 +62,7 @@ fn weighted_indices(
             // NOTE [Prefetched indices]: the draws overlap the consumer's ints.
             Box::new(rloader_core::prefetch::Prefetched::new(
                 weighted::WeightedIndices::new(table, num_samples, seed),
-            )) as crate::streams::Indices
+            )) as Indices
         } else {
             plain(weighted::weighted_without_replacement(&weights, num_samples, seed)?.into_iter())
         })
@@ -91,10 +91,13 @@ fn distributed_sizes(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u6
 }
 
 /// This rank's shard of DistributedSampler's order, as a list.
+///
+/// The two shard functions take DistributedSampler's seven numbers and no `py` (clippy's bound
+/// on parameters): Python calls them, so the thread is attached, and `Python::attach` only gives
+/// its token, to make the shard with the GIL released (a shuffled shard of a large dataset
+/// takes a while).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 fn distributed_indices(
-    py: Python<'_>,
     n: u64,
     num_replicas: u64,
     rank: u64,
@@ -102,18 +105,18 @@ fn distributed_indices(
     seed: u64,
     epoch: u64,
     num_samples: u64,
-) -> PyResult<Bound<'_, PyList>> {
-    let shard = py.detach(|| {
-        distributed::distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
-    });
-    PyList::new(py, shard)
+) -> PyResult<Py<PyList>> {
+    Python::attach(|py| {
+        let shard = py.detach(|| {
+            distributed::distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
+        });
+        Ok(PyList::new(py, shard)?.unbind())
+    })
 }
 
 /// The same shard as a stream, for BatchSampler and the DataLoader.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 fn distributed_stream(
-    py: Python<'_>,
     n: u64,
     num_replicas: u64,
     rank: u64,
@@ -122,8 +125,10 @@ fn distributed_stream(
     epoch: u64,
     num_samples: u64,
 ) -> IndexChunks {
-    let shard = py.detach(|| {
-        distributed::distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
+    let shard = Python::attach(|py| {
+        py.detach(|| {
+            distributed::distributed_shard(n, num_replicas, rank, shuffle, seed, epoch, num_samples)
+        })
     });
     IndexChunks::ready(plain(shard.into_iter()))
 }

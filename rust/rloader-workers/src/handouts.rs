@@ -1,4 +1,5 @@
-//! [`Handed`]: which numbered tasks of an epoch have been handed out to the user, kept small.
+//! [`HandedOutTasks`]: which numbered tasks of an epoch have been handed out to the user, kept
+//! small.
 //!
 //! Tasks are numbered in the order their keys were drawn (the [`crate::Scheduler`] numbers them
 //! as it assigns them). In order, the tasks handed out are always a prefix `0..end`; out of
@@ -11,12 +12,12 @@ use std::collections::BTreeSet;
 
 /// The tasks handed out: every task below `end` except the `holes`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Handed {
+pub struct HandedOutTasks {
     end: u64,
     holes: BTreeSet<u64>,
 }
 
-impl Handed {
+impl HandedOutTasks {
     pub fn new() -> Self {
         Self::default()
     }
@@ -36,7 +37,7 @@ impl Handed {
         self.end
     }
 
-    /// The tasks below [`Handed::end`] not handed out, in increasing order.
+    /// The tasks below [`HandedOutTasks::end`] not handed out, in increasing order.
     pub fn holes(&self) -> impl Iterator<Item = u64> + '_ {
         self.holes.iter().copied()
     }
@@ -57,7 +58,7 @@ mod tests {
 
     #[test]
     fn in_order_is_a_prefix() {
-        let mut h = Handed::new();
+        let mut h = HandedOutTasks::new();
         assert_eq!((h.end(), h.count()), (0, 0));
         for t in 0..5 {
             h.mark(t);
@@ -68,7 +69,7 @@ mod tests {
 
     #[test]
     fn out_of_order_leaves_holes_until_filled() {
-        let mut h = Handed::new();
+        let mut h = HandedOutTasks::new();
         h.mark(2);
         assert_eq!(h.holes().collect::<Vec<_>>(), [0, 1]);
         assert_eq!((h.end(), h.count()), (3, 1));

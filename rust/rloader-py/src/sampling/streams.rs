@@ -100,23 +100,26 @@ pub fn plain<I: Iterator<Item = u64> + Send + Sync + 'static>(it: I) -> Indices 
 const CHUNK: usize = 8192;
 
 /// An index stream whose seed may not be drawn yet.
-pub enum Source {
+pub enum LazyIndices {
     /// Not started: calling the factory returns a ready `IndexChunks`.
     Pending(Py<PyAny>),
     Ready(Indices),
 }
 
-impl Source {
+impl LazyIndices {
     /// Starts the stream if needed and returns it.
     pub fn ready(&mut self, py: Python<'_>) -> PyResult<&mut Indices> {
-        if let Source::Pending(factory) = self {
+        if let LazyIndices::Pending(factory) = self {
             let made = factory.bind(py).call0()?;
             let mut chunks = made.extract::<PyRefMut<'_, IndexChunks>>().map_err(|_| {
                 PyTypeError::new_err("an index-stream factory must return an IndexChunks")
             })?;
-            match std::mem::replace(&mut chunks.source, Source::Ready(plain(std::iter::empty()))) {
-                Source::Ready(it) => *self = Source::Ready(it),
-                Source::Pending(_) => {
+            match std::mem::replace(
+                &mut chunks.source,
+                LazyIndices::Ready(plain(std::iter::empty())),
+            ) {
+                LazyIndices::Ready(it) => *self = LazyIndices::Ready(it),
+                LazyIndices::Pending(_) => {
                     return Err(PyTypeError::new_err(
                         "an index-stream factory must return a started stream",
                     ))
@@ -124,8 +127,8 @@ impl Source {
             }
         }
         match self {
-            Source::Ready(it) => Ok(it),
-            Source::Pending(_) => unreachable!("started above"),
+            LazyIndices::Ready(it) => Ok(it),
+            LazyIndices::Pending(_) => unreachable!("started above"),
         }
     }
 }
@@ -133,13 +136,13 @@ impl Source {
 /// A sampler's indices as lists of up to 8192 ints; see the module docs.
 #[pyclass(module = "rloader._rloader")]
 pub struct IndexChunks {
-    pub(crate) source: Source,
+    pub(crate) source: LazyIndices,
 }
 
 impl IndexChunks {
     pub fn ready(indices: Indices) -> Self {
         IndexChunks {
-            source: Source::Ready(indices),
+            source: LazyIndices::Ready(indices),
         }
     }
 }
@@ -150,7 +153,7 @@ impl IndexChunks {
     #[staticmethod]
     fn lazy(factory: Py<PyAny>) -> Self {
         IndexChunks {
-            source: Source::Pending(factory),
+            source: LazyIndices::Pending(factory),
         }
     }
 
@@ -171,7 +174,7 @@ impl IndexChunks {
 
 enum BatchSource {
     /// Indices generated in Rust.
-    Rust(Source),
+    Rust(LazyIndices),
     /// Any Python iterable of keys (a user's sampler), not iterated yet: like torch's generator,
     /// `iter(sampler)` runs at the first pull. Keys pass through untouched.
     PythonPending(Py<PyAny>),
@@ -329,8 +332,10 @@ impl BatchStream {
         batch_size: usize,
         drop_last: bool,
     ) -> Self {
-        let source =
-            std::mem::replace(&mut chunks.source, Source::Ready(plain(std::iter::empty())));
+        let source = std::mem::replace(
+            &mut chunks.source,
+            LazyIndices::Ready(plain(std::iter::empty())),
+        );
         BatchStream {
             source: BatchSource::Rust(source),
             batch_size,

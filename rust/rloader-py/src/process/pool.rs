@@ -30,61 +30,18 @@ use rloader_workers::slots::SlotLease;
 use rloader_workers::wire::{self, kind, HEADER};
 use rloader_workers::{Next, PoolError, Scheduler};
 
-use crate::buffers::{Lease, Message};
-use crate::errors::{did_not_reraise, no_length, not_picklable, to_py};
-use crate::fetch::KeyBatch;
-use crate::handouts::HandOuts;
-use crate::key_feed::{Fed, Source};
-use crate::length_warning::LengthWarning;
-use crate::pinned::PinnedSlots;
-use crate::region::PoolRegion;
+use super::key_feed::{DrawnKeys, TaskKeySource};
+use super::region::PoolRegion;
+use crate::errors::to_py;
+use crate::handout::{iterator_methods, reraise, Answer, HandOutState, WorkerState};
+use crate::memory::{Lease, Message, PinnedSlots};
+use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
 use crate::wait;
 
 /// How long the main process waits to send a worker a control message (RESUME, into a task
 /// ring every task of the last epoch has left) before declaring the worker stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What a worker (process or thread) answered to one task.
-pub(crate) enum Answer {
-    /// A batch, and with `worker_states` its worker's dataset state right after making it and
-    /// whether the dataset's iterator ended there.
-    Batch(Py<PyAny>, Option<WorkerState>),
-    /// A worker's exception (an ExceptionWrapper, re-raised when handed out).
-    Error(Py<PyAny>),
-    /// The answer could not be taken in (unpickling the batch failed, say): the task's result
-    /// is that error, raised in its turn, so no task is left unanswered.
-    Failed(PyErr),
-}
-
-impl Answer {
-    /// The batch to hand out, or the error to raise in its place.
-    pub(crate) fn into_batch(self, py: Python<'_>) -> Result<Bound<'_, PyAny>, PyErr> {
-        match self {
-            Answer::Batch(batch, _) => Ok(batch.into_bound(py)),
-            Answer::Error(wrapper) => Err(match wrapper.bind(py).call_method0("reraise") {
-                Err(err) => err,
-                Ok(_) => did_not_reraise(),
-            }),
-            Answer::Failed(err) => Err(err),
-        }
-    }
-
-    /// Lets the garbage collector see a result waiting to be handed out.
-    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self {
-            Answer::Batch(obj, state) => {
-                visit.call(obj)?;
-                if let Some((state, _)) = state {
-                    visit.call(state)?;
-                }
-                Ok(())
-            }
-            Answer::Error(obj) => visit.call(obj),
-            Answer::Failed(_) => Ok(()),
-        }
-    }
-}
 
 /// The iterator `iter(DataLoader(..., num_workers>0))` returns.
 #[pyclass(module = "rloader._rloader", weakref, dict)]
@@ -95,15 +52,11 @@ pub struct PoolIter {
     from_workers: Vec<Ring>,
     scheduler: Scheduler<Answer>,
     /// None for an iterable-style dataset (every task is "the next batch").
-    keys: Option<Source>,
+    keys: Option<TaskKeySource>,
     auto_collation: bool,
-    /// The Python side (`rloader._workers._Pool`): unpickling, liveness, stopping processes.
+    /// The Python side (`rloader._process_pool._Pool`): unpickling, liveness, stopping processes.
     hooks: Py<PyAny>,
     pin: Option<Py<PyAny>>,
-    /// What `len()` measures (None for the pin thread's PoolIter: `PinnedBatches` answers it).
-    length_of: Option<Py<PyAny>>,
-    /// For an iterable dataset whose `len(loader)` was asked: warns when it is exceeded.
-    len_warning: Option<LengthWarning>,
     timeout: Option<Duration>,
     persistent: bool,
     stopped: bool,
@@ -122,28 +75,22 @@ pub struct PoolIter {
     /// Tensor buffers received in slots and inline (for tests and debugging).
     buffers_in_slots: u64,
     buffers_inline: u64,
-    /// Batches handed out by `__next__` this epoch (as batches or as their errors), and
-    /// whether it ended: what `DataLoader.state_dict()` counts as consumed (NOTE [Resume]).
-    taken: u64,
-    finished: bool,
-    /// Which tasks `__next__` handed out, by which worker (NOTE [Resume]; handouts.rs says who
-    /// records what with pin_memory).
-    handouts: Py<HandOuts>,
+    /// What `__next__` handed out this epoch, by which worker (NOTE [Resume]; handouts.rs says
+    /// who records what with pin_memory), its length and its `Stats` (fetch and collate are
+    /// the workers').
+    hand_out: HandOutState,
     /// Each batch comes with its worker's dataset state (`(batch, state)` from the hooks'
     /// `loads`): an iterable dataset with `state_dict`.
     worker_states: bool,
-    /// Where this epoch's time went (`DataLoader.stats()`); fetch and collate are the workers'.
-    stats: Py<Stats>,
     /// Batches arriving in slots are pinned there (`_pin_slots`, NOTE [Pinned slots]).
     pinned: Option<Arc<PinnedSlots>>,
 }
 
-/// A worker's dataset state after a batch, and whether its iterator ended making it.
-type WorkerState = (Py<PyAny>, bool);
-
 /// Which task a batch (or error) handed out answered, the worker that made it, and with
 /// `worker_states` that worker's dataset state after it (what `HandOuts.record` takes).
-type Tag = (u64, usize, Option<WorkerState>);
+type BatchOrigin = (u64, usize, Option<WorkerState>);
+
+iterator_methods!(PoolIter);
 
 #[pymethods]
 impl PoolIter {
@@ -151,6 +98,7 @@ impl PoolIter {
     #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
                         length_of, hooks, reported_len=None, worker_states=false,
                         first_worker=0))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -171,7 +119,7 @@ impl PoolIter {
         let (doorbell, to_workers, from_workers) = pr.prepare()?;
         let (num_workers, prefetch_factor) = (pr.num_workers(), pr.prefetch_factor);
         let keys = match keys {
-            Some(k) => Some(Source::new(&k, auto_collation)?),
+            Some(k) => Some(TaskKeySource::new(&k, auto_collation)?),
             None => None,
         };
         // Fetch and collate run in the workers, which add their times to the region.
@@ -191,8 +139,6 @@ impl PoolIter {
             auto_collation,
             hooks,
             pin,
-            length_of,
-            len_warning: LengthWarning::new(reported_len, true),
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             persistent,
             stopped: false,
@@ -205,31 +151,16 @@ impl PoolIter {
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
             buffers_inline: 0,
-            taken: 0,
-            finished: false,
-            handouts: Py::new(py, HandOuts::new(num_workers))?,
+            hand_out: HandOutState::new(py, num_workers, length_of, reported_len, stats)?,
             worker_states,
-            stats,
             pinned: None,
         })
-    }
-
-    /// This epoch's `Stats`.
-    #[getter]
-    fn _stats(&self, py: Python<'_>) -> Py<Stats> {
-        self.stats.clone_ref(py)
-    }
-
-    /// What was handed out this epoch (handouts.rs).
-    #[getter]
-    fn _handouts(&self, py: Python<'_>) -> Py<HandOuts> {
-        self.handouts.clone_ref(py)
     }
 
     /// From now on, batches that arrive in slots are pinned there: each slot registered with
     /// the accelerator's driver (`register(addr, len)`, `unregister(addr)`), and freed once
     /// the `fence()` recorded when its batch is dropped has completed (NOTE [Pinned slots];
-    /// `rloader._pin.slot_pinning`). The region keeps the registrations for its later pools.
+    /// `rloader._cuda_host.slot_pinning`). The region keeps the registrations for its later pools.
     fn _pin_slots(&mut self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
         let region = self.pool_region.get();
         self.pinned = Some(region.pinned_slots(register, unregister, fence));
@@ -239,36 +170,6 @@ impl PoolIter {
     #[getter]
     fn _transport_counts(&self) -> (u64, u64) {
         (self.buffers_in_slots, self.buffers_inline)
-    }
-
-    /// (batches handed out this epoch, whether the epoch ended); see `taken`.
-    #[getter]
-    fn _progress(&self) -> (u64, bool) {
-        (self.taken, self.finished)
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// Iterators do not pickle: torch's error.
-    fn __reduce__(&self) -> PyResult<()> {
-        Err(not_picklable("PoolIter"))
-    }
-
-    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        match &self.length_of {
-            Some(length_of) => length_of.bind(py).len(),
-            None => Err(no_length()),
-        }
-    }
-
-    fn __next__<'py>(slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let stats = slf.stats.clone_ref(slf.py());
-        stats.get().next_called();
-        let next = Self::next_handed_out(slf);
-        stats.get().next_returned(matches!(next, Ok(Some(_))));
-        next
     }
 
     /// `__next__` for a thread that must notice when to stop (the pin_memory thread): waits at
@@ -281,19 +182,21 @@ impl PoolIter {
         &mut self,
         py: Python<'py>,
         wait: f64,
-    ) -> PyResult<(&'static str, Py<PyAny>, Option<Tag>)> {
+    ) -> PyResult<(&'static str, Py<PyAny>, Option<BatchOrigin>)> {
         let now = Instant::now();
         let started = *self.waiting_since.get_or_insert(now);
         let until = now + Duration::from_secs_f64(wait.max(0.0));
-        let polled = self.next_batch(py, started, Some(until));
-        if !matches!(polled, Ok(Polled::NotYet)) {
+        let arrival = self.next_batch(py, started, Some(until));
+        if !matches!(arrival, Ok(Arrival::NotYet)) {
             self.waiting_since = None; // the wait is over, one way or another
         }
-        match polled? {
-            Polled::Batch(batch, tag) => Ok(("batch", batch.unbind(), Some(tag))),
-            Polled::Failed(err, tag) => Ok(("error", err.into_value(py).into_any(), Some(tag))),
-            Polled::Done => Err(PyStopIteration::new_err(())),
-            Polled::NotYet => Ok(("none", py.None(), None)),
+        match arrival? {
+            Arrival::Batch(batch, origin) => Ok(("batch", batch.unbind(), Some(origin))),
+            Arrival::Error(err, origin) => {
+                Ok(("error", err.into_value(py).into_any(), Some(origin)))
+            }
+            Arrival::EpochEnd => Err(PyStopIteration::new_err(())),
+            Arrival::NotYet => Ok(("none", py.None(), None)),
         }
     }
 
@@ -325,20 +228,16 @@ impl PoolIter {
             }
         }
         self.scheduler.reset();
-        self.taken = 0;
-        self.finished = false;
-        self.handouts.borrow_mut(py).reset();
-        self.stats.get().clear();
-        self.len_warning = LengthWarning::new(reported_len, true);
+        self.hand_out.new_epoch(py, reported_len);
         self.waiting_since = None;
         self.end_tokens = 0;
         let source = keys
-            .map(|k| Source::new(&k, self.auto_collation))
+            .map(|k| TaskKeySource::new(&k, self.auto_collation))
             .transpose()?;
         let iterable = match &source {
             None => true,
-            Some(Source::Fed(queue)) => queue.tokens,
-            Some(Source::Keys(_)) => false,
+            Some(TaskKeySource::Feed(queue)) => queue.tokens,
+            Some(TaskKeySource::Sampler(_)) => false,
         };
         if iterable {
             // The workers restart their datasets' iterators.
@@ -372,41 +271,33 @@ impl PoolIter {
     // loader holds its iterator, and a sampler (or dataset) that refers back to the loader
     // would otherwise make a cycle nothing frees, keeping the workers alive.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Some(Source::Keys(keys)) = &self.keys {
+        if let Some(TaskKeySource::Sampler(keys)) = &self.keys {
             keys.traverse(&visit)?;
         }
         visit.call(&self.pool_region)?;
         visit.call(&self.hooks)?;
-        visit.call(&self.handouts)?;
         visit.call(&self.pin)?;
-        visit.call(&self.length_of)?;
-        if let Some(warning) = &self.len_warning {
-            warning.traverse(&visit)?;
-        }
-        for answer in self.scheduler.results() {
-            answer.traverse(&visit)?;
-        }
-        Ok(())
+        self.hand_out.traverse(&visit, &self.scheduler)
     }
 
     fn __clear__(&mut self) {
-        if let Some(Source::Keys(_)) = self.keys {
+        if let Some(TaskKeySource::Sampler(_)) = self.keys {
             self.keys = None;
         }
         self.pin = None;
-        self.length_of = None;
-        self.len_warning = None;
+        self.hand_out.clear();
         // Nothing more is sent or handed out (its finalizer still stops the workers).
         self.stopped = true;
     }
 }
 
-/// What `PoolIter::next_batch` found.
-enum Polled<'py> {
-    Batch(Bound<'py, PyAny>, Tag),
+/// What `PoolIter::next_batch` found to hand out.
+enum Arrival<'py> {
+    Batch(Bound<'py, PyAny>, BatchOrigin),
     /// A worker's error, in answer to its task.
-    Failed(PyErr, Tag),
-    Done,
+    Error(PyErr, BatchOrigin),
+    /// The epoch is over.
+    EpochEnd,
     /// Nothing arrived before the deadline.
     NotYet,
 }
@@ -415,8 +306,8 @@ impl PoolIter {
     /// `__next__` without its timing (`Stats`).
     fn next_handed_out<'py>(mut slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = slf.py();
-        let polled = match slf.next_batch(py, Instant::now(), None) {
-            Ok(polled) => polled,
+        let arrival = match slf.next_batch(py, Instant::now(), None) {
+            Ok(arrival) => arrival,
             Err(err) => {
                 // torch raises from Python frames that hold its iterator, so the workers
                 // outlive the exception and are stopped after the user has seen it (a stuck
@@ -426,31 +317,28 @@ impl PoolIter {
                 return Err(err);
             }
         };
-        match &polled {
-            Polled::Batch(_, (task, worker, state)) | Polled::Failed(_, (task, worker, state)) => {
-                slf.taken += 1;
-                let state = state.as_ref().map(|(s, ended)| (s.clone_ref(py), *ended));
-                slf.handouts.borrow_mut(py).record(*task, *worker, state);
-            }
-            Polled::Done => slf.finished = true,
-            Polled::NotYet => {}
-        }
-        match polled {
-            Polled::Batch(batch, _) => {
+        match arrival {
+            Arrival::Batch(batch, (task, worker, state)) => {
+                slf.hand_out.record(py, task, worker, state);
                 let batch = match &slf.pin {
                     Some(pin) => slf
-                        .stats
-                        .get()
+                        .hand_out
+                        .stats()
                         .time(Stage::Pin, || pin.bind(py).call1((batch,)))?,
                     None => batch,
                 };
-                if let Some(warning) = &mut slf.len_warning {
-                    warning.yielded(py)?;
-                }
+                slf.hand_out.yielded(py)?;
                 Ok(Some(batch))
             }
-            Polled::Failed(err, _) => Err(err),
-            Polled::Done | Polled::NotYet => Ok(None),
+            Arrival::Error(err, (task, worker, state)) => {
+                slf.hand_out.record(py, task, worker, state);
+                Err(err)
+            }
+            Arrival::EpochEnd => {
+                slf.hand_out.finish();
+                Ok(None)
+            }
+            Arrival::NotYet => Ok(None),
         }
     }
 
@@ -461,9 +349,9 @@ impl PoolIter {
         py: Python<'py>,
         started: Instant,
         until: Option<Instant>,
-    ) -> PyResult<Polled<'py>> {
+    ) -> PyResult<Arrival<'py>> {
         if self.stopped {
-            return Ok(Polled::Done);
+            return Ok(Arrival::EpochEnd);
         }
         loop {
             if let Some(pinned) = self.pool_region.get().pinned.get() {
@@ -477,31 +365,27 @@ impl PoolIter {
                 self.send_tasks(py)?;
             }
             // The task and worker a result handed out answered (for state_dict()).
-            let tag = |state| {
+            let origin = |state| {
                 let (worker, task) = self.scheduler.last_handed_out().unwrap_or_default();
                 (task, worker, state)
             };
             match next {
                 Next::Ready(Answer::Batch(batch, state)) => {
-                    return Ok(Polled::Batch(batch.into_bound(py), tag(state)))
+                    return Ok(Arrival::Batch(batch.into_bound(py), origin(state)))
                 }
                 Next::Ready(Answer::Error(wrapper)) => {
-                    let err = match wrapper.bind(py).call_method0("reraise") {
-                        Err(err) => err,
-                        Ok(_) => did_not_reraise(),
-                    };
-                    return Ok(Polled::Failed(err, tag(None)));
+                    return Ok(Arrival::Error(reraise(py, &wrapper), origin(None)));
                 }
-                Next::Ready(Answer::Failed(err)) => return Ok(Polled::Failed(err, tag(None))),
+                Next::Ready(Answer::Failed(err)) => return Ok(Arrival::Error(err, origin(None))),
                 Next::Done => {
                     if !self.persistent {
                         self.shutdown(py)?;
                     }
-                    return Ok(Polled::Done);
+                    return Ok(Arrival::EpochEnd);
                 }
                 Next::Wait => {
                     if !self.wait_for_answer(py, started, until)? {
-                        return Ok(Polled::NotYet);
+                        return Ok(Arrival::NotYet);
                     }
                 }
             }
@@ -518,7 +402,7 @@ impl PoolIter {
     /// Draws the tasks owed (or takes the fed ones) and assigns each to its worker's `unsent`
     /// queue.
     fn draw_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
-        let fed = matches!(self.keys, Some(Source::Fed(_)));
+        let fed = matches!(self.keys, Some(TaskKeySource::Feed(_)));
         // Fed keys were drawn on the main thread, which keeps the account (NOTE [Key feed]).
         while if fed {
             self.scheduler.can_assign() || self.tokens_waiting()
@@ -530,18 +414,20 @@ impl PoolIter {
             }
             let payload: Option<(u32, Vec<u8>)> = match &self.keys {
                 None => Some((kind::TASK_OBJECT, Vec::new())),
-                Some(Source::Fed(queue)) => match queue.take() {
+                Some(TaskKeySource::Feed(queue)) => match queue.take() {
                     None if self.end_tokens > 0 => {
                         self.end_tokens -= 1;
                         Some((kind::TASK_OBJECT, Vec::new()))
                     }
                     None => break, // the main thread has not drawn the next keys yet
-                    Some(Fed::Next) => Some((kind::TASK_OBJECT, Vec::new())),
-                    Some(Fed::End) => None,
-                    Some(Fed::Indices(ix)) => Some((kind::TASK_INDICES, wire::index_bytes(&ix))),
-                    Some(Fed::Object(bytes)) => Some((kind::TASK_OBJECT, bytes)),
+                    Some(DrawnKeys::Next) => Some((kind::TASK_OBJECT, Vec::new())),
+                    Some(DrawnKeys::End) => None,
+                    Some(DrawnKeys::Indices(ix)) => {
+                        Some((kind::TASK_INDICES, wire::index_bytes(&ix)))
+                    }
+                    Some(DrawnKeys::Object(bytes)) => Some((kind::TASK_OBJECT, bytes)),
                 },
-                Some(Source::Keys(keys)) => match keys.next(py, &mut self.index_buf)? {
+                Some(TaskKeySource::Sampler(keys)) => match keys.next(py, &mut self.index_buf)? {
                     None => None,
                     Some(KeyBatch::Indices(ix)) => {
                         let bytes = wire::index_bytes(&ix);
@@ -574,7 +460,9 @@ impl PoolIter {
     /// drops such a task when it would put it; so do we, as it would be placed.
     fn tokens_waiting(&self) -> bool {
         match &self.keys {
-            Some(Source::Fed(queue)) if queue.tokens => self.end_tokens > 0 || queue.has_drawn(),
+            Some(TaskKeySource::Feed(queue)) if queue.tokens => {
+                self.end_tokens > 0 || queue.has_drawn()
+            }
             _ => false,
         }
     }
@@ -746,7 +634,7 @@ impl PoolIter {
                         let lease =
                             SlotLease::new(pool.shm.clone(), state_at, slot_at, table.in_slot)
                                 .map_err(to_py)?;
-                        let stats = self.stats.get();
+                        let stats = self.hand_out.stats();
                         let pinned = self.pinned.as_ref().filter(|p| {
                             stats.time(Stage::Pin, || p.ensure(py, slot_at, table.in_slot))
                         });
@@ -755,7 +643,7 @@ impl PoolIter {
                     Some(slot) => return Err(to_py(PoolError::NoSuchSlot { worker, slot })),
                 };
                 let message = Py::new(py, Message::new(msg))?;
-                let batch = self.stats.get().time(Stage::Transport, || {
+                let batch = self.hand_out.stats().time(Stage::Transport, || {
                     self.hooks
                         .bind(py)
                         .call_method1("loads", (message, lease, table.pickle, table.buffers))
@@ -784,10 +672,10 @@ impl PoolIter {
             kind::ENDED => {
                 // With `worker_states`: the dataset's state once its stream ended.
                 if let Some(state) = self.worker_state(py, &msg)? {
-                    self.handouts.borrow_mut(py).set_end_state(worker, state);
+                    self.hand_out.handouts(py).set_end_state(worker, state);
                 }
                 self.scheduler.on_worker_ended(worker, task);
-                if matches!(self.keys, Some(Source::Fed(_))) {
+                if matches!(self.keys, Some(TaskKeySource::Feed(_))) {
                     self.end_tokens += 1; // NOTE [Key feed]: this one is the PoolIter's
                 }
             }
@@ -796,7 +684,7 @@ impl PoolIter {
                 // says the dataset's state at the start of the epoch.
                 self.resumed += 1;
                 if let Some(state) = self.worker_state(py, &msg)? {
-                    self.handouts.borrow_mut(py).set_start_state(worker, state);
+                    self.hand_out.handouts(py).set_start_state(worker, state);
                 }
             }
             other => {
@@ -836,7 +724,7 @@ impl PoolIter {
     /// Whether the main thread has drawn keys that could be sent now.
     fn can_send_fed_keys(&self) -> bool {
         match &self.keys {
-            Some(Source::Fed(queue)) => {
+            Some(TaskKeySource::Feed(queue)) => {
                 self.nothing_unsent()
                     && !self.scheduler.is_exhausted()
                     && self.scheduler.can_assign()

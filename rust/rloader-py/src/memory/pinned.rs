@@ -3,9 +3,9 @@
 //! slots] in rloader-workers' pinned.rs says why it is safe: release after the device read,
 //! unregister before unmapping). `PinnedBlocks`: the same driver calls for the recycled batch
 //! memory of thread workers and the single-process loop (NOTE [Pinned blocks] in
-//! rloader-core's batch_memory.rs).
+//! rloader-memory).
 //!
-//! The driver calls are the Python side's (`rloader._pin.slot_pinning`: torch's `cudart()` and
+//! The driver calls are the Python side's (`rloader._cuda_host.slot_pinning`: torch's `cudart()` and
 //! `torch.cuda.Event`), so that the same code runs on the CPU with stand-ins in the tests.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,7 @@ use pyo3::exceptions::PyRuntimeWarning;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use rloader_core::batch_memory::{Fence, Pinning, Release};
+use rloader_memory::{Fence, Pinning, Release};
 use rloader_queue::ShmRegion;
 use rloader_workers::pinned::{reclaim, Parked, Registration, Registrations};
 use rloader_workers::slots::SlotLease;
@@ -201,7 +201,7 @@ fn quietly<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
     .flatten()
 }
 
-/// The driver calls for pinned batch blocks (`rloader._pin.slot_pinning`'s, NOTE [Pinned
+/// The driver calls for pinned batch blocks (`rloader._cuda_host.slot_pinning`'s, NOTE [Pinned
 /// blocks]).
 pub struct PinnedBlocks {
     register: Py<PyAny>,

@@ -17,15 +17,15 @@ use rloader_workers::layout::DOORBELL_AT;
 use rloader_workers::wire::{self, kind, BatchMessage, HEADER};
 use rloader_workers::{times, Layout, MainProcess, PoolError};
 
-use crate::buffers::contiguous_bytes;
 use crate::errors::to_py;
-use crate::fetch::{Collate, Fetcher, KeyBatch};
-use crate::slots;
+use crate::fetch::{Collate, Fetcher};
+use crate::memory::{contiguous_bytes, slots};
+use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
 use crate::wait;
 
 /// What a worker needs to run its loop: the spec `start_pool` sends each worker, with what
-/// `_worker_main` made of it (python/rloader/_workers.py), as a dict (other keys are ignored).
+/// `_worker_main` made of it (python/rloader/_worker_process.py), as a dict (other keys are ignored).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct WorkerSpec<'py> {

@@ -1,9 +1,9 @@
-//! `HandOuts`: what a multi-process iterator has handed out to the user this epoch, for
+//! `HandOuts`: what a multi-worker iterator has handed out to the user this epoch, for
 //! `DataLoader.state_dict()` (NOTE [Resume] in python/rloader/_resume.py).
 //!
 //! It records, per batch handed out (or raised as its error): the task it answered (tasks are
-//! numbered in the order their keys were drawn; `rloader_workers::Handed` keeps the set small
-//! out of order too), the worker that made it, and for an iterable dataset that says where it
+//! numbered in the order their keys were drawn; `rloader_workers::HandedOutTasks` keeps the set
+//! small out of order too), the worker that made it, and for an iterable dataset that says where it
 //! is, that worker's dataset state right after making it and whether its iterator ended there
 //! (a short last batch). Such workers also say their dataset's state as they start an epoch
 //! (persistent workers) and as their stream ends: what a loader between epochs saves.
@@ -17,11 +17,11 @@
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use rloader_workers::Handed;
+use rloader_workers::HandedOutTasks;
 
 #[pyclass(module = "rloader._rloader")]
 pub struct HandOuts {
-    tasks: Handed,
+    tasks: HandedOutTasks,
     /// Per worker: its dataset's state after its last batch handed out, or at the start of the
     /// epoch (persistent workers say it when they restart), or None: as the loader's dataset;
     /// and whether its iterator had ended there.
@@ -47,7 +47,7 @@ fn cloned(py: Python<'_>, states: &[Option<Py<PyAny>>]) -> Vec<Option<Py<PyAny>>
 impl HandOuts {
     pub fn new(num_workers: usize) -> Self {
         HandOuts {
-            tasks: Handed::new(),
+            tasks: HandedOutTasks::new(),
             states: nones(num_workers),
             ended: vec![false; num_workers],
             end_states: nones(num_workers),

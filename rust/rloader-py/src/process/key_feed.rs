@@ -12,29 +12,28 @@ use pyo3::{PyTraverseError, PyVisit};
 use rloader_queue::Doorbell;
 use rloader_workers::layout::DOORBELL_AT;
 
-use crate::fetch::KeyBatch;
-use crate::loader::Keys;
-use crate::region::PoolRegion;
+use super::region::PoolRegion;
+use crate::sampling::{KeyBatch, SamplerKeys};
 
 /// Where a pool's tasks get their keys.
-pub enum Source {
+pub enum TaskKeySource {
     /// Drawn from the sampler by whichever thread sends tasks.
-    Keys(Keys),
-    /// Drawn by another thread beforehand (NOTE [Key feed]).
-    Fed(Arc<FedKeys>),
+    Sampler(SamplerKeys),
+    /// Drawn by another thread beforehand, into a [`KeyFeed`] (NOTE [Key feed]).
+    Feed(Arc<KeyQueue>),
 }
 
-impl Source {
-    pub fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<Source> {
+impl TaskKeySource {
+    pub fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<TaskKeySource> {
         Ok(match keys.cast::<KeyFeed>() {
-            Ok(feed) => Source::Fed(feed.borrow().queue.clone()),
-            Err(_) => Source::Keys(Keys::new(keys, auto_collation)?),
+            Ok(feed) => TaskKeySource::Feed(feed.borrow().queue.clone()),
+            Err(_) => TaskKeySource::Sampler(SamplerKeys::new(keys, auto_collation)?),
         })
     }
 }
 
 /// One batch of keys a [`KeyFeed`] has drawn, ready to send, or the sampler's end.
-pub enum Fed {
+pub enum DrawnKeys {
     /// "The next batch", for an iterable dataset's workers.
     Next,
     Indices(Vec<u64>),
@@ -48,7 +47,7 @@ pub enum Fed {
 /// thread, which matters to samplers that draw from torch's global RNG while the training loop
 /// does too. So the main thread draws each batch of keys into a KeyFeed, and the PoolIter, on
 /// the pin thread, takes them from there. The main thread keeps torch's account
-/// (`PinnedBatches` in _pin.py): it draws `prefetch_factor * num_workers` batches of keys in
+/// (`PinnedBatches` in _pin_thread.py): it draws `prefetch_factor * num_workers` batches of keys in
 /// `iter()`, then one for each item it takes that answers a task (a batch or a worker's
 /// error), and when it finds nothing in flight it ends the feed, as torch ends the epoch there
 /// (after a sampler error, say). So the pin thread never waits for keys that will not come:
@@ -60,7 +59,7 @@ pub enum Fed {
 /// that a key that cannot be pickled fails the draw, on the main thread, and never becomes a
 /// task nobody answers.
 ///
-/// The queue ([`FedKeys`]) is behind a mutex held only to push or pop, never across a Python
+/// The queue ([`KeyQueue`]) is behind a mutex held only to push or pop, never across a Python
 /// call, and holds no Python object: the pin thread, whose frame keeps its PoolIter alive,
 /// reaches nothing of the user's through it (the KeyFeed, which holds the sampler, belongs to
 /// the main thread's `PinnedBatches`, and the garbage collector sees through it). Each draw
@@ -71,17 +70,17 @@ pub enum Fed {
 pub struct KeyFeed {
     /// The sampler's iterator; None for a feed of tokens, or once cleared by the garbage
     /// collector.
-    keys: Option<Keys>,
+    keys: Option<SamplerKeys>,
     /// Pickles keys that are not integers.
     dump_keys: Option<Py<PyAny>>,
-    queue: Arc<FedKeys>,
+    queue: Arc<KeyQueue>,
     doorbell: Doorbell,
 }
 
 /// The keys a [`KeyFeed`] has drawn and a PoolIter has not taken yet.
 #[derive(Default)]
-pub struct FedKeys {
-    drawn: Mutex<VecDeque<Fed>>,
+pub struct KeyQueue {
+    drawn: Mutex<VecDeque<DrawnKeys>>,
     ended: AtomicBool,
     /// Tokens for an iterable dataset, not keys.
     pub tokens: bool,
@@ -97,9 +96,11 @@ impl KeyFeed {
         dump_keys: Py<PyAny>,
     ) -> PyResult<Self> {
         Ok(KeyFeed {
-            keys: keys.map(|k| Keys::new(k, auto_collation)).transpose()?,
+            keys: keys
+                .map(|k| SamplerKeys::new(k, auto_collation))
+                .transpose()?,
             dump_keys: Some(dump_keys),
-            queue: Arc::new(FedKeys {
+            queue: Arc::new(KeyQueue {
                 tokens: keys.is_none(),
                 ..Default::default()
             }),
@@ -116,7 +117,7 @@ impl KeyFeed {
             while drawn < n && !self.queue.ended.load(Relaxed) {
                 let Some(keys) = &self.keys else {
                     if self.queue.tokens {
-                        self.queue.push(Fed::Next);
+                        self.queue.push(DrawnKeys::Next);
                         drawn += 1;
                         continue;
                     }
@@ -125,7 +126,7 @@ impl KeyFeed {
                 };
                 match keys.next(py, &mut buf)? {
                     None => self.end(),
-                    Some(KeyBatch::Indices(ix)) => self.queue.push(Fed::Indices(ix)),
+                    Some(KeyBatch::Indices(ix)) => self.queue.push(DrawnKeys::Indices(ix)),
                     Some(KeyBatch::Object(obj)) => {
                         let Some(dump_keys) = &self.dump_keys else {
                             self.end();
@@ -133,7 +134,7 @@ impl KeyFeed {
                         };
                         let data = dump_keys.bind(py).call1((obj,))?;
                         let bytes = data.cast::<PyBytes>()?.as_bytes().to_vec();
-                        self.queue.push(Fed::Object(bytes));
+                        self.queue.push(DrawnKeys::Object(bytes));
                     }
                 }
                 drawn += usize::from(!self.queue.ended.load(Relaxed));
@@ -147,7 +148,7 @@ impl KeyFeed {
     /// Ends the feed, if it has not ended: the PoolIter sends no task after the keys queued.
     fn end(&self) {
         if !self.queue.ended.swap(true, Relaxed) {
-            self.queue.push(Fed::End);
+            self.queue.push(DrawnKeys::End);
             self.doorbell.ring();
         }
     }
@@ -166,17 +167,17 @@ impl KeyFeed {
     }
 }
 
-impl FedKeys {
-    fn push(&self, item: Fed) {
+impl KeyQueue {
+    fn push(&self, item: DrawnKeys) {
         self.lock().push_back(item);
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Fed>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<DrawnKeys>> {
         self.drawn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The next drawn batch of keys; None if the main thread has not drawn it yet.
-    pub fn take(&self) -> Option<Fed> {
+    pub fn take(&self) -> Option<DrawnKeys> {
         self.lock().pop_front()
     }
 

@@ -9,7 +9,7 @@ use rloader_workers::layout::DOORBELL_AT;
 use rloader_workers::{slots, Layout, PoolError};
 
 use crate::errors::to_py;
-use crate::pinned::PinnedSlots;
+use crate::memory::PinnedSlots;
 
 /// The shared memory of a loader's worker pools: an anonymous region (memfd), so nothing is ever
 /// left in /dev/shm and /dev/shm's size does not limit it. It holds the pool's doorbell, rings
@@ -85,7 +85,7 @@ impl PoolRegion {
 impl PoolRegion {
     /// The region's registrations with the accelerator's driver (NOTE [Pinned slots]), made
     /// with `register(addr, len)`, `unregister(addr)` and `fence()` the first time (the
-    /// driver's, from `rloader._pin.slot_pinning`) and kept for the region's later pools.
+    /// driver's, from `rloader._cuda_host.slot_pinning`) and kept for the region's later pools.
     pub fn pinned_slots(
         &self,
         register: Py<PyAny>,

@@ -1,6 +1,6 @@
 //! `LoaderIter`: the single-process DataLoader loop (`num_workers=0`).
 //!
-//! Each `__next__` takes the next batch of keys and hands it to the `Fetcher` (`fetch.rs`), the
+//! Each `__next__` takes the next batch of keys and hands it to the `Fetcher` (fetch.rs), the
 //! way torch's `_SingleProcessDataLoaderIter` does. When the keys come from an rloader
 //! `BatchSampler` they stay `u64`s in Rust until the dataset is called.
 //!
@@ -8,68 +8,20 @@
 //! iterator it is being fetched by) gets pyo3's "already borrowed" error instead of a deadlock.
 
 use pyo3::prelude::*;
-use pyo3::types::PyIterator;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::buffers::BatchBuffers;
 use crate::errors::not_picklable;
-use crate::fetch::{Collate, Fetcher, KeyBatch};
-use crate::length_warning::LengthWarning;
+use crate::fetch::{Collate, Fetcher};
+use crate::handout::LengthWarning;
+use crate::memory::BatchBuffers;
+use crate::sampling::SamplerKeys;
 use crate::stats::{Stage, Stats};
-use crate::streams::{Batch, BatchStream};
-
-/// Where the keys of a map-style dataset come from.
-pub enum Keys {
-    /// An rloader `BatchSampler`: batches of `u64` made in Rust.
-    RustBatches(Py<BatchStream>),
-    /// Any other iterator: batches (lists of keys) with auto-collation, else single keys.
-    Python(Py<PyIterator>),
-}
-
-impl Keys {
-    /// `iter(loader._index_sampler)` as a key source.
-    pub fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<Keys> {
-        Ok(match keys.cast::<BatchStream>() {
-            Ok(stream) if auto_collation => Keys::RustBatches(stream.clone().unbind()),
-            _ => Keys::Python(keys.try_iter()?.unbind()),
-        })
-    }
-
-    /// Lets the garbage collector see the sampler's iterator.
-    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self {
-            Keys::RustBatches(stream) => visit.call(stream),
-            Keys::Python(it) => visit.call(it),
-        }
-    }
-
-    /// The next batch of keys, or None when the sampler is exhausted.
-    pub fn next<'py>(
-        &self,
-        py: Python<'py>,
-        buf: &mut Vec<u64>,
-    ) -> PyResult<Option<KeyBatch<'py>>> {
-        Ok(match self {
-            Keys::RustBatches(stream) => match stream.bind(py).borrow_mut().next_batch(py, buf)? {
-                None => None,
-                Some(Batch::Indices(ix)) => Some(KeyBatch::Indices(ix)),
-                Some(Batch::Keys(k)) => Some(KeyBatch::Object(
-                    pyo3::types::PyList::new(py, k)?.into_any(),
-                )),
-            },
-            Keys::Python(it) => match it.bind(py).clone().next() {
-                None => None,
-                Some(batch) => Some(KeyBatch::Object(batch?)),
-            },
-        })
-    }
-}
 
 /// The iterator `iter(DataLoader(..., num_workers=0))` returns.
 #[pyclass(module = "rloader._rloader", weakref)]
 pub struct LoaderIter {
     /// None for an iterable-style dataset.
-    keys: Option<Keys>,
+    keys: Option<SamplerKeys>,
     fetcher: Fetcher,
     /// Pins each batch when set (an accelerator is available and pin_memory=True).
     pin: Option<Py<PyAny>>,
@@ -98,11 +50,12 @@ impl LoaderIter {
     /// - `exhausted`: a resumed epoch whose iterable dataset had ended: nothing more comes
     ///   (`iter(dataset)` is not called).
     /// - `buffers`: the loader's recycled batch memory, kept across its epochs, which the
-    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-core).
+    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-memory).
     #[new]
     #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
                         collate_plan, pin, length_of, reported_len, exhausted=false,
                         buffers=None))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -125,7 +78,7 @@ impl LoaderIter {
         let stats = Py::new(py, Stats::new())?;
         let (keys, fetcher) = match keys {
             Some(keys) => (
-                Some(Keys::new(&keys, auto_collation)?),
+                Some(SamplerKeys::new(&keys, auto_collation)?),
                 Fetcher::map(py, dataset, auto_collation, collate)?,
             ),
             None => {

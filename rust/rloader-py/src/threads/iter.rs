@@ -1,0 +1,255 @@
+//! `ThreadIter`: the main thread's side of loading with worker threads: it draws the tasks,
+//! sends them to the pool's threads and hands their results out in the Scheduler's order.
+
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use rloader_workers::{Next, PoolError, Scheduler};
+
+use super::ThreadPool;
+use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
+use crate::errors::to_py;
+use crate::handout::{iterator_methods, Answer, HandOutState};
+use crate::sampling::{KeyBatch, SamplerKeys};
+use crate::wait;
+
+/// The iterator `iter(DataLoader(..., num_workers>0, worker_type="thread"))` returns.
+#[pyclass(module = "rloader._rloader", weakref, dict)]
+pub struct ThreadIter {
+    pool: Py<ThreadPool>,
+    scheduler: Scheduler<Answer>,
+    /// None for an iterable-style dataset (every task is "the next batch").
+    keys: Option<SamplerKeys>,
+    auto_collation: bool,
+    timeout: Option<Duration>,
+    persistent: bool,
+    index_buf: Vec<u64>,
+    restarted: usize,
+    /// Cleared by the garbage collector: hands out nothing more.
+    cleared: bool,
+    /// What was handed out this epoch, by which worker (NOTE [Resume]: exact with
+    /// in_order=False), and the pool's `Stats`.
+    hand_out: HandOutState,
+}
+
+iterator_methods!(ThreadIter);
+
+#[pymethods]
+impl ThreadIter {
+    #[new]
+    #[pyo3(signature = (*, pool, in_order, prefetch_factor, keys, auto_collation, timeout,
+                        persistent, length_of, reported_len=None))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        pool: Py<ThreadPool>,
+        in_order: bool,
+        prefetch_factor: usize,
+        keys: Option<Bound<'_, PyAny>>,
+        auto_collation: bool,
+        timeout: f64,
+        persistent: bool,
+        length_of: Py<PyAny>,
+        reported_len: Option<(Py<PyAny>, usize)>,
+    ) -> PyResult<Self> {
+        let size = pool.get().size;
+        let stats = pool.get().stats.clone_ref(py);
+        Ok(ThreadIter {
+            pool,
+            scheduler: Scheduler::new(size, prefetch_factor.max(1), in_order),
+            keys: keys
+                .map(|k| SamplerKeys::new(&k, auto_collation))
+                .transpose()?,
+            auto_collation,
+            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+            persistent,
+            index_buf: Vec::new(),
+            restarted: 0,
+            cleared: false,
+            hand_out: HandOutState::new(py, size, Some(length_of), reported_len, stats)?,
+        })
+    }
+
+    /// The epoch's first draws, in `iter()` as torch makes them.
+    fn _prefill(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.send_tasks(py)
+    }
+
+    /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
+    /// iterable dataset, whose workers make their iterators anew).
+    #[pyo3(signature = (keys, reported_len=None))]
+    fn _reset(
+        &mut self,
+        py: Python<'_>,
+        keys: Option<Bound<'_, PyAny>>,
+        reported_len: Option<(Py<PyAny>, usize)>,
+    ) -> PyResult<()> {
+        if self.pool.get().stopped() {
+            return Err(to_py(PoolError::Stopped));
+        }
+        // The old epoch's keys go first; answers still owed from it are waited for and dropped.
+        self.keys = None;
+        let started = Instant::now();
+        while self.scheduler.outstanding() > 0 {
+            self.scheduler.mark_exhausted();
+            if let Next::Wait = self.scheduler.next() {
+                self.wait_for_reports(py, started)?;
+            }
+        }
+        self.scheduler.reset();
+        self.hand_out.new_epoch(py, reported_len);
+        let keys = keys
+            .map(|k| SamplerKeys::new(&k, self.auto_collation))
+            .transpose()?;
+        if keys.is_none() {
+            self.restarted = 0;
+            let size = self.pool.get().size;
+            for w in 0..size {
+                self.pool.get().send(py, w, ToWorker::Restart)?;
+            }
+            while self.restarted < size {
+                self.wait_for_reports(py, started)?;
+            }
+        }
+        self.keys = keys;
+        self.send_tasks(py)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(keys) = &self.keys {
+            keys.traverse(&visit)?;
+        }
+        visit.call(&self.pool)?;
+        self.hand_out.traverse(&visit, &self.scheduler)
+    }
+
+    fn __clear__(&mut self) {
+        self.keys = None;
+        self.hand_out.clear();
+        self.cleared = true;
+    }
+}
+
+impl ThreadIter {
+    /// `__next__` without its timing (`Stats`).
+    fn next_handed_out<'py>(mut slf: PyRefMut<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        if slf.cleared || slf.pool.get().stopped() && !slf.persistent {
+            return Ok(None);
+        }
+        let answer = match slf.next_answer(py)? {
+            None => {
+                slf.hand_out.finish();
+                if !slf.persistent {
+                    slf.pool.get().stop(py);
+                }
+                return Ok(None);
+            }
+            Some(answer) => answer,
+        };
+        let (worker, task) = slf.scheduler.last_handed_out().unwrap_or_default();
+        slf.hand_out.record(py, task, worker, None);
+        let batch = answer.into_batch(py)?;
+        slf.hand_out.yielded(py)?;
+        Ok(Some(batch))
+    }
+
+    /// The next result to hand out, waiting for it; None at the end of the epoch.
+    fn next_answer(&mut self, py: Python<'_>) -> PyResult<Option<Answer>> {
+        let started = Instant::now();
+        loop {
+            self.send_tasks(py)?;
+            match self.scheduler.next() {
+                Next::Ready(answer) => {
+                    // torch's _process_data: the draw this hand-out owes comes first, and a
+                    // sampler's error is raised instead of the batch.
+                    self.send_tasks(py)?;
+                    return Ok(Some(answer));
+                }
+                Next::Done => return Ok(None),
+                Next::Wait => self.wait_for_reports(py, started)?,
+            }
+        }
+    }
+
+    /// Draws the tasks the Scheduler owes and gives each to its worker.
+    fn send_tasks(&mut self, py: Python<'_>) -> PyResult<()> {
+        while self.scheduler.draws_owed() > 0 {
+            self.scheduler.spend_draw(); // even if the draw fails, as torch's _try_put_index
+            let keys = match &self.keys {
+                None => TaskKeys::Next,
+                Some(keys) => match keys.next(py, &mut self.index_buf)? {
+                    None => {
+                        self.scheduler.mark_exhausted();
+                        break;
+                    }
+                    Some(KeyBatch::Indices(ix)) => TaskKeys::Indices(ix),
+                    Some(KeyBatch::Object(obj)) => TaskKeys::Object(obj.unbind()),
+                },
+            };
+            // No worker may take it (iterable datasets out of order): dropped, as torch does.
+            if let Some((worker, task)) = self.scheduler.assign() {
+                self.pool
+                    .get()
+                    .send(py, worker, ToWorker::Task { task, keys })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (in slices, without the GIL) until at least one report has come, and takes in
+    /// every report there is; raises on `timeout` (counted from `started`) or a dead thread.
+    fn wait_for_reports(&mut self, py: Python<'_>, started: Instant) -> PyResult<()> {
+        let deadline = self.timeout.and_then(|limit| started.checked_add(limit));
+        let pool = self.pool.get();
+        let first = wait::until(
+            py,
+            deadline,
+            |len| match lock(&pool.reports).recv_timeout(len) {
+                Ok(report) => Some(Some(report)),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => Some(None),
+            },
+            || match pool.exited() {
+                Some(worker) if self.scheduler.owes(worker) => {
+                    Err(to_py(PoolError::ThreadExited { worker }))
+                }
+                _ => Ok(None),
+            },
+        )?;
+        let first = match first {
+            None => {
+                let limit = self.timeout.unwrap_or_default();
+                return Err(to_py(PoolError::TimedOut(limit)));
+            }
+            Some(None) => {
+                let worker = pool.exited().unwrap_or(0);
+                return Err(to_py(PoolError::ThreadExited { worker }));
+            }
+            Some(Some(report)) => report,
+        };
+        let mut more = Vec::new();
+        {
+            let reports = lock(&pool.reports);
+            while let Ok(report) = reports.try_recv() {
+                more.push(report);
+            }
+        }
+        for report in std::iter::once(first).chain(more) {
+            self.take(report);
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, report: FromWorker) {
+        match report.event {
+            WorkerEvent::Answered(answer) => self.scheduler.on_result(report.task, answer),
+            WorkerEvent::Ended => self.scheduler.on_worker_ended(report.worker, report.task),
+            WorkerEvent::Restarted => self.restarted += 1,
+        }
+    }
+}

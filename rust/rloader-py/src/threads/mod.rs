@@ -1,0 +1,81 @@
+//! Worker threads (`DataLoader(..., worker_type="thread")`): `ThreadPool` (pool.rs) starts and
+//! stops them, each runs `worker.rs`, and `ThreadIter` (iter.rs) sends them tasks and hands
+//! their batches out.
+//!
+//! NOTE [Thread workers]: `num_workers` threads of this process run the fetch-and-collate loop
+//! (`Fetcher`, fetch.rs), one task (a batch of keys) at a time, and hand the batch itself to
+//! the main thread through a channel: no pickling, no shared memory, no copy. The order of
+//! tasks and results, and the bound on work in flight, are `rloader_workers::Scheduler`'s, as
+//! with processes (process/pool.rs), so batches, `in_order`, `prefetch_factor` and the
+//! sampler's draws are those of process workers.
+//!
+//! Each worker thread stays attached to the interpreter for its whole life (one Python thread
+//! state, so `threading.local` data such as its `get_worker_info()` lasts between tasks) and
+//! lets go of the GIL whenever it waits for its next task; while it runs the dataset and the
+//! collate function, the GIL is handed between threads by Python as usual, and torch releases
+//! it inside its own operations. The main thread waits for results in slices without the GIL
+//! (NOTE [Waiting] in wait.rs), checking for Ctrl-C, `timeout` and threads that ended.
+//!
+//! The channels: each worker has its own task channel (main → worker, [`ToWorker`], unbounded:
+//! the Scheduler bounds what is in flight); all workers share one report channel (workers →
+//! main, [`FromWorker`]).
+//! A worker leaves when the pool stops (`ThreadPool::stop` sets the shared stop flag and closes
+//! the task channels; the worker checks the flag before each job and between the samples of a
+//! batch, so the jobs still queued and the rest of a batch are dropped, and `stop` joins it
+//! for up to `JOIN_TIMEOUT`; a thread still inside the user's `__getitem__` after that
+//! finishes that call and leaves on its own) or when no one is left to take its reports. Python
+//! exceptions are answers, never the end of a thread; a thread that ends while it owes an
+//! answer is a fault (a panic), reported as `PoolError::ThreadExited`.
+
+mod iter;
+mod pool;
+mod worker;
+
+pub use iter::ThreadIter;
+pub use pool::ThreadPool;
+pub use worker::Reporter;
+
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+
+use crate::handout::Answer;
+
+/// The keys of one task, as they cross to a worker thread (as they are: nothing is pickled).
+pub enum TaskKeys {
+    Indices(Vec<u64>),
+    Object(Py<PyAny>),
+    /// The next batch of an iterable dataset.
+    Next,
+}
+
+/// What the main thread sends a worker thread (its task channel).
+pub enum ToWorker {
+    Task {
+        task: u64,
+        keys: TaskKeys,
+    },
+    /// A new epoch of persistent workers: an iterable dataset's iterator is made anew.
+    Restart,
+}
+
+/// What happened on a worker thread, in answer to a [`ToWorker`].
+pub enum WorkerEvent {
+    /// The task's result.
+    Answered(Answer),
+    /// The worker's iterable dataset is exhausted.
+    Ended,
+    /// Its iterable dataset's iterator was made anew ([`ToWorker::Restart`]).
+    Restarted,
+}
+
+/// What a worker thread sends the main thread (the report channel all workers share).
+pub struct FromWorker {
+    pub worker: usize,
+    pub task: u64,
+    pub event: WorkerEvent,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

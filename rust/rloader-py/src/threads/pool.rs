@@ -1,0 +1,196 @@
+//! `ThreadPool`: the worker threads of one iterator, and how to stop them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+use rloader_workers::PoolError;
+
+use super::worker::{worker_main, WorkerSetup};
+use super::{lock, FromWorker, TaskKeys, ToWorker};
+use crate::errors::to_py;
+use crate::memory::BatchBuffers;
+use crate::stats::Stats;
+
+/// How long `ThreadPool::stop` waits for its threads to leave.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The worker threads of one iterator (`worker_type="thread"`), and how to stop them.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct ThreadPool {
+    /// Where the epoch's time went; the workers add their fetch, collate and pin times.
+    pub(super) stats: Py<Stats>,
+    /// WorkerSetup with the workers (`WorkerSetup::stop`).
+    stop: Arc<AtomicBool>,
+    /// With an async dataset, each worker's hooks, whose `submit` hands a task to the worker's
+    /// event loop (NOTE [Async datasets]).
+    loops: Option<Vec<Py<PyAny>>>,
+    /// Each worker's task channel; emptied by `stop` (closing them tells the workers to leave).
+    jobs: Mutex<Vec<Sender<ToWorker>>>,
+    handles: Mutex<Vec<Option<JoinHandle<()>>>>,
+    /// Only the main thread's iterator receives (the mutex is never contended).
+    pub(super) reports: Mutex<Receiver<FromWorker>>,
+    stopped: AtomicBool,
+    pub(super) size: usize,
+}
+
+#[pymethods]
+impl ThreadPool {
+    /// Starts one thread per hooks object in `workers` (`rloader._threads._ThreadWorker`).
+    /// `collate_plan` is the `CollatePlan` when `collate_fn` is a default collate; `pin` pins
+    /// each batch on its worker thread when set.
+    #[new]
+    #[pyo3(signature = (*, workers, iterable, auto_collation, batch_size, drop_last, collate_fn,
+                        collate_plan, pin, asynchronous=false, buffers=None))]
+    // A parameter per keyword of the Python signature, which is the API: not grouped.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        workers: Vec<Py<PyAny>>,
+        iterable: bool,
+        auto_collation: bool,
+        batch_size: Option<usize>,
+        drop_last: bool,
+        collate_fn: Py<PyAny>,
+        collate_plan: Option<Py<PyAny>>,
+        pin: Option<Py<PyAny>>,
+        asynchronous: bool,
+        buffers: Option<Py<BatchBuffers>>,
+    ) -> PyResult<Self> {
+        if workers.is_empty() {
+            return Err(to_py(PoolError::NoWorkers));
+        }
+        let stats = Py::new(py, Stats::new())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let setup = WorkerSetup {
+            stats: stats.clone_ref(py),
+            buffers,
+            stop: stop.clone(),
+            iterable,
+            asynchronous,
+            auto_collation,
+            batch_size,
+            drop_last,
+            collate_fn,
+            collate_plan,
+            pin,
+        };
+        let (report_tx, report_rx) = mpsc::channel();
+        let size = workers.len();
+        let mut jobs = Vec::with_capacity(size);
+        let mut handles = Vec::with_capacity(size);
+        let loops: Vec<Py<PyAny>> = workers.iter().map(|h| h.clone_ref(py)).collect();
+        for (id, hooks) in workers.into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel();
+            let (setup, reports) = (setup.clone_ref(py), report_tx.clone());
+            let handle = thread::Builder::new()
+                .name(format!("rloader-w{id}"))
+                .spawn(move || worker_main(id, hooks, setup, rx, reports))
+                .map_err(|e| {
+                    pyo3::exceptions::PyRuntimeError::new_err(format!(
+                        "could not start DataLoader worker thread {id}: {e}"
+                    ))
+                })?;
+            jobs.push(tx);
+            handles.push(Some(handle));
+        }
+        Ok(ThreadPool {
+            stats,
+            stop,
+            loops: asynchronous.then_some(loops),
+            jobs: Mutex::new(jobs),
+            handles: Mutex::new(handles),
+            reports: Mutex::new(report_rx),
+            stopped: AtomicBool::new(false),
+            size,
+        })
+    }
+
+    /// Whether `stop` has run.
+    #[getter]
+    pub(super) fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Tells every worker thread to leave and waits up to `JOIN_TIMEOUT` for them, without the
+    /// GIL (they may need it to finish their current task). Idempotent.
+    pub(super) fn stop(&self, py: Python<'_>) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stop.store(true, Ordering::Release);
+        lock(&self.jobs).clear();
+        for hooks in self.loops.iter().flatten() {
+            // Stops its event loop (the thread then leaves); an error is the user's to see.
+            if let Err(err) = hooks.bind(py).call_method0("stop_async") {
+                err.write_unraisable(py, Some(hooks.bind(py)));
+            }
+        }
+        let handles: Vec<JoinHandle<()>> = lock(&self.handles)
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        let me = thread::current().id();
+        py.detach(move || {
+            let deadline = Instant::now() + JOIN_TIMEOUT;
+            for handle in handles {
+                if handle.thread().id() == me {
+                    continue; // stopped from one of its own workers: it leaves after this task
+                }
+                while !handle.is_finished() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                if handle.is_finished() {
+                    let _ = handle.join();
+                } // else: it finishes the user's call it is in, then leaves (detached)
+            }
+        });
+    }
+}
+
+impl ThreadPool {
+    pub(super) fn send(&self, py: Python<'_>, worker: usize, job: ToWorker) -> PyResult<()> {
+        if let (Some(loops), ToWorker::Task { task, keys }) = (&self.loops, &job) {
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(to_py(PoolError::Stopped));
+            }
+            let keys = match keys {
+                TaskKeys::Indices(ix) => pyo3::types::PyList::new(py, ix)?.into_any(),
+                TaskKeys::Object(obj) => obj.bind(py).clone(),
+                TaskKeys::Next => py.None().into_bound(py),
+            };
+            loops[worker]
+                .bind(py)
+                .call_method1("submit", (*task, keys))?;
+            return Ok(());
+        }
+        let jobs = lock(&self.jobs);
+        match jobs.get(worker) {
+            Some(tx) => tx
+                .send(job)
+                .map_err(|_| to_py(PoolError::ThreadExited { worker })),
+            None => Err(to_py(PoolError::Stopped)),
+        }
+    }
+
+    /// The first worker that has ended although the pool was not stopped.
+    pub(super) fn exited(&self) -> Option<usize> {
+        if self.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.handles)
+            .iter()
+            .position(|h| h.as_ref().is_some_and(JoinHandle::is_finished))
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        // Without a join (a drop must not wait): the workers leave after their current task.
+        lock(&self.jobs).clear();
+    }
+}
