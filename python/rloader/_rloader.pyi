@@ -274,8 +274,8 @@ class LengthWarning:
 class PoolIter:
     """The iterator ``iter(DataLoader(..., num_workers>0))`` returns."""
 
-    # Instances have a __dict__; rloader._process_pool.start_pool sets this one (its _Pool).
-    _rloader_pool: Any
+    # rloader._process_pool.start_pool sets it (its _Pool); None until then.
+    _rloader_pool: _PoolHooks | None
     def _pin_slots(
         self,
         register: _HostRegister,
@@ -387,8 +387,8 @@ class Reporter:
 class ThreadIter:
     """The iterator ``iter(DataLoader(..., num_workers>0, worker_type="thread"))`` returns."""
 
-    # Instances have a __dict__; rloader._threads.start_threads sets this one.
-    _rloader_pool: Any
+    # rloader._threads.start_threads sets it (its ThreadPool); None until then.
+    _rloader_pool: ThreadPool | None
     def __new__(
         cls,
         *,

@@ -44,8 +44,16 @@ use crate::wait;
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The iterator `iter(DataLoader(..., num_workers>0))` returns.
-#[pyclass(module = "rloader._rloader", weakref, dict)]
+// No instance `dict`: PyO3 allocates one after the object is tracked by the garbage collector
+// and before its fields are written, and a collection landing on that allocation ran
+// `__traverse__` over zeroed fields (SIGSEGV while garbage-collecting; tests/test_gc_safety.py).
+// The one attribute Python sets is a field.
+#[pyclass(module = "rloader._rloader", weakref)]
 pub struct PoolIter {
+    /// `_rloader_pool`: the Python pool behind this iterator, set by the code that starts it
+    /// (tests, persistent loaders and the pin thread look).
+    #[pyo3(get, set, name = "_rloader_pool")]
+    rloader_pool: Option<Py<PyAny>>,
     pool_region: Py<PoolRegion>,
     doorbell: Doorbell,
     to_workers: Vec<Ring>,
@@ -130,6 +138,7 @@ impl PoolIter {
         let mut scheduler = Scheduler::new(num_workers, prefetch_factor.max(1), in_order);
         scheduler.start_at(first_worker); // a resumed iterable dataset's next worker
         Ok(PoolIter {
+            rloader_pool: None,
             pool_region: region,
             doorbell,
             to_workers,
@@ -271,6 +280,7 @@ impl PoolIter {
     // loader holds its iterator, and a sampler (or dataset) that refers back to the loader
     // would otherwise make a cycle nothing frees, keeping the workers alive.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.rloader_pool)?;
         if let Some(TaskKeySource::Sampler(keys)) = &self.keys {
             keys.traverse(&visit)?;
         }
@@ -285,6 +295,7 @@ impl PoolIter {
             self.keys = None;
         }
         self.pin = None;
+        self.rloader_pool = None;
         self.hand_out.clear();
         // Nothing more is sent or handed out (its finalizer still stops the workers).
         self.stopped = true;

@@ -17,8 +17,16 @@ use crate::sampling::{KeyBatch, SamplerKeys};
 use crate::wait;
 
 /// The iterator `iter(DataLoader(..., num_workers>0, worker_type="thread"))` returns.
-#[pyclass(module = "rloader._rloader", weakref, dict)]
+// No instance `dict`: PyO3 allocates one after the object is tracked by the garbage collector
+// and before its fields are written, and a collection landing on that allocation ran
+// `__traverse__` over zeroed fields (SIGSEGV while garbage-collecting; tests/test_gc_safety.py).
+// The one attribute Python sets is a field.
+#[pyclass(module = "rloader._rloader", weakref)]
 pub struct ThreadIter {
+    /// `_rloader_pool`: the Python pool behind this iterator, set by the code that starts it
+    /// (tests, persistent loaders and the pin thread look).
+    #[pyo3(get, set, name = "_rloader_pool")]
+    rloader_pool: Option<Py<PyAny>>,
     pool: Py<ThreadPool>,
     scheduler: Scheduler<Answer>,
     /// None for an iterable-style dataset (every task is "the next batch").
@@ -59,6 +67,7 @@ impl ThreadIter {
         let size = pool.get().size;
         let stats = pool.get().stats.clone_ref(py);
         Ok(ThreadIter {
+            rloader_pool: None,
             pool,
             scheduler: Scheduler::new(size, prefetch_factor.max(1), in_order),
             keys: keys
@@ -120,6 +129,7 @@ impl ThreadIter {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.rloader_pool)?;
         if let Some(keys) = &self.keys {
             keys.traverse(&visit)?;
         }
@@ -129,6 +139,7 @@ impl ThreadIter {
 
     fn __clear__(&mut self) {
         self.keys = None;
+        self.rloader_pool = None;
         self.hand_out.clear();
         self.cleared = true;
     }
