@@ -109,9 +109,14 @@ def test_pinning_is_counted_where_it_happens(kwargs, monkeypatch):
 
 
 def test_a_loader_that_is_the_bottleneck_shows_it():
-    # The dataset is slow and the loop is not: the loop waits for data most of the time.
+    # The dataset is slow (0.8 s of sleeps an epoch) and the loop does nothing: the loop waits
+    # for data most of the time, however often a loaded machine stops it between batches.
     loader = rloader.DataLoader(Sleepy(), batch_size=2)
-    run(loader, pause=0)
+    DELAY.value = 10 * SLEEP
+    try:
+        run(loader, pause=0)
+    finally:
+        DELAY.value = SLEEP
     stats = loader.stats()
     assert stats["waiting_for_data_s"] > stats["waiting_for_user_s"]
 

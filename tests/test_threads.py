@@ -529,7 +529,7 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt():
     done = run_script("""
         import atexit, os
 
-        def workers_left():
+        def workers():
             names = []
             for tid in os.listdir("/proc/self/task"):
                 try:
@@ -537,7 +537,10 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt():
                         names.append(f.read().strip())
                 except OSError:
                     pass  # a thread that ended meanwhile
-            print("left:", sorted(n for n in names if n.startswith("rloader-w")), flush=True)
+            return sorted(n for n in names if n.startswith("rloader-w"))
+
+        def workers_left():
+            print("left:", workers(), flush=True)
 
         atexit.register(workers_left)
 
@@ -546,9 +549,14 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt():
         it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=4,
                                      worker_type="thread", persistent_workers=True))
         next(it)
-        print("running:", sum(
-            open(f"/proc/self/task/{t}/comm").read().startswith("rloader-w")
-            for t in os.listdir("/proc/self/task")), flush=True)
+        import time
+        deadline = time.monotonic() + 60  # a thread is named once it runs: on a loaded machine,
+        while time.monotonic() < deadline:  # not all of them have yet
+            running = len(workers())
+            if running == 4:
+                break
+            time.sleep(0.01)
+        print("running:", running, flush=True)
     """)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["running: 4", "left: []"], done.stdout
