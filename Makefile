@@ -33,7 +33,7 @@ TORCHDATA := torchdata==0.11.0
 # from. NEW_VENV: $(call NEW_VENV,venv,python) makes the venv from that python, first removing
 # one made from another Python.
 PY_ID_CODE := import sys; print(sys.base_prefix, sys.version.split()[0])
-PY_ID = $(shell $(1) -c '$(PY_ID_CODE)' 2>/dev/null)
+PY_ID = $(if $(1),$(shell $(1) -c '$(PY_ID_CODE)' 2>/dev/null))
 define NEW_VENV
 	@command -v $(2) >/dev/null || { echo "error: no Python '$(2)' to make $(1) from"; exit 1; }
 	@if [ -x $(1)/bin/python ] && [ "$$($(1)/bin/python -c '$(PY_ID_CODE)')" != "$$($(2) -c '$(PY_ID_CODE)')" ]; then \
