@@ -2,9 +2,12 @@
 #   make bench   set everything up, then run rloader vs torch.utils.data side by side
 #   make test    set everything up, then run every test (Rust and Python)
 # Everything lives in a git-ignored .venv, created on first use and reused after.
+#   make test-oldest   the Python tests on the oldest Python and torch claimed (.venv-oldest)
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
+# The interpreter .venv is made from (CI names the newest Python: `make test PYTHON=python3.13`).
+PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEPS := $(VENV)/.deps-installed
@@ -12,20 +15,47 @@ WHEEL_STAMP := $(VENV)/.rloader-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.typed) pyproject.toml
 
-.PHONY: bench bench-resume test test-rust test-python test-oldest-torch build lint fuzz soak clean
+.PHONY: bench bench-resume test test-rust test-python test-oldest build lint fuzz soak clean FORCE
 .DEFAULT_GOAL := test
 
-# lightning and accelerate: tests/test_lightning.py and tests/test_accelerate.py check what those
-# frameworks do with rloader's loaders.
+# What every venv gets to run the tests. lightning and accelerate: tests/test_lightning.py and
+# tests/test_accelerate.py check what those frameworks do with rloader's loaders. pytest-xdist
+# and pytest-randomly as in pyproject's `test` extra (randomly shuffles the tests' order: one
+# that leans on another's leftovers fails).
+TEST_TOOLS := numpy pytest pytest-timeout pytest-xdist pytest-randomly hypothesis lightning accelerate
+# torchdata's StatefulDataLoader is the reference tests/test_resume.py compares resuming with
+# (those tests skip without it). 0.11.0 is its last release, made for torch 2.6 and working
+# with the newer ones; installed without its dependencies (requests and urllib3, which no module
+# of torchdata 0.11 imports; and torch): the venv's torch stays the one chosen.
+TORCHDATA := torchdata==0.11.0
+
+# Which Python an interpreter is ("prefix version"); a venv's answers for the Python it was made
+# from. NEW_VENV: $(call NEW_VENV,venv,python) makes the venv from that python, first removing
+# one made from another Python.
+PY_ID_CODE := import sys; print(sys.base_prefix, sys.version.split()[0])
+PY_ID = $(if $(1),$(shell $(1) -c '$(PY_ID_CODE)' 2>/dev/null))
+define NEW_VENV
+	@command -v $(2) >/dev/null || { echo "error: no Python '$(2)' to make $(1) from"; exit 1; }
+	@if [ -x $(1)/bin/python ] && [ "$$($(1)/bin/python -c '$(PY_ID_CODE)')" != "$$($(2) -c '$(PY_ID_CODE)')" ]; then \
+		echo "== $(1) was made from another Python than $(2): making it again"; rm -rf $(1); fi
+	@test -x $(1)/bin/python || { echo "== creating $(1) with $(2) ($$($(2) --version))"; $(2) -m venv $(1); }
+endef
+
+# A venv made from another interpreter than the one asked for (an old .venv from python3 when
+# CI asks for python3.13) is made again: its deps stamp is then out of date whatever its time.
+ifneq ($(call PY_ID,$(PY)),$(call PY_ID,$(PYTHON)))
+$(DEPS): FORCE
+endif
+
 # --no-cache-dir: torch and its CUDA libraries are ~3 GB of downloads; a pip cache would hold a
 # second copy of them beside the installed ~5 GB, and CI machines can be short of disk.
 $(DEPS): Makefile
-	@test -x $(PY) || { echo "== creating $(VENV)"; python3 -m venv $(VENV); }
-	@echo "== installing torch, numpy, maturin and the test tools into $(VENV)"
+	$(call NEW_VENV,$(VENV),$(PYTHON))
+	@echo "== installing torch, maturin and the test tools into $(VENV)"
 	@echo "   (the first time: ~3 GB of downloads for torch, a few minutes, quiet until done)"
 	$(PY) -m pip install -q --no-cache-dir --upgrade pip
-	$(PY) -m pip install -q --no-cache-dir torch numpy "maturin>=1.5,<2" pytest pytest-timeout hypothesis \
-		lightning accelerate
+	$(PY) -m pip install -q --no-cache-dir torch "maturin>=1.5,<2" $(TEST_TOOLS)
+	$(PY) -m pip install -q --no-cache-dir --no-deps "$(TORCHDATA)"
 	@touch $@
 
 # rloader is installed into the venv as a wheel, the way users get it.
@@ -64,17 +94,45 @@ soak: build
 	$(PY) -X faulthandler tests/soak.py --iterators 10000 --seed 1
 	PYTHONMALLOC=debug $(PY) -X faulthandler tests/soak.py --iterators 1000 --seed 2
 
-# The same Python tests against the oldest torch pyproject.toml claims, in a venv of its own
-# (another ~5 GB; not part of `make test`, run before a release).
+# The same Python tests on the oldest Python and the oldest torch pyproject.toml claims, in a
+# venv of their own (another ~5 GB), with a wheel built for that Python (rloader's wheels are
+# per Python version, not abi3). OLDEST_PYTHON: pyenv's 3.9, else python3.9 on PATH.
+OLDEST_PYTHON_VERSION := 3.9
 OLDEST_TORCH := 2.6.0
-OLDEST_VENV := .venv-torch$(OLDEST_TORCH)
-test-oldest-torch: build
-	@test -x $(OLDEST_VENV)/bin/python || { echo "== creating $(OLDEST_VENV)"; python3 -m venv $(OLDEST_VENV); }
+OLDEST_PYTHON ?= $(firstword $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/$(OLDEST_PYTHON_VERSION).*/bin/python$(OLDEST_PYTHON_VERSION)) \
+	$(shell command -v python$(OLDEST_PYTHON_VERSION)))
+OLDEST_VENV := .venv-oldest
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+OLDEST_DEPS := $(OLDEST_VENV)/.deps-installed
+OLDEST_WHEEL_STAMP := $(OLDEST_VENV)/.rloader-installed
+OLDEST_DIST := dist-oldest
+
+ifneq ($(call PY_ID,$(OLDEST_PY)),$(call PY_ID,$(OLDEST_PYTHON)))
+$(OLDEST_DEPS): FORCE
+endif
+
+$(OLDEST_DEPS): Makefile
+	@test -n "$(OLDEST_PYTHON)" || { echo "error: make test-oldest needs Python $(OLDEST_PYTHON_VERSION), the oldest"\
+		"pyproject.toml claims, and found none (neither pyenv's nor python$(OLDEST_PYTHON_VERSION) on PATH)."\
+		"Install one (pyenv install $(OLDEST_PYTHON_VERSION), or your system's python$(OLDEST_PYTHON_VERSION) and"\
+		"python$(OLDEST_PYTHON_VERSION)-venv packages), or name it: make test-oldest OLDEST_PYTHON=/path/to/python$(OLDEST_PYTHON_VERSION)"; exit 1; }
+	$(call NEW_VENV,$(OLDEST_VENV),$(OLDEST_PYTHON))
 	@echo "== installing torch $(OLDEST_TORCH) and the test tools into $(OLDEST_VENV)"
-	$(OLDEST_VENV)/bin/python -m pip install -q --no-cache-dir "torch==$(OLDEST_TORCH)" numpy \
-		pytest pytest-timeout hypothesis lightning accelerate
-	$(OLDEST_VENV)/bin/python -m pip install -q --force-reinstall --no-deps dist/rloader-*.whl
-	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(OLDEST_PY) -m pip install -q --no-cache-dir --upgrade pip
+	$(OLDEST_PY) -m pip install -q --no-cache-dir "torch==$(OLDEST_TORCH)" "maturin>=1.5,<2" $(TEST_TOOLS)
+	$(OLDEST_PY) -m pip install -q --no-cache-dir --no-deps "$(TORCHDATA)"
+	@touch $@
+
+$(OLDEST_WHEEL_STAMP): $(OLDEST_DEPS) $(RUST_SOURCES) $(PY_SOURCES)
+	@echo "== building rloader's wheel for $(OLDEST_PY) ($$($(OLDEST_PY) --version)) and installing it there"
+	rm -rf $(OLDEST_DIST)
+	$(OLDEST_VENV)/bin/maturin build --release --interpreter $(OLDEST_PY) -o $(OLDEST_DIST)
+	$(OLDEST_PY) -m pip install -q --force-reinstall --no-deps $(OLDEST_DIST)/rloader-*.whl
+	@touch $@
+
+test-oldest: $(OLDEST_WHEEL_STAMP)
+	@echo "== Python tests on Python $(OLDEST_PYTHON_VERSION) with torch $(OLDEST_TORCH)"
+	$(OLDEST_PY) -m pytest -q -p no:cacheprovider
 
 # Fuzzing what the worker pool decodes from another process: its messages, region layout and
 # slots (rust/rloader-workers/tests/fuzz.rs) and the rings' framing and positions
@@ -107,4 +165,4 @@ lint: build
 	$(PY) -m mypy.stubtest rloader._rloader
 
 clean:
-	rm -rf dist target $(VENV)
+	rm -rf dist $(OLDEST_DIST) target $(VENV) $(OLDEST_VENV)

@@ -89,4 +89,5 @@ def slow_stream_reads(loader, dataset, sleep_cycles: int, how: str = "side strea
         del batch  # released before the device has read it
     torch.cuda.synchronize()
     expected = [b.cuda() for b in tud.DataLoader(dataset, batch_size=loader.batch_size)]
-    return sum(not torch.equal(a, b) for a, b in zip(moved, expected, strict=True))
+    assert len(moved) == len(expected), (len(moved), len(expected))
+    return sum(not torch.equal(a, b) for a, b in zip(moved, expected))

@@ -1,7 +1,7 @@
 """Where torch versions differ, rloader does what the user's torch does.
 
 rloader is tested against the oldest and the newest torch that ``pyproject.toml`` claims
-(``make test-oldest-torch``, ``make test``). Each difference found between them is decided here
+(``make test-oldest``, ``make test``). Each difference found between them is decided here
 once, at import, by asking the installed torch (or, where asking costs too much, its version).
 """
 

@@ -31,6 +31,7 @@ import asyncio
 import copy
 import inspect
 import random
+import sys
 import threading
 import time
 import weakref
@@ -67,9 +68,10 @@ def _install_per_thread_worker_info() -> None:
             return
         torch_worker._rloader_thread_worker_info = _thread_info.info
         code = _per_thread_get_worker_info.__code__
-        torch_worker.get_worker_info.__code__ = code.replace(
-            co_name="get_worker_info", co_qualname="get_worker_info"
-        )
+        names = {"co_name": "get_worker_info"}
+        if sys.version_info >= (3, 11):  # code objects have a co_qualname from 3.11
+            names["co_qualname"] = "get_worker_info"
+        torch_worker.get_worker_info.__code__ = code.replace(**names)
 
 
 def _worker_rng(base_seed: int, worker_id: int):

@@ -43,7 +43,7 @@ torch, and each process gets the batches torch's prepared loader would give it. 
 - ``uninstall()`` puts accelerate's functions back; loaders already prepared keep their base.
   ``install()`` and ``uninstall()`` may be called any number of times.
 
-Needs accelerate 1.0 or later (tested with 1.15). Code that imported ``prepare_data_loader`` or
+Needs accelerate 1.0 or later (tested with 1.10 and 1.15). Code that imported ``prepare_data_loader`` or
 ``skip_first_batches`` by name before ``install()`` holds accelerate's own functions: call
 ``install()`` first (``Accelerator``'s methods look the names up when they are called, so they
 are always covered).
@@ -187,9 +187,18 @@ def _keep_engine(result: Any, own: dict) -> Any:
     base = adapter.base_dataloader
     if type(base) is tud.DataLoader:
         adapter.base_dataloader = _rebuild(base, own)
+        # Under several processes accelerate adjusts the base loader's state_dict() by torchdata's
+        # keys (_num_yielded, ...), which rloader's state has none of: newer accelerate skips the
+        # missing keys, older releases (1.10, the last for Python 3.9) raised KeyError at every
+        # batch. The adjustment does nothing for rloader's state, so this adapter skips it.
+        adapter.adjust_state_dict_for_prefetch = _no_state_adjustment
     elif getattr(adapter, "use_stateful_dataloader", False):
         warnings.warn(_STATEFUL_WARNING, stacklevel=3)
     return result
+
+
+def _no_state_adjustment() -> None:
+    pass
 
 
 def _rebuild(loader: tud.DataLoader, own: dict) -> DataLoader:
