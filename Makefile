@@ -1,8 +1,9 @@
-# The two commands the README opens with:
+# The two commands at the top of the README's Develop section:
 #   make bench   set everything up, then run rloader vs torch.utils.data side by side
 #   make test    set everything up, then run every test (Rust and Python)
 # Everything lives in a git-ignored .venv, created on first use and reused after.
 #   make test-oldest   the Python tests on the oldest Python and torch claimed (.venv-oldest)
+#   make soak, make fuzz   the long soak and the fuzzers (docs/develop.md)
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
