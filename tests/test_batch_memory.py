@@ -10,26 +10,12 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
+from _datasets import PoolViews
 
 import rloader
 from rloader._loader_record import record_of
-
-
-class PoolViews(torch.utils.data.Dataset):
-    """(uint8 [3, 64, 64] view into a pool, index): 12 KiB samples, 768 KiB batches of 64."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pool = np.random.default_rng(0).integers(0, 255, (32, 3, 64, 64), dtype=np.uint8)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.pool[i % 32], i
 
 
 def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
@@ -92,7 +78,7 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
         import resource, sys
         sys.path[:0] = sys.argv[1:]
         import rloader
-        from test_batch_memory import PoolViews
+        from _datasets import PoolViews
 
         loader = rloader.DataLoader(PoolViews(64 * 50), batch_size=64, shuffle=True)
         def epoch():
