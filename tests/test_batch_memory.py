@@ -22,14 +22,11 @@ def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(ds.pool[(idx % 32).numpy()])
 
 
-@pytest.mark.parametrize(
-    "workers",
-    [dict(num_workers=0), dict(num_workers=3, worker_type="thread")],
-    ids=["0", "threads"],
-)
-def test_kept_batches_are_never_overwritten(workers):
+# The single-process loop and thread workers (worker processes' batches are in shared memory).
+@pytest.mark.parametrize("engine", ["main", "thread"], indirect=True)
+def test_kept_batches_are_never_overwritten(engine):
     ds = PoolViews(640)
-    loader = rloader.DataLoader(ds, batch_size=64, shuffle=True, **workers)
+    loader = rloader.DataLoader(ds, batch_size=64, shuffle=True, **engine.kwargs(3))
     for _ in range(2):  # the second epoch reuses the first's blocks
         kept = list(loader)
         for images, idx in kept:

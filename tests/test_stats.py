@@ -39,16 +39,13 @@ def run(loader, pause=SLEEP):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(),
-        dict(num_workers=2, worker_type="thread"),
-        dict(num_workers=2, persistent_workers=True),
-        dict(num_workers=2),
-    ],
+    "engine, persistent",
+    [("main", False), ("thread", False), ("process", True), ("process", False)],
     ids=["single", "threads", "processes", "new-processes-each-epoch"],
+    indirect=["engine"],
 )
-def test_stages_add_up_what_happened(kwargs):
+def test_stages_add_up_what_happened(engine, persistent):
+    kwargs = engine.kwargs(persistent_workers=persistent)
     loader = rloader.DataLoader(Sleepy(), batch_size=4, collate_fn=slow_collate, **kwargs)
     assert loader.stats() is None  # no epoch yet
     first = None
@@ -64,11 +61,11 @@ def test_stages_add_up_what_happened(kwargs):
             assert stats["fetch_s"] < first["fetch_s"] + 16 * SLEEP
             assert stats["collate_s"] < first["collate_s"] + 4 * SLEEP
         first = stats
-        if kwargs.get("worker_type") == "thread" or not kwargs:
+        if engine.name != "process":
             assert stats["transport_s"] == 0.0
         else:  # taken in from other processes
             assert stats["transport_s"] > 0.0
-        if not kwargs:  # the single-process loop does the work inside next()
+        if engine.name == "main":  # the single-process loop does the work inside next()
             assert stats["waiting_for_data_s"] >= stats["fetch_s"] + stats["collate_s"]
         assert stats["pin_s"] == 0.0
 
@@ -84,15 +81,12 @@ def slow_pin(loader):
     return pin
 
 
-@pytest.mark.parametrize(
-    "kwargs", [dict(), dict(num_workers=2), dict(num_workers=2, worker_type="thread")]
-)
-def test_pinning_is_counted_where_it_happens(kwargs, monkeypatch):
+def test_pinning_is_counted_where_it_happens(engine, monkeypatch):
     # Stands in for pinning on a machine without an accelerator (as test_pin_thread.py does).
     monkeypatch.setattr(rloader._pin_policy, "pin_plan", slow_pin)
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
-    loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **kwargs)
+    loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **engine.kwargs())
     assert run(loader, pause=0) == 4
     assert loader.stats()["pin_s"] >= 4 * SLEEP
 
