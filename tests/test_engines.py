@@ -13,7 +13,13 @@ import time
 import pytest
 import torch
 import torch.utils.data as tud
-from _children import alive, interrupt_a_slow_loader, no_worker_threads_within, run_script
+from _children import (
+    alive,
+    interrupt_a_slow_loader,
+    no_worker_threads_within,
+    run_script,
+    worker_threads,
+)
 from _datasets import (
     Failing,
     MyIterableDataset,
@@ -180,7 +186,14 @@ def test_persistent_workers_survive_epochs_and_init_once(engine):
     assert workers == {(tuple(key), thread) for key, thread, _ in second} and len(workers) == 2
     # Each worker ran worker_init_fn once, on the thread that fetches its samples.
     assert all(inits == [thread] for _, thread, inits in first + second)
+    # Still there between epochs, gone once stopped.
+    procs = list(getattr(loader._iterator._rloader_pool, "procs", []))
+    assert len(worker_threads()) == (2 if engine.name == "thread" else 0)
+    assert len(procs) == (2 if engine.name == "process" else 0)
+    assert all(p.is_alive() for p in procs)
     stop_workers(loader._iterator)
+    assert not worker_threads()
+    assert all(p._closed for p in procs)  # joined and closed
 
 
 @WORKERS
