@@ -10,40 +10,23 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
+from _datasets import PoolViews
 
 import rloader
 from rloader._loader_record import record_of
-
-
-class PoolViews(torch.utils.data.Dataset):
-    """(uint8 [3, 64, 64] view into a pool, index): 12 KiB samples, 768 KiB batches of 64."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pool = np.random.default_rng(0).integers(0, 255, (32, 3, 64, 64), dtype=np.uint8)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.pool[i % 32], i
 
 
 def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(ds.pool[(idx % 32).numpy()])
 
 
-@pytest.mark.parametrize(
-    "workers",
-    [dict(num_workers=0), dict(num_workers=3, worker_type="thread")],
-    ids=["0", "threads"],
-)
-def test_kept_batches_are_never_overwritten(workers):
+# The single-process loop and thread workers (worker processes' batches are in shared memory).
+@pytest.mark.parametrize("engine", ["main", "thread"], indirect=True)
+def test_kept_batches_are_never_overwritten(engine):
     ds = PoolViews(640)
-    loader = rloader.DataLoader(ds, batch_size=64, shuffle=True, **workers)
+    loader = rloader.DataLoader(ds, batch_size=64, shuffle=True, **engine.kwargs(3))
     for _ in range(2):  # the second epoch reuses the first's blocks
         kept = list(loader)
         for images, idx in kept:
@@ -92,7 +75,7 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
         import resource, sys
         sys.path[:0] = sys.argv[1:]
         import rloader
-        from test_batch_memory import PoolViews
+        from _datasets import PoolViews
 
         loader = rloader.DataLoader(PoolViews(64 * 50), batch_size=64, shuffle=True)
         def epoch():

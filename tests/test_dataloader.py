@@ -15,13 +15,7 @@ import torch.utils.data as tud
 import rloader
 from rloader import DataLoader, _compat
 
-from _compare import same
-
-
-def both(dataset, **kwargs):
-    """(list of torch's batches, list of rloader's batches) for the same arguments."""
-    return list(tud.DataLoader(dataset, **kwargs)), list(DataLoader(dataset, **kwargs))
-
+from _compare import both, same
 
 Point = collections.namedtuple("Point", "x y")
 

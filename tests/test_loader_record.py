@@ -36,13 +36,8 @@ def test_a_copy_of_a_loader_shares_neither_its_resume_nor_its_epoch(copier):
     assert again.state_dict()["position"] is None
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [dict(num_workers=0), dict(num_workers=2), dict(num_workers=2, worker_type="thread")],
-    ids=["main", "processes", "threads"],
-)
-def test_a_loader_is_freed_with_its_record_after_an_epoch(kwargs):
-    loader = loader_over(8, **kwargs)
+def test_a_loader_is_freed_with_its_record_after_an_epoch(engine):
+    loader = loader_over(8, **engine.kwargs())
     assert len(list(loader)) == 4
     assert loader.stats()["batches"] == 4
     gone = weakref.ref(loader)

@@ -14,6 +14,7 @@ import threading
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import BadAtTwo, RefersToItsLoader, ReportedFive
 from _samplers import CountingSampler, FailingSampler, ThreadRecordingSampler, read_past_errors
 
 import rloader
@@ -275,8 +276,6 @@ def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
 
 @pytest.mark.timeout(30)
 def test_a_batch_that_fails_to_unpickle_is_that_batchs_error_with_pinning_too(pinning):
-    from test_workers import BadAtTwo
-
     loader = rloader.DataLoader(
         BadAtTwo(), batch_size=1, num_workers=2, collate_fn=first_as_tensor, pin_memory=True
     )
@@ -290,8 +289,6 @@ def first_as_tensor(batch):
 
 
 def test_a_pinned_persistent_loader_in_a_reference_cycle_is_collected(pinning):
-    from test_workers import RefersToItsLoader
-
     sampler = RefersToItsLoader()
     loader = rloader.DataLoader(
         Ints(20),
@@ -460,8 +457,6 @@ def test_out_of_order_tokens_no_worker_may_take_are_dropped_as_torch_drops_them(
 @pytest.mark.parametrize("persistent", [False, True])
 def test_the_iterable_length_warning_is_torchs_with_pinning_too(pinning, persistent):
     import warnings
-
-    from test_torch_parity import ReportedFive
 
     def warned(lib):
         loader = lib.DataLoader(

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _engines import Engine
 
 import rloader
 from rloader import _cuda_host
@@ -31,9 +32,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.pin_memory. argument is set as true:UserWarning"),
 ]
 
-# The single-process loop and thread workers: both collate into the loader's batch blocks.
-KINDS = [dict(num_workers=0), dict(num_workers=2, worker_type="thread")]
-KIND_IDS = ["single-process", "threads"]
+# The single-process loop and thread workers: both collate into the loader's batch blocks
+# (worker processes into pinned slots: test_pinned_slots.py).
+BLOCK_ENGINES = pytest.mark.parametrize("engine", ["main", "thread"], indirect=True)
 
 
 @pytest.fixture
@@ -54,18 +55,19 @@ class Arrays(tud.Dataset):
         return np.full(self.size, i % 251, dtype=np.uint8)
 
 
-def loader_of(dataset, kind: dict, **kwargs):
-    kwargs = {"batch_size": 16, "pin_memory": True, **kind, **kwargs}
-    return rloader.DataLoader(dataset, **kwargs)
+def loader_of(dataset, engine: Engine, **kwargs):
+    return rloader.DataLoader(
+        dataset, **engine.kwargs(**{"batch_size": 16, "pin_memory": True, **kwargs})
+    )
 
 
 def torchs(dataset, batch_size: int = 16) -> list:
     return list(tud.DataLoader(dataset, batch_size=batch_size))
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_batches_lie_in_registered_blocks(driver, kind):
-    loader = loader_of(Arrays(384), kind)
+@BLOCK_ENGINES
+def test_batches_lie_in_registered_blocks(driver, engine):
+    loader = loader_of(Arrays(384), engine)
     batches = []
     for batch in loader:
         assert driver.covers(batch.data_ptr(), batch.nbytes)
@@ -75,10 +77,10 @@ def test_batches_lie_in_registered_blocks(driver, kind):
     assert 0 < driver.registrations < len(batches)
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_a_dropped_batch_is_not_overwritten_until_its_event_completes(driver, kind):
+@BLOCK_ENGINES
+def test_a_dropped_batch_is_not_overwritten_until_its_event_completes(driver, engine):
     driver.events_done = False  # the "device" has not read anything yet
-    loader = loader_of(Arrays(), kind)
+    loader = loader_of(Arrays(), engine)
     dropped = []  # (address, bytes, what the device should read there, its event)
     for batch in loader:
         assert driver.covers(batch.data_ptr(), batch.nbytes)
@@ -107,9 +109,9 @@ def test_a_dropped_batch_is_not_overwritten_until_its_event_completes(driver, ki
     assert driver.registrations - registered <= 1
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_batches_the_user_keeps_are_never_overwritten(driver, kind):
-    loader = loader_of(Arrays(), kind)
+@BLOCK_ENGINES
+def test_batches_the_user_keeps_are_never_overwritten(driver, engine):
+    loader = loader_of(Arrays(), engine)
     kept = list(loader)
     assert same(kept, torchs(Arrays()))
     del loader
@@ -136,21 +138,21 @@ class Tensors(tud.Dataset):
         return x.requires_grad_() if self.grad else x
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_stacked_tensor_batches_lie_in_registered_blocks(driver, kind):
+@BLOCK_ENGINES
+def test_stacked_tensor_batches_lie_in_registered_blocks(driver, engine):
     batches = []
-    for batch in loader_of(Tensors(), kind):
+    for batch in loader_of(Tensors(), engine):
         assert driver.covers(batch.data_ptr(), batch.nbytes)
         assert (batch._base, batch._version) == (None, 0)  # as torch.stack's own batch
         batches.append(batch.clone())
     assert same(batches, torchs(Tensors()))
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_tensor_batches_torch_would_promote_are_stacked_as_torch_does(driver, kind):
+@BLOCK_ENGINES
+def test_tensor_batches_torch_would_promote_are_stacked_as_torch_does(driver, engine):
     # Mixed dtypes: torch.stack promotes to float64, which a float32 block would cast away.
     mixed = Tensors(dtypes=(torch.float32, torch.float64))
-    batches = list(loader_of(mixed, kind))
+    batches = list(loader_of(mixed, engine))
     assert all(b.dtype == torch.float64 for b in batches)
     assert not any(driver.covers(b.data_ptr(), 1) for b in batches)
     assert same(batches, torchs(mixed))
@@ -159,7 +161,7 @@ def test_tensor_batches_torch_would_promote_are_stacked_as_torch_does(driver, ki
 def test_tensor_batches_that_require_grad_are_stacked_as_torch_does(driver):
     # torch.stack(out=...) refuses inputs that require grad; torch's own stack keeps the graph.
     grad = Tensors(grad=True)
-    ours, theirs = list(loader_of(grad, KINDS[0])), torchs(grad)
+    ours, theirs = list(loader_of(grad, Engine("main"))), torchs(grad)
     assert all(b.requires_grad and b.grad_fn is not None for b in ours)
     assert [b.grad_fn.name() for b in ours] == [b.grad_fn.name() for b in theirs]
     assert same([b.detach() for b in ours], [b.detach() for b in theirs])
@@ -176,9 +178,9 @@ class ChannelsLast(tud.Dataset):
         return torch.full((2, 8, 16, 16), float(i)).to(memory_format=torch.channels_last)
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_tensor_batches_keep_the_memory_format_torch_gives_them(driver, kind):
-    ours, theirs = list(loader_of(ChannelsLast(), kind)), torchs(ChannelsLast())
+@BLOCK_ENGINES
+def test_tensor_batches_keep_the_memory_format_torch_gives_them(driver, engine):
+    ours, theirs = list(loader_of(ChannelsLast(), engine)), torchs(ChannelsLast())
     assert [b.stride() for b in ours] == [b.stride() for b in theirs]
     assert not theirs[0].is_contiguous()
     assert same(ours, theirs)
@@ -195,20 +197,20 @@ class Varying(tud.Dataset):
         return np.full((1 << 14) + 512 * (i // 16 % 6), i % 251, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_batches_of_varying_sizes_share_registered_blocks(driver, kind):
-    batches = [b.clone() for b in loader_of(Varying(), kind)]
+@BLOCK_ENGINES
+def test_batches_of_varying_sizes_share_registered_blocks(driver, engine):
+    batches = [b.clone() for b in loader_of(Varying(), engine)]
     assert same(batches, torchs(Varying()))
     # Blocks come in size classes (an eighth of the power of two above): 256 KiB, and 320 KiB
     # for the five larger sizes. Exact sizes would register at least one block per size.
-    assert driver.registrations < 6 if kind["num_workers"] == 0 else driver.registrations <= 12
+    assert driver.registrations < 6 if engine.name == "main" else driver.registrations <= 12
     assert {n for n in driver.ranges.values()} <= {256 << 10, 320 << 10}
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, kind):
+@BLOCK_ENGINES
+def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, engine):
     driver.events_done = False
-    loader = loader_of(Arrays(), kind)
+    loader = loader_of(Arrays(), engine)
     for batch in loader:
         del batch
     pending = [e for e in driver.events if not e.done]
@@ -219,10 +221,10 @@ def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(dri
     assert all(e.synchronized for e in pending)
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_a_batch_freed_while_an_exception_unwinds_is_fenced_and_the_exception_kept(driver, kind):
+@BLOCK_ENGINES
+def test_a_batch_freed_while_an_exception_unwinds_is_fenced_and_the_exception_kept(driver, engine):
     driver.events_done = False
-    it = iter(loader_of(Arrays(), kind))
+    it = iter(loader_of(Arrays(), engine))
     seen = []
 
     def next_batch():
@@ -256,28 +258,28 @@ def test_a_thread_workers_batch_is_released_on_the_thread_that_drops_it(driver):
     threads = []
     fence = driver.fence
     driver.fence = lambda: (threads.append(threading.current_thread().name), fence())[1]
-    for batch in loader_of(SlowArrays(64), KINDS[1], batch_size=8):  # 128 KiB: in a block
+    for batch in loader_of(SlowArrays(64), Engine("thread"), batch_size=8):  # 128 KiB: in a block
         del batch
     assert threads and set(threads) == {threading.current_thread().name}
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_a_refused_registration_warns_once_and_batches_are_copied_as_before(driver, kind):
+@BLOCK_ENGINES
+def test_a_refused_registration_warns_once_and_batches_are_copied_as_before(driver, engine):
     driver.refuse = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        batches = [b.clone() for b in loader_of(Arrays(), kind)]
+        batches = [b.clone() for b in loader_of(Arrays(), engine)]
     assert same(batches, torchs(Arrays()))
     texts = [str(w.message) for w in caught if w.category is RuntimeWarning]
     assert len(texts) == 1 and "could not pin batches where they are" in texts[0]
     assert driver.events == []  # nothing is fenced without a registration
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_without_pin_memory_nothing_is_registered_and_turning_it_off_unpins(driver, kind):
-    list(loader_of(Arrays(), kind, pin_memory=False))
+@BLOCK_ENGINES
+def test_without_pin_memory_nothing_is_registered_and_turning_it_off_unpins(driver, engine):
+    list(loader_of(Arrays(), engine, pin_memory=False))
     assert driver.registrations == 0 and driver.events == []
-    loader = loader_of(Arrays(), kind)
+    loader = loader_of(Arrays(), engine)
     list(loader)
     assert driver.ranges
     loader.pin_memory = False  # torch lets it change between epochs
@@ -315,9 +317,9 @@ DATA_IDS = ["arrays", "tensors"]
 
 @cuda
 @pytest.mark.parametrize("data", DATA, ids=DATA_IDS)
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_batches_are_pinned_where_they_are_collated_on_cuda(kind, data):
-    loader = loader_of(data(), kind, batch_size=64)
+@BLOCK_ENGINES
+def test_batches_are_pinned_where_they_are_collated_on_cuda(engine, data):
+    loader = loader_of(data(), engine, batch_size=64)
     for batch in loader:
         assert batch.is_pinned()
         assert record_of(loader).buffers._pinned
@@ -326,24 +328,24 @@ def test_batches_are_pinned_where_they_are_collated_on_cuda(kind, data):
 
 @cuda
 @pytest.mark.parametrize("data", DATA, ids=DATA_IDS)
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@BLOCK_ENGINES
 @pytest.mark.parametrize("how", ["side stream", "default stream", "waited-for side stream"])
 def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_its_block_is_reused(
-    kind, how, data
+    engine, how, data
 ):
-    loader = loader_of(data(), kind, batch_size=64)
+    loader = loader_of(data(), engine, batch_size=64)
     assert slow_stream_reads(loader, data(), 20_000_000, how) == 0
 
 
 @cuda
 @pytest.mark.parametrize("data", DATA, ids=DATA_IDS)
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, kind, data):
+@BLOCK_ENGINES
+def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, engine, data):
     # The check above can fail: with fences that say "done" at once, blocks are reused while
     # the device has not read them yet.
     register, unregister, _ = _cuda_host.slot_pinning()
     monkeypatch.setattr(
         _cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
     )
-    loader = loader_of(data(), kind, batch_size=64)
+    loader = loader_of(data(), engine, batch_size=64)
     assert slow_stream_reads(loader, data(), 20_000_000) > 0

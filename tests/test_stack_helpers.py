@@ -17,7 +17,7 @@ import torch.utils.data as tud
 import rloader
 from rloader import _rloader
 
-from _compare import same
+from _compare import both, same
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,10 +64,6 @@ def traits(batch):
         version = None if batch.is_inference() else batch._version  # inference: no counter
         return (batch.stride(), batch._base is None, version, batch.requires_grad)
     return [traits(x) for x in batch]
-
-
-def both(dataset, **kwargs):
-    return list(tud.DataLoader(dataset, **kwargs)), list(rloader.DataLoader(dataset, **kwargs))
 
 
 MAKES = {

@@ -3,7 +3,6 @@ of a known least duration (sleeps), so the bounds hold however loaded the machin
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 import pytest
@@ -15,9 +14,6 @@ import rloader
 pytestmark = pytest.mark.timeout(120)
 
 SLEEP = 0.005
-# How long Sleepy's samples and slow_collate's batches take, in seconds: shared memory, so that
-# forked workers (persistent ones too) see it change between epochs.
-DELAY = multiprocessing.Value("d", SLEEP, lock=False)
 
 
 class Sleepy(tud.Dataset):
@@ -25,12 +21,12 @@ class Sleepy(tud.Dataset):
         return 16
 
     def __getitem__(self, i):
-        time.sleep(DELAY.value)
+        time.sleep(SLEEP)
         return torch.zeros(2), i
 
 
 def slow_collate(batch):
-    time.sleep(DELAY.value)
+    time.sleep(SLEEP)
     return tud.default_collate(batch)
 
 
@@ -42,46 +38,81 @@ def run(loader, pause=SLEEP):
     return n
 
 
+SLOW = 0.05
+
+
+class SlowThenQuick(tud.Dataset):
+    """32 samples: each of the first 16 takes SLOW to fetch, the others nothing."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        if i < 16:
+            time.sleep(SLOW)
+        return torch.zeros(2), i
+
+
+def slow_then_quick_collate(batch):
+    if batch[0][1] < 16:
+        time.sleep(SLOW)
+    return tud.default_collate(batch)
+
+
+class SlowEpochThenQuick(tud.Sampler):
+    """Samples 0-15 in the first epoch, 16-31 (no work at all) in each later one."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def __len__(self):
+        return 16
+
+    def __iter__(self):
+        start = 0 if self.epochs == 0 else 16
+        self.epochs += 1
+        return iter(range(start, start + 16))
+
+
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(),
-        dict(num_workers=2, worker_type="thread"),
-        dict(num_workers=2, persistent_workers=True),
-        dict(num_workers=2),
-    ],
+    "engine, persistent",
+    [("main", False), ("thread", False), ("process", True), ("process", False)],
     ids=["single", "threads", "processes", "new-processes-each-epoch"],
+    indirect=["engine"],
 )
-def test_stages_add_up_what_happened(kwargs):
-    loader = rloader.DataLoader(Sleepy(), batch_size=4, collate_fn=slow_collate, **kwargs)
+def test_stages_add_up_what_happened(engine, persistent):
+    kwargs = engine.kwargs(persistent_workers=persistent)
+    loader = rloader.DataLoader(
+        SlowThenQuick(),
+        batch_size=4,
+        sampler=SlowEpochThenQuick(),
+        collate_fn=slow_then_quick_collate,
+        **kwargs,
+    )
     assert loader.stats() is None  # no epoch yet
-    first = None
-    # The second epoch counts afresh (persistent workers too): its samples and batches take a
-    # tenth of the first's, so its sums are below the first's, however slow a loaded machine
-    # makes either (counted on from the first, they would be above).
-    for delay in (10 * SLEEP, SLEEP):
-        DELAY.value = delay
-        try:
-            assert run(loader) == 4
-        finally:
-            DELAY.value = SLEEP
+    epochs = []
+    for _ in range(2):  # the second epoch counts afresh (persistent workers too)
+        assert run(loader) == 4
         stats = loader.stats()
+        epochs.append(stats)
         assert stats["batches"] == 4
         assert stats["waiting_for_user_s"] >= 3 * SLEEP  # between the 4 batches
-        # Every sample and every batch, summed over the workers (threads or processes).
-        assert stats["fetch_s"] >= 16 * delay
-        assert stats["collate_s"] >= 4 * delay
-        if first is not None:  # only this epoch's (the first's and more would be)
-            assert stats["fetch_s"] < first["fetch_s"]
-            assert stats["collate_s"] < first["collate_s"]
-        first = stats
-        if kwargs.get("worker_type") == "thread" or not kwargs:
+        if engine.name != "process":
             assert stats["transport_s"] == 0.0
         else:  # taken in from other processes
             assert stats["transport_s"] > 0.0
-        if not kwargs:  # the single-process loop does the work inside next()
+        if engine.name == "main":  # the single-process loop does the work inside next()
             assert stats["waiting_for_data_s"] >= stats["fetch_s"] + stats["collate_s"]
         assert stats["pin_s"] == 0.0
+    first, second = epochs
+    # Every sample and every batch of the slow first epoch, summed over the workers (threads
+    # or processes).
+    assert first["fetch_s"] >= 16 * SLOW
+    assert first["collate_s"] >= 4 * SLOW
+    # The second epoch's samples and batches take no work: its stages, counted afresh, come to
+    # less than the first's (counted on from the first, they would come to more).
+    assert second["fetch_s"] < first["fetch_s"]
+    assert second["collate_s"] < first["collate_s"]
 
 
 def slow_pin(loader):
@@ -95,15 +126,12 @@ def slow_pin(loader):
     return pin
 
 
-@pytest.mark.parametrize(
-    "kwargs", [dict(), dict(num_workers=2), dict(num_workers=2, worker_type="thread")]
-)
-def test_pinning_is_counted_where_it_happens(kwargs, monkeypatch):
+def test_pinning_is_counted_where_it_happens(engine, monkeypatch):
     # Stands in for pinning on a machine without an accelerator (as test_pin_thread.py does).
     monkeypatch.setattr(rloader._pin_policy, "pin_plan", slow_pin)
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
-    loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **kwargs)
+    loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **engine.kwargs())
     assert run(loader, pause=0) == 4
     assert loader.stats()["pin_s"] >= 4 * SLEEP
 
@@ -111,12 +139,8 @@ def test_pinning_is_counted_where_it_happens(kwargs, monkeypatch):
 def test_a_loader_that_is_the_bottleneck_shows_it():
     # The dataset is slow (0.8 s of sleeps an epoch) and the loop does nothing: the loop waits
     # for data most of the time, however often a loaded machine stops it between batches.
-    loader = rloader.DataLoader(Sleepy(), batch_size=2)
-    DELAY.value = 10 * SLEEP
-    try:
-        run(loader, pause=0)
-    finally:
-        DELAY.value = SLEEP
+    loader = rloader.DataLoader(SlowThenQuick(), batch_size=2, sampler=range(16))
+    run(loader, pause=0)
     stats = loader.stats()
     assert stats["waiting_for_data_s"] > stats["waiting_for_user_s"]
 

@@ -1,13 +1,13 @@
-"""Thread workers (worker_type="thread"): every DataLoader argument behaves as with worker
-processes, torch's process workers being the oracle for the batches. (Tests of
-tests/test_workers.py that run with both kinds of workers are parametrized there over
-worker_type: timeout, two iterators, the sampler's draws and its errors.)"""
+"""What only thread workers do (worker_type="thread"): batches handed over without shared
+memory or pickling, fetches that overlap, each thread's worker info and generators, pinning
+on the worker threads, threads left behind, async datasets. Behaviour shared with the other
+engines (batches, iterable datasets, persistent workers, errors, the sampler's draws, Ctrl-C)
+is in test_engines.py."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import pickle
 import random
 import threading
@@ -17,17 +17,9 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _children import no_worker_threads_within, worker_threads
+from _datasets import Squares, failing_init
 from _samplers import read_past_errors
-from test_workers import (
-    Failing,
-    MyIterableDataset,
-    PlainRange,
-    Squares,
-    failing_init,
-    interrupt_a_slow_loader,
-    run_script,
-    split_init_fn,
-)
 
 import rloader
 
@@ -38,79 +30,12 @@ pytestmark = pytest.mark.timeout(120)
 THREADS = dict(worker_type="thread")
 
 
-def both(dataset, **kwargs):
-    """torch's process workers, and rloader's thread workers, on the same arguments."""
-    theirs = list(tud.DataLoader(dataset, **kwargs))
-    ours = list(rloader.DataLoader(dataset, **kwargs, **THREADS))
-    return theirs, ours
-
-
-def worker_threads() -> list:
-    """The names of this process's rloader worker threads (``rloader-wN``) still running."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        if name.startswith("rloader-w"):
-            names.append(name)
-    return names
-
-
-def no_worker_threads_within(seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while worker_threads() and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.05)
-    return not worker_threads()
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(batch_size=4),
-        dict(batch_size=5, drop_last=True),
-        dict(batch_size=None),
-        dict(batch_size=3, prefetch_factor=1),
-        dict(batch_size=2, num_workers=3, prefetch_factor=4),
-        dict(batch_sampler=[[3, 1], [0], [5, 6, 7]]),
-        dict(batch_size=4, collate_fn=lambda b: [x["i"] for x in b]),
-        dict(batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7)),
-    ],
-)
-# torch's own loader warns of 3 worker processes on this 2-core machine (expected).
-@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-def test_same_batches_as_torchs_workers(kwargs):
-    kwargs = {"num_workers": 2, **kwargs}
-    if "generator" in kwargs:  # each loader draws from a generator in the same state
-        theirs = list(tud.DataLoader(Squares(), **kwargs))
-        kwargs["generator"] = torch.Generator().manual_seed(7)
-        ours = list(rloader.DataLoader(Squares(), **kwargs, **THREADS))
-        # rloader's random orders are its own: the same as its process workers'.
-        kwargs["generator"] = torch.Generator().manual_seed(7)
-        processes = list(rloader.DataLoader(Squares(), **kwargs))
-        assert same(ours, processes)
-        assert sorted(i for b in ours for i in b["i"].tolist()) == sorted(
-            i for b in theirs for i in b["i"].tolist()
-        )
-        return
-    theirs, ours = both(Squares(), **kwargs)
-    assert same(ours, theirs)
-
-
 def test_batches_are_handed_over_without_shared_memory():
     # Process workers' batches live in shared memory; a thread's batch is the one it made.
     batch = next(iter(rloader.DataLoader(Squares(8), batch_size=4, num_workers=2, **THREADS)))
     assert not batch["x"].is_shared()
     process_batch = next(iter(rloader.DataLoader(Squares(8), batch_size=4, num_workers=2)))
     assert same(batch, process_batch)
-
-
-def test_in_order_false_yields_every_batch():
-    loader = rloader.DataLoader(Squares(40), batch_size=4, num_workers=3, in_order=False, **THREADS)
-    assert sorted(i for b in loader for i in b["i"].tolist()) == list(range(40))
 
 
 class Gate(tud.Dataset):
@@ -238,111 +163,6 @@ def test_each_thread_has_generators_of_its_own_and_the_global_ones_are_left_alon
     assert all(row[4] for row in first)
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-@pytest.mark.parametrize("workers", [2, 12])
-def test_documented_iterable_examples(workers):
-    ds = MyIterableDataset(start=3, end=7)
-    theirs, ours = both(ds, num_workers=workers)
-    assert same(ours, theirs)
-    theirs, ours = both(PlainRange(3, 7), num_workers=workers, worker_init_fn=split_init_fn)
-    assert same(ours, theirs)
-    theirs, ours = both(PlainRange(3, 7), num_workers=workers)  # duplicated, as documented
-    assert same(ours, theirs)
-
-
-@pytest.mark.parametrize(
-    "kwargs", [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)]
-)
-def test_iterable_batches_per_worker_like_torch(kwargs):
-    theirs, ours = both(PlainRange(0, 10), num_workers=2, **kwargs)
-    assert same(ours, theirs)
-
-
-def test_iterable_dataset_with_in_order_false_ends():
-    loader = rloader.DataLoader(
-        PlainRange(0, 10), batch_size=3, num_workers=2, in_order=False, **THREADS
-    )
-    assert sorted(x for b in loader for x in b.tolist()) == sorted(list(range(10)) * 2)
-
-
-INIT_THREADS: list = []
-
-
-def recording_init(worker_id):
-    INIT_THREADS.append((worker_id, threading.get_ident(), tud.get_worker_info().id))
-
-
-class ThreadOf(tud.Dataset):
-    def __len__(self):
-        return 6
-
-    def __getitem__(self, i):
-        return threading.get_ident()
-
-
-def test_persistent_workers_survive_epochs_and_init_once_per_thread():
-    INIT_THREADS.clear()
-    loader = rloader.DataLoader(
-        ThreadOf(),
-        batch_size=None,
-        num_workers=2,
-        persistent_workers=True,
-        worker_init_fn=recording_init,
-        **THREADS,
-    )
-    first, second = list(loader), list(loader)
-    assert set(first) == set(second) and len(set(first)) == 2
-    assert sorted((w, i) for w, _, i in INIT_THREADS) == [(0, 0), (1, 1)]
-    assert {t for _, t, _ in INIT_THREADS} == set(first)  # run on the worker threads
-    assert len(worker_threads()) == 2
-    loader._iterator._rloader_pool.stop()
-    assert not worker_threads()
-
-
-def test_persistent_workers_on_iterable_dataset():
-    loader = rloader.DataLoader(
-        PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True, **THREADS
-    )
-    theirs = tud.DataLoader(PlainRange(0, 6), batch_size=2, num_workers=2, persistent_workers=True)
-    for _ in range(3):
-        assert same(list(loader), list(theirs))
-    loader._iterator._rloader_pool.stop()
-
-
-def test_persistent_workers_restart_after_an_abandoned_epoch():
-    loader = rloader.DataLoader(
-        Squares(20), batch_size=2, num_workers=2, persistent_workers=True, **THREADS
-    )
-    it = iter(loader)
-    next(it)
-    assert same(list(loader), list(rloader.DataLoader(Squares(20), batch_size=2)))
-    loader._iterator._rloader_pool.stop()
-
-
-def test_a_workers_exception_reraises_with_type_message_and_traceback():
-    with pytest.raises(ValueError) as theirs:
-        list(tud.DataLoader(Failing(), batch_size=2, num_workers=2))
-    with pytest.raises(ValueError) as ours:
-        list(rloader.DataLoader(Failing(), batch_size=2, num_workers=2, **THREADS))
-    text = str(ours.value)
-    assert text.startswith("Caught ValueError in DataLoader worker thread 0.")
-    assert "sample 5 is broken" in text and "Traceback" in text
-    first_line = str(theirs.value).splitlines()[0]
-    assert first_line.replace("worker process", "worker thread") == text.splitlines()[0]
-
-
-def test_the_loader_goes_on_after_a_workers_exception():
-    # As with torch's workers: the error is that batch's, the others still come.
-    out = read_past_errors(rloader.DataLoader(Failing(), batch_size=2, num_workers=2, **THREADS))
-    theirs = read_past_errors(tud.DataLoader(Failing(), batch_size=2, num_workers=2))
-    assert same(out, theirs), (out, theirs)
-
-
-def test_worker_init_fn_error_is_reported():
-    with pytest.raises(KeyError, match="in DataLoader worker thread"):
-        list(rloader.DataLoader(Squares(), num_workers=2, worker_init_fn=failing_init, **THREADS))
-
-
 class Unpicklable(tud.Dataset):
     """A dataset (and keys) that cannot be pickled: worker processes under spawn could not
     take it; threads need nothing pickled."""
@@ -382,18 +202,6 @@ def test_abandoned_iterators_leave_no_threads_behind():
     for _ in loader:  # an epoch run to its end stops its threads at once
         pass
     assert not worker_threads()
-
-
-def test_a_persistent_loader_in_a_reference_cycle_is_collected():
-    class Cyclic(Squares):
-        pass
-
-    ds = Cyclic(10)
-    loader = rloader.DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True, **THREADS)
-    loader.me = loader  # the cycle
-    list(loader)
-    del loader
-    assert no_worker_threads_within()
 
 
 def pin_stand_in(loader):
@@ -500,67 +308,6 @@ def test_many_threads_are_no_warning():
         warnings.simplefilter("error")
         loader = rloader.DataLoader(Squares(8), num_workers=32, **THREADS)
         assert len(list(loader)) == 8
-
-
-def test_iterable_length_warning_as_torchs():
-    class Four(tud.IterableDataset):
-        def __len__(self):
-            return 2
-
-        def __iter__(self):
-            return iter(range(4))
-
-    loader = rloader.DataLoader(Four(), num_workers=1, **THREADS)
-    assert len(loader) == 2
-    with pytest.warns(UserWarning, match="Length of IterableDataset"):
-        assert len(list(loader)) == 4
-
-
-@pytest.mark.parametrize("inherited", ["handled", "ignored"])
-def test_ctrl_c_interrupts_cleanly(inherited):
-    interrupt_a_slow_loader(inherited, 'worker_type="thread"')
-
-
-def test_interpreter_exit_with_a_live_iterator_is_prompt():
-    # The pool's threads are told to leave and joined at exit, not waited out for the join's
-    # 5 s and left behind: the last exit hook (registered first, so run last) finds none of
-    # them (named rloader-w<id>) among the process's threads. No wall-clock bound, so load
-    # cannot fail it.
-    done = run_script("""
-        import atexit, os
-
-        def workers():
-            names = []
-            for tid in os.listdir("/proc/self/task"):
-                try:
-                    with open(f"/proc/self/task/{tid}/comm") as f:
-                        names.append(f.read().strip())
-                except OSError:
-                    pass  # a thread that ended meanwhile
-            return sorted(n for n in names if n.startswith("rloader-w"))
-
-        def workers_left():
-            print("left:", workers(), flush=True)
-
-        atexit.register(workers_left)
-
-        import rloader
-        from test_workers import Squares
-        it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=4,
-                                     worker_type="thread", persistent_workers=True))
-        next(it)
-        import time
-        deadline = time.monotonic() + 60  # a thread is named once it runs: on a loaded machine,
-        while time.monotonic() < deadline:  # not all of them have yet
-            running = len(workers())
-            if running == 4:
-                break
-            time.sleep(0.01)
-        print("running:", running, flush=True)
-    """)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["running: 4", "left: []"], done.stdout
-    assert done.stderr == ""
 
 
 # ---------------------------------------------------------------- async datasets

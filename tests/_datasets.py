@@ -1,0 +1,196 @@
+"""Datasets (and worker_init_fns) that several test files, and the scripts they run in child
+processes, load: defined once, importable by name from a worker process under any start
+method."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+
+class Squares(tud.Dataset):
+    """A dict per sample, of every leaf kind collate knows: a tensor, an int, a str, an array."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.full((3,), float(i * i)), "i": i, "name": f"s{i}", "a": np.arange(2) + i}
+
+
+class Ints(tud.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+class PlainRange(tud.IterableDataset):
+    """range(start, end), from every worker (the duplicated data the documentation warns of)."""
+
+    def __init__(self, start, end):
+        super().__init__()
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+class MyIterableDataset(tud.IterableDataset):
+    """The documentation's IterableDataset example: each worker yields its share."""
+
+    def __init__(self, start, end):
+        super().__init__()
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        worker_info = tud.get_worker_info()
+        if worker_info is None:
+            iter_start, iter_end = self.start, self.end
+        else:
+            per_worker = int(math.ceil((self.end - self.start) / float(worker_info.num_workers)))
+            iter_start = self.start + worker_info.id * per_worker
+            iter_end = min(iter_start + per_worker, self.end)
+        return iter(range(iter_start, iter_end))
+
+
+def split_init_fn(worker_id):
+    """The documentation's worker_init_fn that splits a PlainRange between the workers."""
+    info = tud.get_worker_info()
+    dataset = info.dataset
+    overall_start, overall_end = dataset.start, dataset.end
+    per_worker = int(math.ceil((overall_end - overall_start) / float(info.num_workers)))
+    dataset.start = overall_start + worker_id * per_worker
+    dataset.end = min(dataset.start + per_worker, overall_end)
+
+
+class Failing(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("sample 5 is broken")
+        return i
+
+
+def failing_init(worker_id):
+    raise KeyError("no init")
+
+
+class Slow(tud.Dataset):
+    """4 samples of 3 s each: a loader that is still running when a test interrupts it."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(3)
+        return i
+
+
+class Dies(tud.Dataset):
+    """Its worker dies at sample 3: `how` is "exitN" (os._exit(N)) or a signal's name (the
+    worker sends it to itself), having written when (time.monotonic(), one clock for every
+    process) to the file `stamp`, if given: how long the loader took to notice is measured
+    from there, not from a start that a loaded machine can make slow."""
+
+    def __init__(self, how, stamp=None):
+        self.how = how
+        self.stamp = stamp
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        if i == 3:
+            if self.stamp is not None:
+                with open(self.stamp, "w") as f:
+                    f.write(repr(time.monotonic()))
+            if self.how.startswith("exit"):
+                os._exit(int(self.how[4:]))
+            os.kill(os.getpid(), getattr(signal, self.how))
+            time.sleep(5)  # (a handled signal, as torch's workers handle SIGSEGV and SIGBUS)
+        return i
+
+
+class Unpicklable:
+    """Pickles in a worker; fails to unpickle in the main process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __reduce__(self):
+        return (_rebuild_only_in_a_worker, (self.pid,))
+
+
+_MAIN_PID = os.getpid()
+
+
+def _rebuild_only_in_a_worker(pid: int):
+    if os.getpid() == _MAIN_PID:
+        raise ValueError("cannot rebuild here")
+    return Unpicklable(pid)
+
+
+class BadAtTwo(tud.Dataset):
+    """Sample 2 comes back from a worker process as a batch that cannot be unpickled."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return Unpicklable(os.getpid()) if i == 2 else i
+
+
+class RefersToItsLoader(tud.Sampler):
+    """A sampler that a test points back at its loader: a reference cycle through the loader's
+    iterator."""
+
+    loader = None
+
+    def __len__(self) -> int:
+        return 20
+
+    def __iter__(self):
+        return iter(range(20))
+
+
+class ReportedFive(tud.IterableDataset):
+    """Says 5, and every worker yields all 5: the mistake torch's warning is there for."""
+
+    def __iter__(self):
+        return iter(range(5))
+
+    def __len__(self):
+        return 5
+
+    def __repr__(self):
+        return "ReportedFive()"
+
+
+class PoolViews(tud.Dataset):
+    """(uint8 [3, 64, 64] view into a pool, index): 12 KiB samples, 768 KiB batches of 64."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pool = np.random.default_rng(0).integers(0, 255, (32, 3, 64, 64), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.pool[i % 32], i
