@@ -84,9 +84,14 @@ test-rust:
 	@echo "== Rust tests (cargo test --workspace --release)"
 	cargo test --workspace --release
 
+# The Python tests run as the suite must hold up: 4 at a time (pytest-xdist) on however many
+# cores, in an order pytest-randomly shuffles (the seed is printed first; PYTEST_ARGS="-n 4
+# -p randomly --randomly-seed=N" replays an order; PYTEST_ARGS="-p no:randomly" runs them one
+# at a time in file order).
+PYTEST_ARGS ?= -n 4
 test-python: build
-	@echo "== Python tests (pytest; several minutes: many tests start worker processes)"
-	$(PY) -m pytest -q -p no:cacheprovider
+	@echo "== Python tests (pytest $(PYTEST_ARGS); several minutes: many tests start worker processes)"
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The long soak (tests/soak.py; tests/test_soak.py runs a short one): 10,000 iterators with
 # faults drawn at random, then 1,000 more under CPython's debug allocator, which catches writes
@@ -133,7 +138,7 @@ $(OLDEST_WHEEL_STAMP): $(OLDEST_DEPS) $(RUST_SOURCES) $(PY_SOURCES)
 
 test-oldest: $(OLDEST_WHEEL_STAMP)
 	@echo "== Python tests on Python $(OLDEST_PYTHON_VERSION) with torch $(OLDEST_TORCH)"
-	$(OLDEST_PY) -m pytest -q -p no:cacheprovider
+	$(OLDEST_PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # Fuzzing what the worker pool decodes from another process: its messages, region layout and
 # slots (rust/rloader-workers/tests/fuzz.rs) and the rings' framing and positions
