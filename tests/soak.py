@@ -25,8 +25,8 @@ timed: every child process, worker thread, pin thread, shared-memory mapping, de
 pinned registration must be gone within ``--teardown`` seconds (2 s). A case that runs past
 ``--case-timeout`` dumps every thread's stack and ends the soak (a hang). Every
 ``--check-every`` cases the resident memory is sampled; at the end it must not have grown by
-more than ``--rss-growth`` MiB since the first sample (taken after a warm-up, once torch's
-and rloader's caches exist).
+more than ``--rss-growth`` MiB since the end of the warm-up (``--warmup`` cases, once torch's,
+rloader's and the allocators' caches and arenas exist); its slope over the run is printed too.
 
 Exit status 0 and a last line ``soak: N cases, M iterators, 0 leaks, 0 hangs, ...`` when
 everything held; otherwise the case that failed is printed with what it left or how it ended.
@@ -170,6 +170,16 @@ def rss_mib() -> float:
         pass  # not glibc
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def slope(samples: list) -> float:
+    """MiB per 1,000 iterators: the least-squares slope of resident memory over iterators."""
+    if len(samples) < 2:
+        return 0.0
+    xs, ys = [x for x, _ in samples], [y for _, y in samples]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return 1000 * sum((x - mx) * (y - my) for x, y in samples) / var if var else 0.0
 
 
 def leftovers(base: dict, driver: Driver | None) -> list[str]:
@@ -339,8 +349,7 @@ def main(argv=None) -> int:
     plan, slot_pinning = _pin_policy.pin_plan, _cuda_host.slot_pinning
     counts: collections.Counter = collections.Counter()
     worst_teardown = 0.0
-    rss_first = None
-    rss_samples = []
+    rss_samples: list = []  # (iterators made, MiB) from the end of the warm-up on
     started = time.monotonic()
 
     # Warm-up cases (every engine, pinned or not, no fault) make what torch and rloader make
@@ -429,19 +438,19 @@ def main(argv=None) -> int:
             continue  # a warm-up case
         worst_teardown = max(worst_teardown, took)
 
-        if number + 1 == args.warmup:
-            rss_first = rss_mib()
-        if (number + 1) % args.check_every == 0:
-            rss_samples.append(rss_mib())
+        if (number + 1) % args.check_every == 0 or number + 1 == args.warmup:
+            rss = rss_mib()
+            if number + 1 >= args.warmup:
+                rss_samples.append((ITERATORS[0], rss))
             print(
                 f"soak: {number + 1} cases, {ITERATORS[0]} iterators, "
                 f"{time.monotonic() - started:.0f}s, "
-                f"rss {rss_samples[-1]:.0f} MiB, worst teardown {worst_teardown:.3f}s",
+                f"rss {rss:.0f} MiB, worst teardown {worst_teardown:.3f}s",
                 flush=True,
             )
     os.rmdir(tmp)
-    rss_samples.append(rss_mib())
-    growth = rss_samples[-1] - (rss_first if rss_first is not None else rss_samples[0])
+    rss_samples.append((ITERATORS[0], rss_mib()))
+    growth = rss_samples[-1][1] - rss_samples[0][1]
     print(
         "soak: ends by fault (fault, ended): "
         + ", ".join(f"{f}/{e} {n}" for (f, e), n in sorted(counts.items()))
@@ -452,7 +461,8 @@ def main(argv=None) -> int:
     print(
         f"soak: {number} cases, {ITERATORS[0]} iterators, 0 leaks, 0 hangs, "
         f"worst teardown {worst_teardown:.3f}s, "
-        f"rss growth {growth:+.0f} MiB, {time.monotonic() - started:.0f}s"
+        f"rss growth {growth:+.0f} MiB after the warm-up ({slope(rss_samples):+.1f} MiB per "
+        f"1,000 iterators), {time.monotonic() - started:.0f}s"
     )
     return 0
 
