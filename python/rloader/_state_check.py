@@ -19,6 +19,8 @@ from typing import Any, Optional
 import torch
 import torch.utils.data
 
+from ._resume import FORMAT, _drawing_sampler, _generators
+
 _ROLES = ("loader", "sampler")
 _FLAGS = ("in_order", "pulled", "base_drawn", "next_draws_base", "dataset_ended")
 
@@ -34,8 +36,6 @@ def check(loader, state: Any) -> None:
 
 
 def _check_one(loader, state: Any, where: str, elastic_rank: bool) -> None:
-    from ._resume import FORMAT
-
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         if isinstance(state, dict) or not elastic_rank:
             raise ValueError(
@@ -116,8 +116,6 @@ def _check_holes(state: dict, position: Optional[int], where: str) -> None:
 
 
 def _check_generators(loader, generators: Any, where: str) -> None:
-    from ._resume import _generators
-
     if not isinstance(generators, dict):
         raise TypeError(f"{where}['generators'] must be a dict, not {_what(generators)}")
     current = _generators(loader)
@@ -152,8 +150,6 @@ def _check_packed(blob: Any, expected: int, where: str) -> None:
 
 
 def _check_sampler(loader, sampler: Any, where: str) -> None:
-    from ._resume import _drawing_sampler
-
     if sampler is None:
         return
     if not isinstance(sampler, dict):
