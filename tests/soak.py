@@ -185,17 +185,19 @@ def slope(samples: list) -> float:
 def leftovers(base: dict, driver: Driver | None) -> list[str]:
     """What is still there that was not before the case (empty when all is gone)."""
     left = []
-    if children():
-        left.append(f"child processes {sorted(children())}")
+    kids = children()
+    if kids:
+        left.append(f"child processes {sorted(kids)}")
     ours = [n for n in thread_names() if n.startswith("rloader")]  # Rust threads' OS names
     if ours:
         left.append(f"threads {ours}")
     if threading.active_count() > base["py_threads"]:
         left.append(f"Python threads {[t.name for t in threading.enumerate()]}")
-    if shared_mappings() > base["maps"]:
-        left.append(f"{shared_mappings() - base['maps']} shared mappings")
-    if fds() > base["fds"]:
-        left.append(f"{fds() - base['fds']} descriptors")
+    maps, open_fds = shared_mappings() - base["maps"], fds() - base["fds"]
+    if maps > 0:
+        left.append(f"{maps} shared mappings")
+    if open_fds > 0:
+        left.append(f"{open_fds} descriptors")
     if driver is not None and driver.ranges:
         left.append(f"{len(driver.ranges)} pinned registrations")
     return left
