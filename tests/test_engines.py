@@ -368,3 +368,29 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt(engine, pin, persistent
     pids = [int(p) for p in pids.split()[1:]]
     assert len(pids) == (4 if engine.name == "process" else 0), done.stdout
     assert not any(alive(p) for p in pids)
+
+
+class IntraOpThreads(tud.Dataset):
+    """What `torch.get_num_threads()` says where each sample is fetched."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.get_num_threads()
+
+
+def test_workers_run_ops_on_one_intra_op_thread_as_torchs_workers_do(engine):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        theirs, ours = both(IntraOpThreads(), engine, batch_size=None)
+        assert ours == theirs == ([1] * 4 if engine.has_workers else [2] * 4)
+        # The training loop keeps its count, and so does a thread it starts afterwards.
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert (torch.get_num_threads(), later) == (2, [2])
+    finally:
+        torch.set_num_threads(before)

@@ -43,7 +43,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _pin_policy, _resume, _rloader, _thread_info
+from . import _compat, _intra_op, _pin_policy, _resume, _rloader, _thread_info
 from ._collate import _collate_plan
 from ._process_pool import _reported_len
 from ._seed import draw_seed
@@ -142,6 +142,9 @@ class _ThreadWorker:
             rng=_worker_rng(self.base_seed, self.worker_id),
             worker_method="thread",
         )
+        # One intra-op thread for this thread's torch ops, as torch gives a worker process
+        # (before worker_init_fn, which may choose otherwise).
+        _intra_op.use_one_intra_op_thread()
         try:
             if self.device is not None:  # batches are pinned on this thread
                 torch.accelerator.set_device_index(self.device)
