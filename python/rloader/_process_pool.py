@@ -168,19 +168,22 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
         pool = _Pool(region, loader)
         it = _rloader.PoolIter(
             region=region,
-            in_order=bool(loader.in_order),  # torch takes any truthy value
+            hooks=pool,
             keys=feed if feed is not None else keys,
             auto_collation=loader._auto_collation,
-            # With pinning, torch times the main thread's wait for the pin thread (PinnedBatches),
-            # not the pin thread's wait for the workers, which may run while the user is busy.
-            timeout=0.0 if pin is not None else float(loader.timeout),
-            persistent=bool(loader.persistent_workers),
-            pin=None,  # pinned on a thread of its own (below)
-            length_of=None if pin is not None else loader._index_sampler,  # PinnedBatches has it
-            hooks=pool,
-            reported_len=None if pin is not None else _reported_len(loader),
+            hand_out=_rloader.HandOutOptions(
+                in_order=bool(loader.in_order),  # torch takes any truthy value
+                # With pinning, torch times the main thread's wait for the pin thread
+                # (PinnedBatches), not the pin thread's wait for the workers, which may run while
+                # the user is busy.
+                timeout=0.0 if pin is not None else float(loader.timeout),
+                persistent=bool(loader.persistent_workers),
+                # PinnedBatches has the length, and pins on a thread of its own (below)
+                length_of=None if pin is not None else loader._index_sampler,
+                reported_len=None if pin is not None else _reported_len(loader),
+                first_worker=epoch.first_worker(),
+            ),
             worker_states=worker_states,
-            first_worker=epoch.first_worker(),
         )
         it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
         # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists

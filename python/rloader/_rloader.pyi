@@ -13,6 +13,7 @@ __all__ = [
     "IndexChunks",
     "BatchStream",
     "LengthWarning",
+    "BatchOptions",
     "LoaderIter",
     "sequential",
     "random_indices",
@@ -24,6 +25,7 @@ __all__ = [
     "distributed_sizes",
     "fast_collate",
     "_split_stacks",
+    "HandOutOptions",
     "PoolIter",
     "HandOuts",
     "KeyFeed",
@@ -169,13 +171,30 @@ class BatchStream:
     def __iter__(self) -> BatchStream: ...
     def __next__(self) -> list[Any]: ...
 
-# single_process.rs
+# single_process.rs (BatchOptions: fetch.rs)
 
 # A default collate's plan: `CollatePlan` in rloader._collate, which holds the fast path's rule.
 class _CollatePlan(Protocol):
     @property
     def general(self) -> Callable[[Any], Any]: ...
     def fast_path_may_run(self) -> bool: ...
+
+@final
+class BatchOptions:
+    """How each batch is made (``LoaderIter``, ``ThreadPool``): collation, batching of an
+    iterable dataset, pinning, and the loader's recycled batch memory."""
+
+    def __new__(
+        cls,
+        *,
+        auto_collation: bool,
+        batch_size: int | None,
+        drop_last: bool,
+        collate_fn: Callable[[Any], Any],
+        collate_plan: _CollatePlan | None,
+        pin: Callable[[Any], Any] | None,
+        buffers: BatchBuffers | None = None,
+    ) -> BatchOptions: ...
 
 @final
 class LoaderIter:
@@ -186,16 +205,10 @@ class LoaderIter:
         *,
         dataset: Any,
         keys: Iterable[Any] | None,
-        auto_collation: bool,
-        batch_size: int | None,
-        drop_last: bool,
-        collate_fn: Callable[[Any], Any],
-        collate_plan: _CollatePlan | None,
-        pin: Callable[[Any], Any] | None,
+        batch: BatchOptions,
         length_of: Sized,
         reported_len: int | None,
         exhausted: bool = False,
-        buffers: BatchBuffers | None = None,
     ) -> LoaderIter: ...
     @property
     def _progress(self) -> tuple[int, bool]:
@@ -268,6 +281,23 @@ class LengthWarning:
     def __new__(cls, dataset: Any, reported: int, workers: bool) -> LengthWarning: ...
     def yielded(self) -> None: ...
 
+# handout/options.rs
+
+@final
+class HandOutOptions:
+    """How a multi-worker iterator (``PoolIter``, ``ThreadIter``) hands its batches out."""
+
+    def __new__(
+        cls,
+        *,
+        in_order: bool,
+        timeout: float,
+        persistent: bool,
+        length_of: Sized | None,
+        reported_len: tuple[Any, int] | None = None,
+        first_worker: int = 0,
+    ) -> HandOutOptions: ...
+
 # process/pool.rs
 
 @final
@@ -287,17 +317,11 @@ class PoolIter:
         cls,
         *,
         region: PoolRegion,
-        in_order: bool,
+        hooks: _PoolHooks,
         keys: Iterable[Any] | KeyFeed | None,
         auto_collation: bool,
-        timeout: float,
-        persistent: bool,
-        pin: Callable[[Any], Any] | None,
-        length_of: Sized | None,
-        hooks: _PoolHooks,
-        reported_len: tuple[Any, int] | None = None,
+        hand_out: HandOutOptions,
         worker_states: bool = False,
-        first_worker: int = 0,
     ) -> PoolIter: ...
     @property
     def _transport_counts(self) -> tuple[int, int]:
@@ -352,14 +376,8 @@ class ThreadPool:
         *,
         workers: list[_ThreadWorker] | list[_AsyncThreadWorker],
         iterable: bool,
-        auto_collation: bool,
-        batch_size: int | None,
-        drop_last: bool,
-        collate_fn: Callable[[Any], Any],
-        collate_plan: _CollatePlan | None,
-        pin: Callable[[Any], Any] | None,
+        batch: BatchOptions,
         asynchronous: bool = False,
-        buffers: BatchBuffers | None = None,
     ) -> ThreadPool: ...
     @property
     def stopped(self) -> bool: ...
@@ -393,14 +411,9 @@ class ThreadIter:
         cls,
         *,
         pool: ThreadPool,
-        in_order: bool,
         prefetch_factor: int,
         keys: Iterable[Any] | None,
-        auto_collation: bool,
-        timeout: float,
-        persistent: bool,
-        length_of: Sized,
-        reported_len: tuple[Any, int] | None = None,
+        hand_out: HandOutOptions,
     ) -> ThreadIter: ...
     @property
     def _progress(self) -> tuple[int, bool]:

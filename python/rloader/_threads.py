@@ -286,28 +286,31 @@ def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
         workers.append(worker)
     pool = _rloader.ThreadPool(
         workers=workers,
-        asynchronous=asynchronous,
         iterable=iterable,
-        auto_collation=loader._auto_collation,
-        batch_size=loader.batch_size if iterable else None,
-        drop_last=loader.drop_last,
-        collate_fn=loader.collate_fn,
-        collate_plan=_collate_plan(loader.collate_fn),
-        pin=pin,
-        # the loader's recycled batch memory (NOTE [Batch memory]), pinned with the batches
-        buffers=None if buffers is None else buffers(pin),
+        batch=_rloader.BatchOptions(
+            auto_collation=loader._auto_collation,
+            batch_size=loader.batch_size if iterable else None,
+            drop_last=loader.drop_last,
+            collate_fn=loader.collate_fn,
+            collate_plan=_collate_plan(loader.collate_fn),
+            pin=pin,
+            # the loader's recycled batch memory (NOTE [Batch memory]), pinned with the batches
+            buffers=None if buffers is None else buffers(pin),
+        ),
+        asynchronous=asynchronous,
     )
     try:
         it = _rloader.ThreadIter(
             pool=pool,
-            in_order=bool(loader.in_order),
             prefetch_factor=loader.prefetch_factor,
             keys=keys,
-            auto_collation=loader._auto_collation,
-            timeout=float(loader.timeout),
-            persistent=bool(loader.persistent_workers),
-            length_of=loader._index_sampler,
-            reported_len=_reported_len(loader),
+            hand_out=_rloader.HandOutOptions(
+                in_order=bool(loader.in_order),
+                timeout=float(loader.timeout),
+                persistent=bool(loader.persistent_workers),
+                length_of=loader._index_sampler,
+                reported_len=_reported_len(loader),
+            ),
         )
         it._rloader_pool = pool  # the threads behind an iterator (persistent loaders look)
         for worker in workers:

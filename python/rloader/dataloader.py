@@ -326,16 +326,18 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
     return _rloader.LoaderIter(
         dataset=loader.dataset,
         keys=keys,
-        auto_collation=loader._auto_collation,
-        batch_size=loader.batch_size if iterable else None,
-        drop_last=loader.drop_last,
-        collate_fn=collate_fn,
-        collate_plan=_collate_plan(collate_fn),
-        pin=pin,
+        batch=_rloader.BatchOptions(
+            auto_collation=loader._auto_collation,
+            batch_size=loader.batch_size if iterable else None,
+            drop_last=loader.drop_last,
+            collate_fn=collate_fn,
+            collate_plan=_collate_plan(collate_fn),
+            pin=pin,
+            buffers=_batch_buffers(loader, pin),
+        ),
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
         exhausted=_resume.epoch_of(loader).stream_ended,
-        buffers=_batch_buffers(loader, pin),
     )
 
 

@@ -5,6 +5,9 @@
 //! (process/worker.rs) and worker threads (threads/worker.rs). Python is entered only for the
 //! dataset (`__getitem__`, `__getitems__`, `__next__`) and a custom `collate_fn`; with the
 //! default collate_fn, common batches are collated by collate/.
+//!
+//! `BatchOptions`, how each batch is made (collation, batching of an iterable dataset,
+//! pinning, batch memory), is what the single-process loop and worker threads are built with.
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -18,6 +21,94 @@ use crate::collate::{fast_collate, LargeOutputs, StackHelpers};
 use crate::memory::BatchBuffers;
 use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
+
+/// How each batch is made: what `LoaderIter` (single_process.rs) and `ThreadPool`
+/// (threads/pool.rs) are built with alike. Every argument is keyword-only, so a misspelled or
+/// missing one is a `TypeError` here.
+///
+/// - `auto_collation`: torch's: each key is a batch of keys, whose samples are collated;
+/// - `batch_size`, `drop_last`: how an iterable dataset's samples are batched (`batch_size`
+///   None: no auto-collation; a map-style dataset's sampler does its batching);
+/// - `collate_fn`; `collate_plan`: its `CollatePlan` (python/rloader/_collate.py) when it is a
+///   default collate, else None;
+/// - `pin`: pins each batch when set (pin_memory with an accelerator);
+/// - `buffers`: the loader's recycled batch memory, kept across its epochs, which the default
+///   collate's large outputs go to (NOTE [Batch memory] in rloader-memory).
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct BatchOptions {
+    auto_collation: bool,
+    batch_size: Option<usize>,
+    drop_last: bool,
+    collate_fn: Py<PyAny>,
+    collate_plan: Option<Py<PyAny>>,
+    pin: Option<Py<PyAny>>,
+    buffers: Option<Py<BatchBuffers>>,
+}
+
+#[pymethods]
+impl BatchOptions {
+    #[new]
+    #[pyo3(signature = (*, auto_collation, batch_size, drop_last, collate_fn, collate_plan, pin,
+                        buffers=None))]
+    fn new(
+        auto_collation: bool,
+        batch_size: Option<usize>,
+        drop_last: bool,
+        collate_fn: Py<PyAny>,
+        collate_plan: Option<Py<PyAny>>,
+        pin: Option<Py<PyAny>>,
+        buffers: Option<Py<BatchBuffers>>,
+    ) -> Self {
+        BatchOptions {
+            auto_collation,
+            batch_size,
+            drop_last,
+            collate_fn,
+            collate_plan,
+            pin,
+            buffers,
+        }
+    }
+
+    // It holds the user's collate_fn (an option object normally lives only for the call that
+    // builds a loop, but the collector must see through it if one is kept).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.collate_fn)?;
+        visit.call(&self.collate_plan)?;
+        visit.call(&self.pin)?;
+        visit.call(&self.buffers)
+    }
+}
+
+impl BatchOptions {
+    /// The fetcher of one loop over `dataset`: a map-style one (`samples` None), or an
+    /// iterable one whose iterator is `samples`.
+    pub fn fetcher(
+        &self,
+        py: Python<'_>,
+        dataset: Py<PyAny>,
+        samples: Option<Py<PyIterator>>,
+    ) -> PyResult<Fetcher> {
+        let plan = self.collate_plan.as_ref().map(|p| p.bind(py).clone());
+        let buffers = self.buffers.as_ref().map(|b| b.clone_ref(py));
+        let collate = Collate::new(self.collate_fn.clone_ref(py), plan)?.with_buffers(buffers);
+        Ok(match samples {
+            None => Fetcher::map(py, dataset, self.auto_collation, collate)?,
+            Some(samples) => {
+                Fetcher::iterable(dataset, samples, self.batch_size, self.drop_last, collate)
+            }
+        })
+    }
+
+    /// What pins each batch, if batches are pinned.
+    pub fn pin(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.pin.as_ref().map(|p| p.clone_ref(py))
+    }
+
+    pub fn auto_collation(&self) -> bool {
+        self.auto_collation
+    }
+}
 
 pub enum Collate {
     /// A default collate, by its `CollatePlan` (python/rloader/_collate.py, which holds the

@@ -4,11 +4,13 @@
 //! - `sampling/`: where indices and keys come from: the sampler functions (whose index
 //!   arithmetic, shuffles included, is rloader-core's), the index streams `IndexChunks` and
 //!   `BatchStream`, and `SamplerKeys`, batches of keys as every loop takes them;
-//! - `fetch.rs`: `Fetcher`, one batch of keys in, one collated batch out, shared by every loop;
+//! - `fetch.rs`: `Fetcher`, one batch of keys in, one collated batch out, shared by every loop,
+//!   and `BatchOptions`, how each batch is made (what the single-process loop and worker
+//!   threads are built with);
 //! - `collate/`: the fast path of `default_collate`, and its stack helpers;
 //! - `single_process.rs`: `LoaderIter`, the single-process loop (`num_workers=0`);
-//! - `handout/`: handing batches out, what both multi-worker iterators share (`HandOutState`,
-//!   `Answer`, `HandOuts`, `LengthWarning`);
+//! - `handout/`: handing batches out, what both multi-worker iterators share (`HandOutOptions`,
+//!   `HandOutState`, `Answer`, `HandOuts`, `LengthWarning`);
 //! - `process/`: worker processes, where a batch crosses the process boundary: `PoolRegion`,
 //!   `PoolIter` (the main process's side), `worker_loop` (a worker's), `KeyFeed`;
 //! - `threads/`: worker threads: `ThreadPool`, a worker thread's loop, `ThreadIter`;
@@ -52,10 +54,12 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampling::IndexChunks>()?;
     m.add_class::<sampling::BatchStream>()?;
+    m.add_class::<fetch::BatchOptions>()?;
     m.add_class::<single_process::LoaderIter>()?;
     m.add_class::<handout::LengthWarning>()?;
     sampling::register(m)?;
     collate::register(m)?;
+    m.add_class::<handout::HandOutOptions>()?;
     m.add_class::<process::PoolIter>()?;
     m.add_class::<handout::HandOuts>()?;
     m.add_class::<process::KeyFeed>()?;

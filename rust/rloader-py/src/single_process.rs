@@ -11,9 +11,8 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::errors::not_picklable;
-use crate::fetch::{Collate, Fetcher};
+use crate::fetch::{BatchOptions, Fetcher};
 use crate::handout::LengthWarning;
-use crate::memory::BatchBuffers;
 use crate::sampling::SamplerKeys;
 use crate::stats::{Stage, Stats};
 
@@ -44,42 +43,30 @@ impl LoaderIter {
     /// Built by `rloader.dataloader`; every argument is keyword-only.
     ///
     /// - `keys`: `iter(loader._index_sampler)` for a map-style dataset, None for an iterable one.
-    /// - `batch_size`/`drop_last`: batching of an iterable dataset (None: no auto-collation).
-    /// - `collate_plan`: the `CollatePlan` (python/rloader/_collate.py) when `collate_fn` is a
-    ///   default collate, else None.
+    /// - `batch`: how each batch is made (`BatchOptions` in fetch.rs: collation, batching of an
+    ///   iterable dataset, pinning, batch memory).
+    /// - `length_of`: `len(self)` is `len(length_of)`; `reported_len`: an iterable dataset's
+    ///   `len(loader)`, if it was asked (torch's warning past it).
     /// - `exhausted`: a resumed epoch whose iterable dataset had ended: nothing more comes
     ///   (`iter(dataset)` is not called).
-    /// - `buffers`: the loader's recycled batch memory, kept across its epochs, which the
-    ///   default collate's large outputs go to (NOTE [Batch memory] in rloader-memory).
     #[new]
-    #[pyo3(signature = (*, dataset, keys, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin, length_of, reported_len, exhausted=false,
-                        buffers=None))]
-    // A parameter per keyword of the Python signature, which is the API: not grouped.
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, dataset, keys, batch, length_of, reported_len, exhausted=false))]
     fn new(
         py: Python<'_>,
         dataset: Py<PyAny>,
         keys: Option<Bound<'_, PyAny>>,
-        auto_collation: bool,
-        batch_size: Option<usize>,
-        drop_last: bool,
-        collate_fn: Py<PyAny>,
-        collate_plan: Option<Bound<'_, PyAny>>,
-        pin: Option<Py<PyAny>>,
+        batch: PyRef<'_, BatchOptions>,
         length_of: Py<PyAny>,
         reported_len: Option<usize>,
         exhausted: bool,
-        buffers: Option<Py<BatchBuffers>>,
     ) -> PyResult<Self> {
         let len_warning =
             LengthWarning::new(reported_len.map(|n| (dataset.clone_ref(py), n)), false);
-        let collate = Collate::new(collate_fn, collate_plan)?.with_buffers(buffers);
         let stats = Py::new(py, Stats::new())?;
         let (keys, fetcher) = match keys {
             Some(keys) => (
-                Some(SamplerKeys::new(&keys, auto_collation)?),
-                Fetcher::map(py, dataset, auto_collation, collate)?,
+                Some(SamplerKeys::new(&keys, batch.auto_collation())?),
+                batch.fetcher(py, dataset, None)?,
             ),
             None => {
                 let samples = if exhausted {
@@ -87,17 +74,14 @@ impl LoaderIter {
                 } else {
                     dataset.bind(py).try_iter()?.unbind()
                 };
-                (
-                    None,
-                    Fetcher::iterable(dataset, samples, batch_size, drop_last, collate),
-                )
+                (None, batch.fetcher(py, dataset, Some(samples))?)
             }
         };
         let fetcher = fetcher.with_stats(stats.clone_ref(py));
         Ok(LoaderIter {
             keys,
             fetcher,
-            pin,
+            pin: batch.pin(py),
             length_of,
             len_warning,
             index_buf: Vec::new(),

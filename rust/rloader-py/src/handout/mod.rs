@@ -7,6 +7,8 @@
 //!   length warning and its `Stats`;
 //! - [`iterator_methods!`]: the Python methods both iterators share (`__iter__`, `__next__`'s
 //!   timing, `__len__`, `__reduce__`, `_progress`, `_stats`, `_handouts`), over that state;
+//! - `options.rs`: `HandOutOptions`, what both iterators are built with (order, timeout,
+//!   length, persistence);
 //! - `handouts.rs`: `HandOuts`, the per-task record (NOTE [Resume]);
 //! - `length_warning.rs`: `LengthWarning`, torch's warning past an IterableDataset's length
 //!   (the single-process loop's too).
@@ -14,10 +16,12 @@
 mod answer;
 pub mod handouts;
 pub mod length_warning;
+mod options;
 
 pub use answer::{reraise, Answer, WorkerState};
 pub use handouts::HandOuts;
 pub use length_warning::LengthWarning;
+pub use options::HandOutOptions;
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};

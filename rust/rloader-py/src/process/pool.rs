@@ -33,7 +33,9 @@ use rloader_workers::{Next, PoolError, Scheduler};
 use super::key_feed::{DrawnKeys, TaskKeySource};
 use super::region::PoolRegion;
 use crate::errors::to_py;
-use crate::handout::{iterator_methods, reraise, Answer, HandOutState, WorkerState};
+use crate::handout::{
+    iterator_methods, reraise, Answer, HandOutOptions, HandOutState, WorkerState,
+};
 use crate::memory::{Lease, Message, PinnedSlots};
 use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
@@ -64,7 +66,6 @@ pub struct PoolIter {
     auto_collation: bool,
     /// The Python side (`rloader._process_pool._Pool`): unpickling, liveness, stopping processes.
     hooks: Py<PyAny>,
-    pin: Option<Py<PyAny>>,
     timeout: Option<Duration>,
     persistent: bool,
     stopped: bool,
@@ -102,26 +103,24 @@ iterator_methods!(PoolIter);
 
 #[pymethods]
 impl PoolIter {
+    /// Built by `rloader._process_pool.start_pool`; every argument is keyword-only.
+    ///
+    /// - `region`: the pool's shared memory; `hooks`: its Python side (`_Pool`);
+    /// - `keys`: `iter(index_sampler)`, or the pin thread's `KeyFeed`; None for an iterable
+    ///   dataset; `auto_collation`: each task is a batch of keys (torch's auto-collation);
+    /// - `hand_out`: in which order, how long and how many batches are handed out;
+    /// - `worker_states`: each answer carries its worker's dataset state (an iterable dataset
+    ///   with `state_dict`).
     #[new]
-    #[pyo3(signature = (*, region, in_order, keys, auto_collation, timeout, persistent, pin,
-                        length_of, hooks, reported_len=None, worker_states=false,
-                        first_worker=0))]
-    // A parameter per keyword of the Python signature, which is the API: not grouped.
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, region, hooks, keys, auto_collation, hand_out, worker_states=false))]
     fn new(
         py: Python<'_>,
         region: Py<PoolRegion>,
-        in_order: bool,
+        hooks: Py<PyAny>,
         keys: Option<Bound<'_, PyAny>>,
         auto_collation: bool,
-        timeout: f64,
-        persistent: bool,
-        pin: Option<Py<PyAny>>,
-        length_of: Option<Py<PyAny>>,
-        hooks: Py<PyAny>,
-        reported_len: Option<(Py<PyAny>, usize)>,
+        hand_out: PyRef<'_, HandOutOptions>,
         worker_states: bool,
-        first_worker: usize,
     ) -> PyResult<Self> {
         let pr = region.get();
         let (doorbell, to_workers, from_workers) = pr.prepare()?;
@@ -135,21 +134,18 @@ impl PoolIter {
         let cells = (0..num_workers).map(|w| pr.layout.times(w)).collect();
         stats.read_workers(pr.shm.clone(), cells);
         let stats = Py::new(py, stats)?;
-        let mut scheduler = Scheduler::new(num_workers, prefetch_factor.max(1), in_order);
-        scheduler.start_at(first_worker); // a resumed iterable dataset's next worker
         Ok(PoolIter {
             rloader_pool: None,
             pool_region: region,
             doorbell,
             to_workers,
             from_workers,
-            scheduler,
+            scheduler: hand_out.scheduler(num_workers, prefetch_factor),
             keys,
             auto_collation,
             hooks,
-            pin,
-            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
-            persistent,
+            timeout: hand_out.timeout(),
+            persistent: hand_out.persistent(),
             stopped: false,
             resumed: 0,
             index_buf: Vec::new(),
@@ -160,7 +156,7 @@ impl PoolIter {
             inbox: vec![Vec::new(); num_workers],
             buffers_in_slots: 0,
             buffers_inline: 0,
-            hand_out: HandOutState::new(py, num_workers, length_of, reported_len, stats)?,
+            hand_out: hand_out.state(py, num_workers, stats)?,
             worker_states,
             pinned: None,
         })
@@ -286,7 +282,6 @@ impl PoolIter {
         }
         visit.call(&self.pool_region)?;
         visit.call(&self.hooks)?;
-        visit.call(&self.pin)?;
         self.hand_out.traverse(&visit, &self.scheduler)
     }
 
@@ -294,7 +289,6 @@ impl PoolIter {
         if let Some(TaskKeySource::Sampler(_)) = self.keys {
             self.keys = None;
         }
-        self.pin = None;
         self.rloader_pool = None;
         self.hand_out.clear();
         // Nothing more is sent or handed out (its finalizer still stops the workers).
@@ -331,13 +325,6 @@ impl PoolIter {
         match arrival {
             Arrival::Batch(batch, (task, worker, state)) => {
                 slf.hand_out.record(py, task, worker, state);
-                let batch = match &slf.pin {
-                    Some(pin) => slf
-                        .hand_out
-                        .stats()
-                        .time(Stage::Pin, || pin.bind(py).call1((batch,)))?,
-                    None => batch,
-                };
                 slf.hand_out.yielded(py)?;
                 Ok(Some(batch))
             }

@@ -12,7 +12,7 @@ use rloader_workers::{Next, PoolError, Scheduler};
 use super::ThreadPool;
 use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
 use crate::errors::to_py;
-use crate::handout::{iterator_methods, Answer, HandOutState};
+use crate::handout::{iterator_methods, Answer, HandOutOptions, HandOutState};
 use crate::sampling::{KeyBatch, SamplerKeys};
 use crate::wait;
 
@@ -47,39 +47,36 @@ iterator_methods!(ThreadIter);
 
 #[pymethods]
 impl ThreadIter {
+    /// Built by `rloader._threads.start_threads`; every argument is keyword-only. `keys`:
+    /// `iter(index_sampler)`, None for an iterable dataset; each worker has up to
+    /// `prefetch_factor` tasks in flight; `hand_out`: in which order, how long and how many
+    /// batches are handed out. Whether a task is a batch of keys is the pool's
+    /// (`BatchOptions.auto_collation`).
     #[new]
-    #[pyo3(signature = (*, pool, in_order, prefetch_factor, keys, auto_collation, timeout,
-                        persistent, length_of, reported_len=None))]
-    // A parameter per keyword of the Python signature, which is the API: not grouped.
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, pool, prefetch_factor, keys, hand_out))]
     fn new(
         py: Python<'_>,
         pool: Py<ThreadPool>,
-        in_order: bool,
         prefetch_factor: usize,
         keys: Option<Bound<'_, PyAny>>,
-        auto_collation: bool,
-        timeout: f64,
-        persistent: bool,
-        length_of: Py<PyAny>,
-        reported_len: Option<(Py<PyAny>, usize)>,
+        hand_out: PyRef<'_, HandOutOptions>,
     ) -> PyResult<Self> {
-        let size = pool.get().size;
+        let (size, auto_collation) = (pool.get().size, pool.get().auto_collation);
         let stats = pool.get().stats.clone_ref(py);
         Ok(ThreadIter {
             rloader_pool: None,
             pool,
-            scheduler: Scheduler::new(size, prefetch_factor.max(1), in_order),
+            scheduler: hand_out.scheduler(size, prefetch_factor),
             keys: keys
                 .map(|k| SamplerKeys::new(&k, auto_collation))
                 .transpose()?,
             auto_collation,
-            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
-            persistent,
+            timeout: hand_out.timeout(),
+            persistent: hand_out.persistent(),
             index_buf: Vec::new(),
             restarted: 0,
             cleared: false,
-            hand_out: HandOutState::new(py, size, Some(length_of), reported_len, stats)?,
+            hand_out: hand_out.state(py, size, stats)?,
         })
     }
 

@@ -13,7 +13,7 @@ use rloader_workers::PoolError;
 use super::worker::{worker_main, WorkerSetup};
 use super::{lock, FromWorker, TaskKeys, ToWorker};
 use crate::errors::to_py;
-use crate::memory::BatchBuffers;
+use crate::fetch::BatchOptions;
 use crate::stats::Stats;
 
 /// How long `ThreadPool::stop` waits for its threads to leave.
@@ -36,48 +36,36 @@ pub struct ThreadPool {
     pub(super) reports: Mutex<Receiver<FromWorker>>,
     stopped: AtomicBool,
     pub(super) size: usize,
+    /// Each task is a batch of keys (its `BatchOptions`' auto_collation).
+    pub(super) auto_collation: bool,
 }
 
 #[pymethods]
 impl ThreadPool {
-    /// Starts one thread per hooks object in `workers` (`rloader._threads._ThreadWorker`).
-    /// `collate_plan` is the `CollatePlan` when `collate_fn` is a default collate; `pin` pins
-    /// each batch on its worker thread when set.
+    /// Starts one thread per hooks object in `workers` (`rloader._threads._ThreadWorker`,
+    /// or `_AsyncThreadWorker` when `asynchronous`), each making batches of its copy of the
+    /// dataset as `batch` says (an iterable dataset when `iterable`).
     #[new]
-    #[pyo3(signature = (*, workers, iterable, auto_collation, batch_size, drop_last, collate_fn,
-                        collate_plan, pin, asynchronous=false, buffers=None))]
-    // A parameter per keyword of the Python signature, which is the API: not grouped.
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, workers, iterable, batch, asynchronous=false))]
     fn new(
         py: Python<'_>,
         workers: Vec<Py<PyAny>>,
         iterable: bool,
-        auto_collation: bool,
-        batch_size: Option<usize>,
-        drop_last: bool,
-        collate_fn: Py<PyAny>,
-        collate_plan: Option<Py<PyAny>>,
-        pin: Option<Py<PyAny>>,
+        batch: Py<BatchOptions>,
         asynchronous: bool,
-        buffers: Option<Py<BatchBuffers>>,
     ) -> PyResult<Self> {
         if workers.is_empty() {
             return Err(to_py(PoolError::NoWorkers));
         }
         let stats = Py::new(py, Stats::new())?;
         let stop = Arc::new(AtomicBool::new(false));
+        let auto_collation = batch.get().auto_collation();
         let setup = WorkerSetup {
             stats: stats.clone_ref(py),
-            buffers,
             stop: stop.clone(),
             iterable,
             asynchronous,
-            auto_collation,
-            batch_size,
-            drop_last,
-            collate_fn,
-            collate_plan,
-            pin,
+            batch,
         };
         let (report_tx, report_rx) = mpsc::channel();
         let size = workers.len();
@@ -107,6 +95,7 @@ impl ThreadPool {
             reports: Mutex::new(report_rx),
             stopped: AtomicBool::new(false),
             size,
+            auto_collation,
         })
     }
 

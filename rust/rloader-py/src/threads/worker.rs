@@ -9,9 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::{FromWorker, TaskKeys, ToWorker, WorkerEvent};
-use crate::fetch::{Collate, Fetcher};
+use crate::fetch::{BatchOptions, Fetcher};
 use crate::handout::Answer;
-use crate::memory::BatchBuffers;
 use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
 
@@ -20,16 +19,10 @@ pub(super) struct WorkerSetup {
     pub(super) iterable: bool,
     /// The dataset's `__getitem__` (or `__getitems__`) is a coroutine function.
     pub(super) asynchronous: bool,
-    pub(super) auto_collation: bool,
-    pub(super) batch_size: Option<usize>,
-    pub(super) drop_last: bool,
-    pub(super) collate_fn: Py<PyAny>,
-    pub(super) collate_plan: Option<Py<PyAny>>,
-    pub(super) pin: Option<Py<PyAny>>,
+    /// How each batch is made; its `buffers`, the loader's recycled batch memory (NOTE [Batch
+    /// memory] in rloader-memory), are shared by the workers.
+    pub(super) batch: Py<BatchOptions>,
     pub(super) stats: Py<Stats>,
-    /// The loader's recycled batch memory (NOTE [Batch memory] in rloader-memory), shared by
-    /// the workers: the default collate's large outputs go there.
-    pub(super) buffers: Option<Py<BatchBuffers>>,
     /// Set by `ThreadPool::stop`: workers leave before their next job, and a batch being
     /// fetched is abandoned between two samples (`Fetcher::with_stop`).
     pub(super) stop: Arc<AtomicBool>,
@@ -40,14 +33,8 @@ impl WorkerSetup {
         WorkerSetup {
             iterable: self.iterable,
             asynchronous: self.asynchronous,
-            auto_collation: self.auto_collation,
-            batch_size: self.batch_size,
-            drop_last: self.drop_last,
-            collate_fn: self.collate_fn.clone_ref(py),
-            collate_plan: self.collate_plan.as_ref().map(|p| p.clone_ref(py)),
-            pin: self.pin.as_ref().map(|p| p.clone_ref(py)),
+            batch: self.batch.clone_ref(py),
             stats: self.stats.clone_ref(py),
-            buffers: self.buffers.as_ref().map(|b| b.clone_ref(py)),
             stop: self.stop.clone(),
         }
     }
@@ -78,26 +65,13 @@ impl Worker {
             Option<Py<PyAny>>,
         )>()?;
         let init_error = error.map(Answer::Error);
-        let collate = Collate::new(
-            setup.collate_fn,
-            setup.collate_plan.map(|p| p.into_bound(py)),
-        )?
-        .with_buffers(setup.buffers);
-        let fetcher = if setup.iterable {
-            let samples = match samples {
-                Some(s) => s.try_iter()?,
-                None => PyTuple::empty(py).try_iter()?,
-            };
-            Fetcher::iterable(
-                dataset,
-                samples.unbind(),
-                setup.batch_size,
-                setup.drop_last,
-                collate,
-            )
-        } else {
-            Fetcher::map(py, dataset, setup.auto_collation, collate)?
+        let samples = match (setup.iterable, samples) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s.try_iter()?.unbind()),
+            (true, None) => Some(PyTuple::empty(py).try_iter()?.unbind()),
         };
+        let batch = setup.batch.get();
+        let fetcher = batch.fetcher(py, dataset, samples)?;
         Ok(Worker {
             id,
             hooks,
@@ -105,7 +79,7 @@ impl Worker {
                 .with_stats(setup.stats.clone_ref(py))
                 .with_stop(setup.stop.clone()),
             stats: setup.stats,
-            pin: setup.pin,
+            pin: batch.pin(py),
             init_error,
             ended: false,
             spent: Vec::new(),
