@@ -194,3 +194,17 @@ class PoolViews(tud.Dataset):
 
     def __getitem__(self, i: int):
         return self.pool[i % 32], i
+
+
+class PoolTensors(PoolViews):
+    """PoolViews' samples as tensors: (uint8 tensor [3, side, side] over the pool, index).
+    Side 64: items under torch's grain (32768 elements), which the single-process loop's stack
+    helpers split; side 128: items torch copies on its own threads."""
+
+    def __init__(self, n: int, side: int = 64) -> None:
+        self.n = n
+        rng = np.random.default_rng(0)
+        self.pool = rng.integers(0, 255, (32, 3, side, side), dtype=np.uint8)
+
+    def __getitem__(self, i: int):
+        return torch.from_numpy(self.pool[i % 32]), i

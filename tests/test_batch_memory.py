@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import torch
-from _datasets import PoolViews
+from _datasets import PoolTensors, PoolViews
 
 import rloader
 from rloader._loader_record import record_of
@@ -22,10 +22,19 @@ def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(ds.pool[(idx % 32).numpy()])
 
 
+# Large batches of numpy arrays, and of tensors small and large (PoolTensors).
+SAMPLES = pytest.mark.parametrize(
+    "make",
+    [PoolViews, PoolTensors, lambda n: PoolTensors(n, side=128)],
+    ids=["arrays", "small-tensors", "large-tensors"],
+)
+
+
 # The single-process loop and thread workers (worker processes' batches are in shared memory).
 @pytest.mark.parametrize("engine", ["main", "thread"], indirect=True)
-def test_kept_batches_are_never_overwritten(engine):
-    ds = PoolViews(640)
+@SAMPLES
+def test_kept_batches_are_never_overwritten(engine, make):
+    ds = make(640)
     loader = rloader.DataLoader(ds, batch_size=64, shuffle=True, **engine.kwargs(3))
     for _ in range(2):  # the second epoch reuses the first's blocks
         kept = list(loader)
@@ -34,8 +43,9 @@ def test_kept_batches_are_never_overwritten(engine):
         del kept
 
 
-def test_dropped_batches_memory_is_reused():
-    ds = PoolViews(640)
+@SAMPLES
+def test_dropped_batches_memory_is_reused(make):
+    ds = make(640)
     loader = rloader.DataLoader(ds, batch_size=64, shuffle=False, num_workers=0)
     pointers = set()
     for images, idx in loader:
@@ -48,12 +58,14 @@ def test_dropped_batches_memory_is_reused():
     assert 1 <= buffers.free_blocks <= 4
 
 
-def test_a_pooled_batch_behaves_like_torch_empty():
-    ds = PoolViews(64)
+@SAMPLES
+def test_a_pooled_batch_behaves_like_torch_empty(make):
+    ds = make(64)
     (images, _), (theirs, _) = (
         next(iter(lib.DataLoader(ds, batch_size=64, num_workers=0)))
         for lib in (rloader, torch.utils.data)
     )
+    assert images._version == theirs._version == 0
     assert images._base is None and theirs._base is None
     assert images.stride() == theirs.stride() and images.is_contiguous()
     assert images.untyped_storage().nbytes() == theirs.untyped_storage().nbytes()
@@ -75,7 +87,7 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
         import resource, sys
         sys.path[:0] = sys.argv[1:]
         import rloader
-        from _datasets import PoolViews
+        from _datasets import PoolTensors, PoolViews
 
         loader = rloader.DataLoader(PoolViews(64 * 50), batch_size=64, shuffle=True)
         def epoch():
@@ -90,7 +102,11 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
     path = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(rloader.__file__))]
     out = subprocess.run(
-        [sys.executable, "-c", script, *path], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, *path],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     faults = int(out.stdout.strip().splitlines()[-1])
     pages_per_epoch = 50 * 64 * 3 * 64 * 64 // 4096
@@ -98,10 +114,11 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
     assert faults < pages_per_epoch // 10, (faults, pages_per_epoch)
 
 
-def test_thread_workers_reuse_dropped_batches_memory():
+@SAMPLES
+def test_thread_workers_reuse_dropped_batches_memory(make):
     # Batches in flight (prefetch_factor x num_workers) hold blocks of their own; a dropped
     # batch's block serves a later batch.
-    ds = PoolViews(64 * 40)
+    ds = make(64 * 40)
     loader = rloader.DataLoader(ds, batch_size=64, num_workers=2, worker_type="thread")
     pointers = set()
     for images, idx in loader:

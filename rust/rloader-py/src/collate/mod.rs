@@ -10,9 +10,9 @@
 //!
 //! Inside a worker process, tensors and arrays are collated straight into the batch's
 //! shared-memory slot when there is one (NOTE [Slots] in rloader-workers' slots.rs), with
-//! `torch.stack(..., out=...)` as torch's collate does in a worker. Elsewhere large arrays go
-//! into the loader's recycled batch memory, and so do large tensors when that memory is pinned
-//! (NOTE [Pinned blocks] in rloader-memory).
+//! `torch.stack(..., out=...)` as torch's collate does in a worker. Elsewhere large arrays and
+//! tensors go into the loader's recycled batch memory (NOTE [Batch memory] in rloader-memory),
+//! pinned or not.
 
 mod copy_threads;
 mod stack_helpers;
@@ -146,13 +146,13 @@ fn collate_items<'py>(
                 kwargs.set_item("out", out)?;
                 return Ok(Some(stack.call((batch, 0), Some(&kwargs))?));
             }
-            if let Some(mem) = to.memory.filter(|m| m.is_pinning()) {
-                if let Some(out) = pinned_stack(py, h, mem, batch, items, &shape, &dtype)? {
+            if let Some(helpers) = to.helpers {
+                if let Some(out) = helpers.stack(py, h, items, &shape, &dtype, to.memory)? {
                     return Ok(Some(out));
                 }
             }
-            if let Some(helpers) = to.helpers {
-                if let Some(out) = helpers.stack(py, h, items, &shape, &dtype)? {
+            if let Some(mem) = to.memory {
+                if let Some(out) = pooled_stack(py, h, mem, batch, items, &shape, &dtype)? {
                     return Ok(Some(out));
                 }
             }
@@ -269,15 +269,18 @@ fn numbers_tensor<'py, T: Copy>(
 /// Outputs from this size on come from the loop's recycled batch memory when it has one.
 /// Smaller ones come from torch's allocator: glibc serves them from its heap's free lists,
 /// below its initial mmap threshold (128 KiB), which are warm and not given back per batch.
-const POOLED_MIN: usize = 128 * 1024;
+pub(crate) const POOLED_MIN: usize = 128 * 1024;
 
-/// `torch.stack(batch)` written into a block of pinned batch memory (NOTE [Pinned blocks]), so
-/// that pinning it copies nothing; or None, for `torch.stack` to make it as usual: a small
+/// `torch.stack(batch)` written into a block of the loop's recycled batch memory (NOTE [Batch
+/// memory]): a large batch lands on pages the process already has, instead of pages a fresh
+/// allocation faults in (and the kernel zeroes) batch after batch, about ten times the copy's
+/// own cost for 38 MB of images; pinned (NOTE [Pinned blocks]), pinning it copies nothing.
+/// Or None, for `torch.stack` to make it as usual: a small
 /// batch, mixed dtypes (torch promotes them, an `out=` would cast), a first item that is not
 /// contiguous (torch's output then takes the inputs' memory format, channels-last for instance;
 /// from a contiguous first item it is contiguous, as the block is), or a stack into `out=` that
 /// raises (inputs that require grad; torch's own error then comes from the plain stack).
-fn pinned_stack<'py>(
+fn pooled_stack<'py>(
     py: Python<'py>,
     h: &TorchApi,
     mem: &BatchMemory,

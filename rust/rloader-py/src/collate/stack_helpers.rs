@@ -9,7 +9,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::copy_threads::copy_threads;
+use super::POOLED_MIN;
+use crate::memory::pooled_empty;
 use crate::torch_api::{nbytes_of, torch_api, TorchApi};
+use rloader_memory::BatchMemory;
 
 // NOTE [Stack helpers]
 // torch.stack copies a batch of many small tensors (under 32768 elements each, torch's grain) on
@@ -20,6 +23,8 @@ use crate::torch_api::{nbytes_of, torch_api, TorchApi};
 // rows of the output, and helper threads the others into theirs, each a `torch.stack(run,
 // out=rows)`, which lets go of the GIL while it copies.
 //
+// - The output is a block of the loop's recycled batch memory when it has one and the batch is
+//   large (as `pooled_stack` in mod.rs makes it without helpers), else a fresh torch tensor.
 // - The helpers are long-lived threads of the loop's fetcher, started on its first large batch
 //   and joined when it is dropped: a thread started per batch costs about what the split saves.
 // - A helper touches Python only inside a job, attached for that job alone. Idle, it waits on its
@@ -72,6 +77,7 @@ impl StackHelpers {
         items: &[Bound<'py, PyAny>],
         shape: &[isize],
         dtype: &Bound<'py, PyAny>,
+        memory: Option<&BatchMemory>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(nbytes) = nbytes_of(shape, dtype)? else {
             return Ok(None);
@@ -106,7 +112,8 @@ impl StackHelpers {
         }
         let per = items.len().div_ceil(threads);
         // An error making the runs is no batch's: a plain torch.stack gives torch's.
-        let Ok(Some((out, runs))) = runs_of(py, h, items, shape, dtype, per) else {
+        let memory = memory.filter(|_| nbytes >= POOLED_MIN).map(|m| (m, nbytes));
+        let Ok(Some((out, runs))) = runs_of(py, h, items, shape, dtype, per, memory) else {
             return Ok(None);
         };
         let mut runs = runs.into_iter();
@@ -202,6 +209,7 @@ fn runs_of<'py>(
     shape: &[isize],
     dtype: &Bound<'py, PyAny>,
     per: usize,
+    memory: Option<(&BatchMemory, usize)>,
 ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<Run>)>> {
     let first = &items[0];
     if first.getattr(intern!(py, "requires_grad"))?.is_truthy()?
@@ -220,12 +228,16 @@ fn runs_of<'py>(
             return Ok(None);
         }
     }
-    let kwargs = PyDict::new(py);
-    kwargs.set_item(intern!(py, "dtype"), dtype)?;
-    let out = h
-        .empty
-        .bind(py)
-        .call((PyTuple::new(py, shape)?,), Some(&kwargs))?;
+    let out = match memory {
+        Some((mem, nbytes)) => pooled_empty(py, h, mem, shape, dtype, nbytes)?,
+        None => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(intern!(py, "dtype"), dtype)?;
+            h.empty
+                .bind(py)
+                .call((PyTuple::new(py, shape)?,), Some(&kwargs))?
+        }
+    };
     let writer = writer_of(py, h, &out, shape, dtype)?;
     let mut runs = Vec::with_capacity(items.len().div_ceil(per));
     for (r, run) in items.chunks(per).enumerate() {
