@@ -197,14 +197,16 @@ class PoolViews(tud.Dataset):
 
 
 class PoolTensors(PoolViews):
-    """PoolViews' samples as tensors: (uint8 tensor [3, side, side] over the pool, index).
-    Side 64: items under torch's grain (32768 elements), which the single-process loop's stack
-    helpers split; side 128: items torch copies on its own threads."""
+    """PoolViews' samples as tensors over a pool of 32, of `shape` and `dtype`, with batches of
+    64 over the 4 MiB from which unpinned tensor batches are stacked into recycled memory: by
+    default float32 [3, 100, 100] items, under torch's grain (32768 elements: items the
+    single-process loop's stack helpers split); uint8 [3, 160, 160] ones torch copies on its
+    own threads."""
 
-    def __init__(self, n: int, side: int = 64) -> None:
+    def __init__(self, n: int, shape=(3, 100, 100), dtype=np.float32) -> None:
         self.n = n
         rng = np.random.default_rng(0)
-        self.pool = rng.integers(0, 255, (32, 3, side, side), dtype=np.uint8)
+        self.pool = rng.integers(0, 255, (32, *shape)).astype(dtype)
 
     def __getitem__(self, i: int):
         return torch.from_numpy(self.pool[i % 32]), i

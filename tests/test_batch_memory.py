@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from _datasets import PoolTensors, PoolViews
@@ -25,7 +26,7 @@ def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
 # Large batches of numpy arrays, and of tensors small and large (PoolTensors).
 SAMPLES = pytest.mark.parametrize(
     "make",
-    [PoolViews, PoolTensors, lambda n: PoolTensors(n, side=128)],
+    [PoolViews, PoolTensors, lambda n: PoolTensors(n, (3, 160, 160), np.uint8)],
     ids=["arrays", "small-tensors", "large-tensors"],
 )
 

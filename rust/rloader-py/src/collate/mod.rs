@@ -271,6 +271,23 @@ fn numbers_tensor<'py, T: Copy>(
 /// below its initial mmap threshold (128 KiB), which are warm and not given back per batch.
 pub(crate) const POOLED_MIN: usize = 128 * 1024;
 
+/// Tensor batches from this size on come from the recycled batch memory when it is not pinned.
+/// Stacking into a block costs ~15 µs more than a plain `torch.stack` (the block's tensor and
+/// its writer are made through Python), which below a few MiB is more than the page faults it
+/// saves: glibc serves those sizes from its heap, mostly warm. Above 32 MiB (glibc's largest
+/// mmap threshold) every fresh batch is a new mapping: 38 MiB of images faults for ~35 ms.
+const POOLED_TENSOR_MIN: usize = 4 << 20;
+
+/// The size from which a tensor batch is stacked into `mem` (pinned memory: every large batch,
+/// since pinning one elsewhere copies it).
+pub(crate) fn pooled_tensor_min(mem: &BatchMemory) -> usize {
+    if mem.is_pinning() {
+        POOLED_MIN
+    } else {
+        POOLED_TENSOR_MIN
+    }
+}
+
 /// `torch.stack(batch)` written into a block of the loop's recycled batch memory (NOTE [Batch
 /// memory]): a large batch lands on pages the process already has, instead of pages a fresh
 /// allocation faults in (and the kernel zeroes) batch after batch, about ten times the copy's
@@ -289,7 +306,7 @@ fn pooled_stack<'py>(
     shape: &[isize],
     dtype: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some(nbytes) = nbytes_of(shape, dtype)?.filter(|&n| n >= POOLED_MIN) else {
+    let Some(nbytes) = nbytes_of(shape, dtype)?.filter(|&n| n >= pooled_tensor_min(mem)) else {
         return Ok(None);
     };
     for x in items {

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::copy_threads::copy_threads;
-use super::POOLED_MIN;
+use super::pooled_tensor_min;
 use crate::memory::pooled_empty;
 use crate::torch_api::{nbytes_of, torch_api, TorchApi};
 use rloader_memory::BatchMemory;
@@ -112,7 +112,9 @@ impl StackHelpers {
         }
         let per = items.len().div_ceil(threads);
         // An error making the runs is no batch's: a plain torch.stack gives torch's.
-        let memory = memory.filter(|_| nbytes >= POOLED_MIN).map(|m| (m, nbytes));
+        let memory = memory
+            .filter(|m| nbytes >= pooled_tensor_min(m))
+            .map(|m| (m, nbytes));
         let Ok(Some((out, runs))) = runs_of(py, h, items, shape, dtype, per, memory) else {
             return Ok(None);
         };
