@@ -745,6 +745,15 @@ def report(res: Result, repeats: int) -> tuple[int, int]:
     return met, total
 
 
+def load_average() -> str:
+    """The 1-minute load average. At the start it is other programs' alone: above ~0.5 on 2
+    cores, they take time from the workers, and figures are noisier."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -766,7 +775,7 @@ def main() -> None:
             if unknown
             else "--repeats must be at least 1"
         )
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load_average()
     results = []
     for name in chosen:
         pipeline = PIPELINES[name](args.data_dir, args.quick)
@@ -778,7 +787,8 @@ def main() -> None:
         f"{'quick sizes, ' if args.quick else ''}median of {args.repeats} interleaved runs "
         "after a warm-up epoch per loader;\n"
         f"torch's intra-op threads in this process: {torch.get_num_threads()} "
-        f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; see --help).\n"
+        f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; see --help); "
+        f"load average {load_before} at the start, {load_average()} at the end.\n"
         "First table, runs: the slowest and fastest run; batches to wait user: loader.stats() of "
         "rloader's median run,\nin seconds, workers' stages summed over the workers (fetch: the "
         "dataset; wait data: the loop inside next(),\nwaiting for a batch; wait user: the loop's "
