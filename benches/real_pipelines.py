@@ -694,7 +694,7 @@ STAGES = {
 }
 
 
-def report(res: Result, repeats: int) -> tuple[int, int]:
+def report(res: Result) -> tuple[int, int]:
     """Prints a pipeline's tables; returns (targets met, targets)."""
     p = res.pipeline
     median = {s: statistics.median(t) for s, t in res.times.items()}
@@ -797,7 +797,7 @@ def main() -> None:
     )
     met = total = 0
     for res in results:
-        m, t = report(res, args.repeats)
+        m, t = report(res)
         met, total = met + m, total + t
     print(f"\n{met} of {total} targets met; {time.perf_counter() - started:.0f} s in all")
 
