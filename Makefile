@@ -1,9 +1,11 @@
 # The two commands at the top of the README's Develop section:
 #   make bench   set everything up, then run rloader vs torch.utils.data side by side
+#                (and the real pipelines' short version)
 #   make test    set everything up, then run every test (Rust and Python)
 # Everything lives in a git-ignored .venv, created on first use and reused after.
 #   make test-oldest   the Python tests on the oldest Python and torch claimed (.venv-oldest)
 #   make soak, make fuzz   the long soak and the fuzzers (docs/develop.md)
+#   make bench-real   the real pipelines (JPEG folders, tar shards, token windows, Arrow) in full
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -16,7 +18,7 @@ WHEEL_STAMP := $(VENV)/.rloader-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.typed) pyproject.toml
 
-.PHONY: bench bench-resume test test-rust test-python test-oldest build lint fuzz soak clean FORCE
+.PHONY: bench bench-real bench-resume test test-rust test-python test-oldest build lint fuzz soak clean FORCE
 .DEFAULT_GOAL := test
 
 # What every venv gets to run the tests. lightning and accelerate: tests/test_lightning.py and
@@ -69,8 +71,31 @@ $(WHEEL_STAMP): $(DEPS) $(RUST_SOURCES) $(PY_SOURCES)
 
 build: $(WHEEL_STAMP)
 
-bench: build
+# What benches/real_pipelines.py builds its pipelines from, beyond the test tools: torchvision
+# (ImageFolder, the transforms), pillow, webdataset and datasets. torchvision must match the
+# venv's torch, and pip would otherwise replace torch to suit a newer torchvision: the
+# constraint holds torch at the installed distribution's version (importlib.metadata's, which
+# pip compares; torch.__version__ may carry a "+cu..." label the distribution has not).
+BENCH_TOOLS := torchvision pillow webdataset datasets
+BENCH_STAMP := $(VENV)/.bench-tools-installed
+
+$(BENCH_STAMP): $(DEPS)
+	@echo "== installing the real pipelines' libraries into $(VENV): $(BENCH_TOOLS)"
+	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' \
+		> $(VENV)/bench-constraints.txt
+	$(PY) -m pip install -q --no-cache-dir -c $(VENV)/bench-constraints.txt $(BENCH_TOOLS)
+	@touch $@
+
+# side_by_side.py, then the real pipelines' short version (--quick: a few hundred samples each,
+# about a minute; their data is generated into .bench-data/ at the first run).
+bench: build $(BENCH_STAMP)
 	$(PY) benches/side_by_side.py
+	$(PY) benches/real_pipelines.py --quick
+
+# The real pipelines in full (benches/real_pipelines.py; docs/benchmarks.md): the first run
+# generates ~110 MB of JPEGs, tar shards of them, a 200 MB token file and an Arrow table.
+bench-real: build $(BENCH_STAMP)
+	$(PY) benches/real_pipelines.py
 
 # Resuming 90% into a 50M-sample epoch, against torchdata's StatefulDataLoader (installed here
 # without its dependencies, which the venv already has: torchdata is only this bench's baseline).

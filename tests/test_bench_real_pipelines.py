@@ -1,0 +1,133 @@
+"""benches/real_pipelines.py: its tokens pipeline (numpy only, so it runs wherever the tests do)
+run with --quick prints tables whose figures agree with each other and with what rloader's
+loaders did; and its cache of generated data is made once and made again when its
+parameters change."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(280)
+
+BENCH = Path(__file__).resolve().parent.parent / "benches" / "real_pipelines.py"
+QUICK_WINDOWS, BATCH = 4_096, 32  # the tokens pipeline's epoch with --quick
+
+
+def bench_module(monkeypatch):
+    spec = importlib.util.spec_from_file_location("real_pipelines", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # (its dataclasses look it up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def table(lines: list, header: str) -> dict:
+    """The rows of the table whose header line starts with ``header``, by first cell; cells
+    are separated by two spaces or more."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.strip() or line.startswith("- "):
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("x"))
+
+
+def test_tokens_pipeline_quick_prints_tables_that_agree(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--pipelines", "tokens", "--repeats", "1"]
+        + ["--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    section = lines[next(i for i, line in enumerate(lines) if line.startswith("== tokens:")) :]
+
+    loaders = table(section, "loader")
+    names = ["torch num_workers=0", "rloader num_workers=0", "torch 2 processes"]
+    names.append("rloader 2 processes")
+    assert list(loaders) == names
+    rates = {}
+    for name, cells in loaders.items():
+        rate, epoch_s = number(cells[0]), number(cells[1])
+        assert rate > 0 and epoch_s > 0
+        # With one run the slowest and the fastest are that run.
+        assert cells[2] == f"{cells[0]}-{cells[0]}"
+        # rate x epoch = the epoch's windows (both rounded as printed).
+        assert abs(rate * epoch_s - QUICK_WINDOWS) <= rate * 0.005 + 1
+        if name.startswith("rloader"):
+            # loader.stats() of that epoch: every batch handed out, the dataset's time seen.
+            assert int(cells[3]) == QUICK_WINDOWS // BATCH
+            stages = [number(c) for c in cells[4:]]
+            assert len(stages) == 6 and all(s >= 0 for s in stages)
+        else:
+            assert cells[3:] == ["-"] * 7
+        rates[name] = rate
+
+    comparisons = table(section, "rloader vs torch")
+    expected = {
+        "num_workers=0": ("rloader num_workers=0", "torch num_workers=0", ">= 1.2x"),
+        "2 processes": ("rloader 2 processes", "torch 2 processes", ">= 5x"),
+        "rloader 2 processes vs rloader num_workers=0": (
+            "rloader 2 processes",
+            "rloader num_workers=0",
+            ">= 1.5x",
+        ),
+        "torch 2 processes vs torch num_workers=0": (
+            "torch 2 processes",
+            "torch num_workers=0",
+            "-",
+        ),
+    }
+    assert list(comparisons) == list(expected)
+    for label, (ours, theirs, target) in expected.items():
+        ratio, runs, shown_target, verdict = comparisons[label]
+        assert abs(number(ratio) - rates[ours] / rates[theirs]) <= 0.01 + 0.01 * number(ratio)
+        assert runs == f"{ratio[:-1]}-{ratio}"  # one run: its ratio is the median's
+        assert shown_target == target
+        if target == "-":
+            assert verdict == "(information)"
+        else:
+            assert verdict == ("met" if number(ratio) >= number(target[3:]) else "MISSED")
+
+    assert re.search(r"^- page cache: train\.bin \(10 MB\) read at [\d.]+ GB/s", done.stdout, re.M)
+    assert re.search(r"^- one core .*: [\d,]+ windows/s", done.stdout, re.M)
+    # A progress line per epoch on stderr: a warm-up and one run per loader.
+    assert len(re.findall(r"^\[tokens\] (warm-up|run 1/1) ", done.stderr, re.M)) == 8
+
+
+def test_generated_data_is_cached_until_its_parameters_change(tmp_path, monkeypatch):
+    bench = bench_module(monkeypatch)
+    made = []
+
+    def make(folder: Path) -> None:
+        made.append(folder.name)
+        (folder / "data").write_text(str(len(made)))
+
+    (tmp_path / "set.partial").mkdir()  # what an interrupted run left: not kept
+    (tmp_path / "set.partial" / "stray").write_text("")
+    first = bench.cached(tmp_path, "set", {"n": 1}, make)
+    assert bench.cached(tmp_path, "set", {"n": 1}, make) == first
+    assert made == ["set.partial"] and (first / "data").read_text() == "1"
+    assert not (first / "stray").exists()
+    # New parameters: made again, in place of the old data.
+    assert bench.cached(tmp_path, "set", {"n": 2}, make) == first
+    assert (first / "data").read_text() == "2"
+    # An interrupted generation (no manifest) is not taken for finished data.
+    (first / "manifest.json").unlink()
+    bench.cached(tmp_path, "set", {"n": 2}, make)
+    assert (first / "data").read_text() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["set"]
