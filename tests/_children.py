@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -101,3 +103,13 @@ except KeyboardInterrupt:
     out, err = proc.communicate(timeout=30)
     assert "interrupted" in out, (proc.returncode, started, out, err)
     assert proc.returncode == 0, err
+
+
+def short_scratch_dir(request) -> str:
+    """A temp dir for a child's TMPDIR, removed after the test. Not under tmp_path: children
+    that start worker processes put multiprocessing's sockets in TMPDIR, a socket path is at
+    most 107 bytes, and pytest-xdist's tmp_path can pass that on its own ("AF_UNIX path too
+    long")."""
+    scratch = tempfile.mkdtemp(prefix="rl-")
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    return scratch

@@ -17,6 +17,7 @@ import accelerate.accelerator  # noqa: E402
 import accelerate.data_loader  # noqa: E402
 import torch  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
+from _children import short_scratch_dir  # noqa: E402
 from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402
 
 import rloader  # noqa: E402
@@ -337,12 +338,11 @@ def test_stateful_dataloader_is_left_to_torchdata(acc, installed):
     assert not [w for w in caught if "rloader" in str(w.message)]  # torch loaders: no warning
 
 
-def test_two_processes_under_torchrun(tmp_path):
+def test_two_processes_under_torchrun(tmp_path, request):
     worker = os.path.join(os.path.dirname(__file__), "_accelerate_worker.py")
-    # torchrun leaves a torchelastic_* folder in the temp dir; keep it inside tmp_path.
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=str(scratch))
+    # torchrun leaves a torchelastic_* folder in the temp dir: a scratch one, removed after.
+    scratch = short_scratch_dir(request)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=scratch)
     log = tmp_path / "torchrun.log"  # a file, not a pipe: nothing left running can block reading
     with open(log, "w") as out:
         run = subprocess.Popen(

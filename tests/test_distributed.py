@@ -6,14 +6,14 @@ import subprocess
 import sys
 
 import torch.utils.data.distributed as tud_distributed
+from _children import short_scratch_dir
 
 
-def test_two_ranks_under_torchrun(tmp_path):
+def test_two_ranks_under_torchrun(tmp_path, request):
     worker = os.path.join(os.path.dirname(__file__), "_distributed_worker.py")
-    # torchrun leaves a torchelastic_* folder in the temp dir; keep it inside tmp_path.
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=str(scratch))
+    # torchrun leaves a torchelastic_* folder in the temp dir: a scratch one, removed after.
+    scratch = short_scratch_dir(request)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=scratch)
     done = subprocess.run(
         [
             sys.executable,

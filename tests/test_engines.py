@@ -217,18 +217,21 @@ def test_persistent_workers_restart_after_an_abandoned_epoch(engine):
 
 
 @WORKERS
-def test_a_persistent_loader_in_a_reference_cycle_is_collected(engine):
-    # The sampler refers back to the loader, which holds its iterator: a cycle through the
-    # iterator's Rust side, which the garbage collector must see through.
+@pytest.mark.parametrize("via", ["sampler", "dataset"])
+def test_a_persistent_loader_in_a_reference_cycle_is_collected(engine, via):
+    # The sampler (or the dataset) refers back to the loader, which holds its iterator: a cycle
+    # through the iterator's Rust side, which the garbage collector must see through. Worker
+    # threads hold their copies of the dataset (NOTE [Worker slots]).
     sampler = RefersToItsLoader()
+    dataset = Squares(20)
     loader = rloader.DataLoader(
-        Squares(20), batch_size=2, sampler=sampler, **engine.kwargs(persistent_workers=True)
+        dataset, batch_size=2, sampler=sampler, **engine.kwargs(persistent_workers=True)
     )
-    sampler.loader = loader
+    (sampler if via == "sampler" else dataset).loader = loader
     it = iter(loader)
     next(it)
     procs = list(getattr(it._rloader_pool, "procs", []))  # (thread workers: none)
-    del it, loader, sampler
+    del it, loader, sampler, dataset
     gc.collect()
     assert all(p._closed for p in procs)
     assert no_worker_threads_within()

@@ -32,6 +32,7 @@ __all__ = [
     "Message",
     "PoolRegion",
     "worker_loop",
+    "PoolStopper",
     "ThreadPool",
     "ThreadIter",
     "Reporter",
@@ -381,6 +382,13 @@ class ThreadPool:
     ) -> ThreadPool: ...
     @property
     def stopped(self) -> bool: ...
+    def stop(self) -> None: ...
+    def stopper(self) -> PoolStopper: ...
+
+@final
+class PoolStopper:
+    """Stops a ThreadPool's threads without holding the pool (its iterator's finalizer)."""
+
     def stop(self) -> None: ...
 
 @final

@@ -128,20 +128,24 @@ class _ThreadWorker:
         self.iterable = loader._dataset_kind == _DatasetKind.Iterable
         self.device = device  # pinning on this thread: the accelerator in use at iter()
         self.init_error: Optional[ExceptionWrapper] = None
+        self.info: Optional[_thread_info.InfoCell] = None  # (the thread's, weakly)
 
     def start(self):
         """Makes this thread worker ``worker_id``: its ``get_worker_info()``, then
         ``worker_init_fn`` and, for an iterable dataset, its iterator. Returns ``(the worker's
         dataset, iterator or None, the wrapped error of either or None)``: an error is the
         answer to the first task, as with worker processes."""
-        _thread_info.local.info = torch_worker.WorkerInfo(
-            id=self.worker_id,
-            num_workers=self.num_workers,
-            seed=self.seed,
-            dataset=self.dataset,
-            rng=_worker_rng(self.base_seed, self.worker_id),
-            worker_method="thread",
+        self.info = _thread_info.InfoCell(
+            torch_worker.WorkerInfo(
+                id=self.worker_id,
+                num_workers=self.num_workers,
+                seed=self.seed,
+                dataset=self.dataset,
+                rng=_worker_rng(self.base_seed, self.worker_id),
+                worker_method="thread",
+            )
         )
+        _thread_info.set_info(self.info)
         # One intra-op thread for this thread's torch ops, as torch gives a worker process
         # (before worker_init_fn, which may choose otherwise).
         _intra_op.use_one_intra_op_thread()
@@ -315,8 +319,11 @@ def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
         it._rloader_pool = pool  # the threads behind an iterator (persistent loaders look)
         for worker in workers:
             worker.stats = it._stats
-        # The threads go with the iterator, or at exit (finalize's atexit hook).
-        weakref.finalize(it, pool.stop)
+        # The threads go with the iterator, or at exit (finalize's atexit hook). The finalizer
+        # holds a stopper, not the pool: held by finalize's registry, the pool would keep alive
+        # a persistent loader whose dataset refers back to it (NOTE [Worker slots]); collected
+        # with such a cycle, the pool stops itself (`ThreadPool.__clear__`).
+        weakref.finalize(it, pool.stopper().stop)
         it._prefill()
     except BaseException:
         pool.stop()

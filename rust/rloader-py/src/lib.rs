@@ -67,6 +67,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<process::PoolRegion>()?;
     m.add_function(wrap_pyfunction!(process::worker_loop, m)?)?;
     m.add_class::<threads::ThreadPool>()?;
+    m.add_class::<threads::PoolStopper>()?;
     m.add_class::<threads::ThreadIter>()?;
     m.add_class::<threads::Reporter>()?;
     m.add_class::<stats::Stats>()?;

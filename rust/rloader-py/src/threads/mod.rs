@@ -32,7 +32,7 @@ mod pool;
 mod worker;
 
 pub use iter::ThreadIter;
-pub use pool::ThreadPool;
+pub use pool::{PoolStopper, ThreadPool};
 pub use worker::Reporter;
 
 use std::sync::{Mutex, MutexGuard};

@@ -7,10 +7,11 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use rloader_workers::PoolError;
 
-use super::worker::{worker_main, WorkerSetup};
+use super::worker::{worker_main, WorkerSetup, WorkerSlot};
 use super::{lock, FromWorker, TaskKeys, ToWorker};
 use crate::errors::to_py;
 use crate::fetch::BatchOptions;
@@ -24,6 +25,23 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct ThreadPool {
     /// Where the epoch's time went; the workers add their fetch, collate and pin times.
     pub(super) stats: Py<Stats>,
+    /// What stops the threads, shared with the iterator's finalizer (`stopper`).
+    control: Arc<Control>,
+    /// Each worker thread's state between its jobs, which the collector sees (NOTE [Worker
+    /// slots] in worker.rs).
+    slots: Vec<Arc<WorkerSlot>>,
+    /// Only the main thread's iterator receives (the mutex is never contended).
+    pub(super) reports: Mutex<Receiver<FromWorker>>,
+    pub(super) size: usize,
+    /// Each task is a batch of keys (its `BatchOptions`' auto_collation).
+    pub(super) auto_collation: bool,
+}
+
+/// How a pool's threads are told to leave and joined. It holds none of the workers' Python
+/// state (an async pool's event loops aside), so the finalizer that stops the threads when
+/// their iterator goes (`ThreadPool.stopper()`, `start_threads`) keeps no dataset alive from
+/// the finalizers' registry (NOTE [Worker slots] in worker.rs).
+struct Control {
     /// WorkerSetup with the workers (`WorkerSetup::stop`).
     stop: Arc<AtomicBool>,
     /// With an async dataset, each worker's hooks, whose `submit` hands a task to the worker's
@@ -32,12 +50,23 @@ pub struct ThreadPool {
     /// Each worker's task channel; emptied by `stop` (closing them tells the workers to leave).
     jobs: Mutex<Vec<Sender<ToWorker>>>,
     handles: Mutex<Vec<Option<JoinHandle<()>>>>,
-    /// Only the main thread's iterator receives (the mutex is never contended).
-    pub(super) reports: Mutex<Receiver<FromWorker>>,
     stopped: AtomicBool,
-    pub(super) size: usize,
-    /// Each task is a batch of keys (its `BatchOptions`' auto_collation).
-    pub(super) auto_collation: bool,
+}
+
+/// `ThreadPool.stopper()`: stops a pool's threads without holding the pool.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct PoolStopper(Arc<Control>);
+
+#[pymethods]
+impl PoolStopper {
+    /// As `ThreadPool.stop`.
+    fn stop(&self, py: Python<'_>) {
+        self.0.stop(py);
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.0.traverse(&visit)
+    }
 }
 
 #[pymethods]
@@ -71,13 +100,15 @@ impl ThreadPool {
         let size = workers.len();
         let mut jobs = Vec::with_capacity(size);
         let mut handles = Vec::with_capacity(size);
+        let slots: Vec<Arc<WorkerSlot>> = (0..size).map(|_| Arc::new(Mutex::new(None))).collect();
         let loops: Vec<Py<PyAny>> = workers.iter().map(|h| h.clone_ref(py)).collect();
         for (id, hooks) in workers.into_iter().enumerate() {
             let (tx, rx) = mpsc::channel();
             let (setup, reports) = (setup.clone_ref(py), report_tx.clone());
+            let slot = slots[id].clone();
             let handle = thread::Builder::new()
                 .name(format!("rloader-w{id}"))
-                .spawn(move || worker_main(id, hooks, setup, rx, reports))
+                .spawn(move || worker_main(id, hooks, setup, rx, reports, slot))
                 .map_err(|e| {
                     pyo3::exceptions::PyRuntimeError::new_err(format!(
                         "could not start DataLoader worker thread {id}: {e}"
@@ -86,28 +117,78 @@ impl ThreadPool {
             jobs.push(tx);
             handles.push(Some(handle));
         }
-        Ok(ThreadPool {
-            stats,
+        let control = Control {
             stop,
             loops: asynchronous.then_some(loops),
             jobs: Mutex::new(jobs),
             handles: Mutex::new(handles),
-            reports: Mutex::new(report_rx),
             stopped: AtomicBool::new(false),
+        };
+        Ok(ThreadPool {
+            stats,
+            control: Arc::new(control),
+            slots,
+            reports: Mutex::new(report_rx),
             size,
             auto_collation,
         })
     }
 
+    /// What stops this pool's threads without keeping the pool (or its datasets) alive.
+    fn stopper(&self) -> PoolStopper {
+        PoolStopper(self.control.clone())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.stats)?;
+        self.control.traverse(&visit)?;
+        // A slot in use (its worker is running a job) is not visited (NOTE [Worker slots]).
+        for slot in &self.slots {
+            if let Ok(state) = slot.try_lock() {
+                if let Some(worker) = state.as_ref() {
+                    worker.traverse(&visit)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool is part of a garbage cycle: its workers leave, and the state of each idle one
+    /// is let go of here (NOTE [Worker slots]).
+    fn __clear__(&self) {
+        self.control.stop.store(true, Ordering::Release);
+        lock(&self.control.jobs).clear();
+        for slot in &self.slots {
+            let taken = match slot.try_lock() {
+                Ok(mut state) => state.take(),
+                Err(_) => None,
+            };
+            drop(taken); // after the slot's lock is let go of: its drop runs Python
+        }
+    }
+
     /// Whether `stop` has run.
     #[getter]
     pub(super) fn stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        self.control.stopped.load(Ordering::Acquire)
     }
 
     /// Tells every worker thread to leave and waits up to `JOIN_TIMEOUT` for them, without the
     /// GIL (they may need it to finish their current task). Idempotent.
     pub(super) fn stop(&self, py: Python<'_>) {
+        self.control.stop(py);
+    }
+}
+
+impl Control {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for hooks in self.loops.iter().flatten() {
+            visit.call(hooks)?;
+        }
+        Ok(())
+    }
+
+    fn stop(&self, py: Python<'_>) {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -143,8 +224,8 @@ impl ThreadPool {
 
 impl ThreadPool {
     pub(super) fn send(&self, py: Python<'_>, worker: usize, job: ToWorker) -> PyResult<()> {
-        if let (Some(loops), ToWorker::Task { task, keys }) = (&self.loops, &job) {
-            if self.stopped.load(Ordering::Acquire) {
+        if let (Some(loops), ToWorker::Task { task, keys }) = (&self.control.loops, &job) {
+            if self.control.stopped.load(Ordering::Acquire) {
                 return Err(to_py(PoolError::Stopped));
             }
             let keys = match keys {
@@ -157,7 +238,7 @@ impl ThreadPool {
                 .call_method1("submit", (*task, keys))?;
             return Ok(());
         }
-        let jobs = lock(&self.jobs);
+        let jobs = lock(&self.control.jobs);
         match jobs.get(worker) {
             Some(tx) => tx
                 .send(job)
@@ -168,10 +249,10 @@ impl ThreadPool {
 
     /// The first worker that has ended although the pool was not stopped.
     pub(super) fn exited(&self) -> Option<usize> {
-        if self.stopped.load(Ordering::Acquire) {
+        if self.control.stopped.load(Ordering::Acquire) {
             return None;
         }
-        lock(&self.handles)
+        lock(&self.control.handles)
             .iter()
             .position(|h| h.as_ref().is_some_and(JoinHandle::is_finished))
     }
@@ -180,6 +261,6 @@ impl ThreadPool {
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         // Without a join (a drop must not wait): the workers leave after their current task.
-        lock(&self.jobs).clear();
+        lock(&self.control.jobs).clear();
     }
 }

@@ -3,12 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use pyo3::{PyTraverseError, PyVisit};
 
-use super::{FromWorker, TaskKeys, ToWorker, WorkerEvent};
+use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
 use crate::fetch::{BatchOptions, Fetcher};
 use crate::handout::Answer;
 use crate::sampling::KeyBatch;
@@ -40,8 +41,28 @@ impl WorkerSetup {
     }
 }
 
-/// One worker thread's state, made and used on that thread.
-struct Worker {
+// NOTE [Worker slots]
+// A worker thread's Python state (its hooks, its copy of the dataset, the collate function:
+// `Worker`) lives in its pool's `WorkerSlot`, not on the thread's stack, so that the garbage
+// collector sees it: `ThreadPool.__traverse__` visits what the slots hold, and a persistent
+// loader whose dataset refers back to it (loader -> iterator -> pool -> slot -> dataset copy ->
+// loader) is collected like any other cycle instead of running its threads until exit.
+// - The thread locks its slot, with the GIL held, for each job it runs, and leaves it unlocked
+//   while it waits for the next one (without the GIL). The collector only ever tries the lock:
+//   a slot in use is not visited, so a worker in the middle of a job keeps its state alive
+//   (the references it holds are then the thread's, unexplained, as they are).
+// - `ThreadPool.__clear__` (the cycle is garbage) stops the pool and takes the state out of
+//   every slot it can lock; a thread that finds its slot empty leaves without touching Python.
+// - The lock order is the GIL, then the slot: a thread locks its slot only attached, and the
+//   collector, attached, never waits for it.
+// An async worker's state stays in the frame of its event loop, which the collector cannot see
+// into: such a cycle lasts until the pool is stopped or the process exits.
+
+/// Where a worker thread's state lives between its jobs (NOTE [Worker slots]).
+pub(super) type WorkerSlot = Mutex<Option<Worker>>;
+
+/// One worker thread's state, made on that thread and used by it, kept in its slot.
+pub(super) struct Worker {
     id: usize,
     /// `rloader._threads._ThreadWorker`: the thread's setup (worker info, seeding,
     /// `worker_init_fn`, `iter(dataset)`) and its error wrapping.
@@ -84,6 +105,18 @@ impl Worker {
             ended: false,
             spent: Vec::new(),
         })
+    }
+
+    /// Lets the garbage collector see the Python objects this worker holds.
+    pub(super) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.hooks)?;
+        self.fetcher.traverse(visit)?;
+        visit.call(&self.stats)?;
+        visit.call(&self.pin)?;
+        if let Some(answer) = &self.init_error {
+            answer.traverse(visit)?;
+        }
+        Ok(())
     }
 
     /// Runs one job; None when it needs no answer.
@@ -168,6 +201,7 @@ pub(super) fn worker_main(
     setup: WorkerSetup,
     mut jobs: Receiver<ToWorker>,
     reports: Sender<FromWorker>,
+    slot: Arc<WorkerSlot>,
 ) {
     let asynchronous = setup.asynchronous;
     let stop = setup.stop.clone();
@@ -175,7 +209,7 @@ pub(super) fn worker_main(
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
     let _ = Python::try_attach(|py| {
-        let mut worker = match Worker::start(py, id, hooks.clone_ref(py), setup) {
+        let worker = match Worker::start(py, id, hooks.clone_ref(py), setup) {
             Ok(worker) => worker,
             Err(err) => {
                 // Setting up failed (`start` raised other than through the user's code, a
@@ -196,7 +230,11 @@ pub(super) fn worker_main(
             if let Err(err) = hooks.bind(py).call_method1("run_async", (reporter,)) {
                 err.write_unraisable(py, Some(hooks.bind(py)));
             }
+            drop(worker);
         } else {
+            // From here on the state is the slot's (NOTE [Worker slots]), and so is `hooks`.
+            *lock(&slot) = Some(worker);
+            drop(hooks);
             loop {
                 let (back, job) = py.detach(move || {
                     let job = jobs.recv();
@@ -207,14 +245,26 @@ pub(super) fn worker_main(
                 if stop.load(Ordering::Acquire) {
                     break; // the jobs still queued are for no one
                 }
-                if let Some(report) = worker.run(py, job) {
+                let mut state = lock(&slot);
+                let Some(worker) = state.as_mut() else {
+                    return; // the collector took the state: the pool was garbage
+                };
+                let report = worker.run(py, job);
+                drop(state);
+                if let Some(report) = report {
                     if reports.send(report).is_err() {
                         break; // the iterator is gone
                     }
                 }
             }
+            let Some(worker) = lock(&slot).take() else {
+                return;
+            };
+            let hooks = worker.hooks.clone_ref(py);
+            drop(worker);
+            let _ = hooks.bind(py).call_method0("finish");
+            return;
         }
-        drop(worker);
         let _ = hooks.bind(py).call_method0("finish");
     });
 }
