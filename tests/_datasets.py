@@ -210,3 +210,41 @@ class PoolTensors(PoolViews):
 
     def __getitem__(self, i: int):
         return torch.from_numpy(self.pool[i % 32]), i
+
+
+class Labelled(tud.Dataset):
+    """Paths, labels and class names, as a typical image dataset holds them: in Python lists
+    and a dict, or in rloader.shared's containers (the same samples either way). A sample is
+    (path, label, class index of its folder); `__getitems__` reads a batch in one call."""
+
+    def __init__(self, paths, labels, classes):
+        self.paths, self.labels, self.classes = paths, labels, classes
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        path = self.paths[i]
+        return path, self.labels[i], self.classes[path.split("/")[1]]
+
+
+class Whereabouts(tud.Dataset):
+    """Where each sample was read: (pid, inode of the container's memfd as the process that
+    read it maps it, the item)."""
+
+    def __init__(self, container):
+        self.container = container
+
+    def __len__(self):
+        return len(self.container)
+
+    def __getitem__(self, i):
+        return os.getpid(), self.container._inode, self.container[i]
+
+
+def labelled_items(n: int):
+    """`n` paths in 10 class folders, their labels, and the class index of each folder."""
+    paths = [f"data/class{i % 10}/img_{i:07d}.jpg" for i in range(n)]
+    labels = [i % 10 for i in range(n)]
+    classes = {f"class{c}": c for c in range(10)}
+    return paths, labels, classes

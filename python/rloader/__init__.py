@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch.utils.data import get_worker_info
 
-from . import distributed
+from . import distributed, shared
 from ._collate import collate, default_collate, default_collate_fn_map, default_convert
 from ._rloader import __version__ as __version__
 from .dataloader import DataLoader
@@ -54,6 +54,7 @@ __all__ = [
     "default_collate_fn_map",
     "default_convert",
     "distributed",
+    "shared",
     "get_worker_info",
     "random_split",
 ]

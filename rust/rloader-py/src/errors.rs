@@ -2,13 +2,19 @@
 //!
 //! Each error of the Rust core (`WeightError` of rloader-core, `QueueError` of rloader-queue,
 //! `PoolError` of rloader-workers) maps to the exception type torch raises for the same
-//! failure, with the core's message, which says what to fix. The few errors that only the
+//! failure, with the core's message, which says what to fix. `SharedError` (rloader-shared,
+//! which torch has no counterpart of) maps to the built-in exception Python raises for the
+//! same kind of failure. The few errors that only the
 //! binding can make (a Python protocol not met) are made here too.
 
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{
+    PyLookupError, PyMemoryError, PyNotImplementedError, PyOSError, PyOverflowError,
+    PyPermissionError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::PyErr;
 use rloader_core::WeightError;
 use rloader_queue::QueueError;
+use rloader_shared::SharedError;
 use rloader_workers::PoolError;
 
 /// An error of the Rust core on its way to Python: `?` converts it (the orphan rule forbids
@@ -18,6 +24,7 @@ pub enum CoreError {
     Weight(WeightError),
     Queue(QueueError),
     Pool(PoolError),
+    Shared(SharedError),
 }
 
 impl From<WeightError> for CoreError {
@@ -38,6 +45,12 @@ impl From<PoolError> for CoreError {
     }
 }
 
+impl From<SharedError> for CoreError {
+    fn from(e: SharedError) -> Self {
+        CoreError::Shared(e)
+    }
+}
+
 impl From<CoreError> for PyErr {
     fn from(e: CoreError) -> PyErr {
         match e {
@@ -50,7 +63,24 @@ impl From<CoreError> for PyErr {
                 PyTypeError::new_err(PoolError::NoWorkers.to_string())
             }
             CoreError::Pool(e) => PyRuntimeError::new_err(e.to_string()),
+            CoreError::Shared(e) => shared_error(e),
         }
+    }
+}
+
+fn shared_error(e: SharedError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        SharedError::Os { source, .. } => match source.raw_os_error() {
+            Some(errno) => PyOSError::new_err((errno, msg)),
+            None => PyOSError::new_err(msg),
+        },
+        SharedError::NoMemory { .. } => PyMemoryError::new_err(msg),
+        SharedError::BadInput(_) | SharedError::Mismatch(_) => PyValueError::new_err(msg),
+        SharedError::TooLarge(_) => PyOverflowError::new_err(msg),
+        SharedError::Changed | SharedError::Corrupt(_) => PyRuntimeError::new_err(msg),
+        SharedError::NotServed(_) => PyLookupError::new_err(msg),
+        SharedError::Untrusted { .. } => PyPermissionError::new_err(msg),
     }
 }
 

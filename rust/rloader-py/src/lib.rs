@@ -17,6 +17,8 @@
 //! - `memory/`: who owns a batch's bytes and who frees them: the buffer protocol written once,
 //!   batch slots (`SlotView`, `Lease`), the recycled batch memory (`BatchBuffers`), and pinning
 //!   (`PinnedSlots`, `PinnedBlocks`);
+//! - `shared/`: `rloader.shared`'s read-only containers in shared memory, one copy per node
+//!   (`SharedList`, `SharedArray`, `SharedDict`, over rloader-shared);
 //! - `torch_api.rs`: the torch objects the crate calls, looked up once;
 //! - `stats.rs`: `Stats`, where an epoch's time went (`DataLoader.stats()`);
 //! - `wait.rs`: waiting without the GIL (NOTE [Waiting]);
@@ -24,7 +26,8 @@
 //!
 //! What needs no interpreter lives in the pure-Rust crates: index arithmetic in rloader-core,
 //! batch memory in rloader-memory, the rings in rloader-queue, the pool's scheduler, messages,
-//! layout and slots in rloader-workers.
+//! layout and slots in rloader-workers, the shared containers' layout and serving in
+//! rloader-shared.
 
 use pyo3::prelude::*;
 
@@ -35,6 +38,7 @@ mod handout;
 mod memory;
 mod process;
 mod sampling;
+mod shared;
 mod single_process;
 mod stats;
 mod threads;
@@ -77,5 +81,6 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::BatchBuffers>()?;
     m.add_function(wrap_pyfunction!(memory::slots::py_slot_empty, m)?)?;
     m.add_function(wrap_pyfunction!(memory::slots::in_slot_worker, m)?)?;
+    shared::register(m)?;
     Ok(())
 }
