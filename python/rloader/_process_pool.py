@@ -134,17 +134,23 @@ def _stop_processes(procs: list) -> None:
         proc.close()
 
 
-def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
-    """Starts ``loader.num_workers`` workers and returns the iterator over their batches."""
+def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
+    """Starts ``loader.num_workers`` workers and returns the iterator over their batches.
+    ``drawn``: ``(keys, base_seed)`` the caller drew for the epoch (an auto loader's engine,
+    NOTE [Auto workers]), instead of this iterator's own draws."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter_keys(loader._index_sampler)
-    base_seed = draw_seed(loader.generator)
-    epoch = _resume.epoch_of(loader)
-    keys = epoch.keys(keys)  # NOTE [Resume]
+    if drawn is None:
+        keys = None if iterable else iter_keys(loader._index_sampler)
+        base_seed = draw_seed(loader.generator)
+        epoch = _resume.epoch_of(loader)
+        keys = epoch.keys(keys)  # NOTE [Resume]
+        saved_states, first_worker = epoch.worker_states(), epoch.first_worker()
+    else:
+        (keys, base_seed), saved_states, first_worker = drawn, None, 0
     # Workers of a stateful IterableDataset send its state with each batch; those of a resumed
     # epoch load theirs first, and the round robin starts where it was.
     worker_states = iterable and _resume.stateful_iterable(loader.dataset)
-    dataset_states = epoch.worker_states() or [(None, False)] * loader.num_workers
+    dataset_states = saved_states or [(None, False)] * loader.num_workers
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
@@ -181,7 +187,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
                 # PinnedBatches has the length, and pins on a thread of its own (below)
                 length_of=None if pin is not None else loader._index_sampler,
                 reported_len=None if pin is not None else _reported_len(loader),
-                first_worker=epoch.first_worker(),
+                first_worker=first_worker,
             ),
             worker_states=worker_states,
         )
