@@ -324,6 +324,11 @@ def test_arguments():
     rebuilt = type(loader)(Ints(), num_workers=loader.num_workers)  # as frameworks rebuild
     assert isinstance(rebuilt.num_workers, _auto.AutoWorkers)
     assert rloader.DataLoader(Ints(), prefetch_factor="auto").prefetch_factor is None
+    later = rloader.DataLoader(Ints(), batch_size=5)
+    later.num_workers = "auto"  # set after the loader was made, as torch allows
+    it = iter(later)
+    assert isinstance(it, _auto.AutoIter)
+    assert [b.tolist() for b in it] == batches(rloader.DataLoader(Ints(), batch_size=5))[0]
     rloader.DataLoader(Ints(), num_workers="auto", persistent_workers=True)
     rloader.DataLoader(Ints(), num_workers="auto", multiprocessing_context="spawn")
     for bad in ("many", "AUTO"):  # the error torch raises for a str

@@ -233,6 +233,11 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
             # (torch's warning counts processes against CPU cores; auto stays within them)
             self.check_worker_number_rationality()
 
+    def __setattr__(self, attr, val):
+        if attr == "num_workers" and _auto.is_auto(val) and not isinstance(val, _auto.AutoWorkers):
+            val = _auto.AutoWorkers()  # set after the loader was made: the attribute auto holds
+        super().__setattr__(attr, val)
+
     def _get_iterator(self):
         if _auto.is_auto(self.num_workers):
             _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
