@@ -24,77 +24,20 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-import torch
 import torch.utils.data as tud
+from side_by_side import BusyDataset, ImageArrayDataset, ImageLabelDataset, SleepyDataset
 
 import rloader
 
-
-class PurePython(tud.Dataset):
-    """About 50 µs of pure Python per sample (holds the GIL)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        x = 0
-        for k in range(600):
-            x += (i * k) % 7
-        return x
-
-
-class Sleeps(tud.Dataset):
-    """1 ms of waiting per sample (I/O-like: releases the GIL)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        time.sleep(0.001)
-        return i
-
-
-class Tensors(tud.Dataset):
-    """(float32[3, 32, 32], int) pairs from memory."""
-
-    def __init__(self, n: int) -> None:
-        self.x = torch.randn(n, 3, 32, 32)
-        self.y = torch.randint(0, 10, (n,))
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.x[i], int(self.y[i])
-
-
-class Images(tud.Dataset):
-    """uint8 [3, 224, 224] numpy arrays from memory."""
-
-    def __init__(self, n: int) -> None:
-        self.x = np.random.randint(0, 255, (n, 3, 224, 224), dtype=np.uint8)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int):
-        return self.x[i]
-
-
 WORKLOADS = {
     # name: (dataset, samples (full, quick), batch size, training step in seconds)
-    "pure-python": (PurePython, (8192, 2048), 32, 0.0),
-    "sleep": (Sleeps, (4096, 1024), 32, 0.0),
-    "tensors": (Tensors, (131072, 32768), 256, 0.0),
-    "uint8": (Images, (2048, 512), 64, 0.0),
-    "step": (Tensors, (32768, 8192), 256, 0.02),
+    # (the datasets of benches/side_by_side.py: ~50 us of pure Python; 1 ms sleep; in-memory
+    # (float32[3, 32, 32], int) pairs; in-memory uint8 [3, 224, 224] arrays)
+    "pure-python": (BusyDataset, (8192, 2048), 32, 0.0),
+    "sleep": (SleepyDataset, (4096, 1024), 32, 0.0),
+    "tensors": (ImageLabelDataset, (131072, 32768), 256, 0.0),
+    "uint8": (ImageArrayDataset, (2048, 512), 64, 0.0),
+    "step": (ImageLabelDataset, (32768, 8192), 256, 0.02),
 }
 
 SETTINGS = "0p,1p,2p,4p,2t,4t,8t,16t,32t"
@@ -116,35 +59,47 @@ def run(loader, epochs: int, step: float) -> list[float]:
     return times
 
 
+def measure(name: str, label: str, loader, n: int, epochs: int, step: float) -> tuple:
+    """Prints and returns (samples/s of the first epoch, median samples/s of the later ones)."""
+    times = run(loader, epochs, step)
+    first = n / times[0]
+    later = n / statistics.median(times[1:]) if len(times) > 1 else float("nan")
+    note = ""
+    stats = loader.stats() if type(loader) is rloader.DataLoader else None
+    if stats is not None and "auto" in stats:
+        auto = stats["auto"]
+        note = f"ended on {auto['num_workers']} {auto['worker_type']}"
+    print(f"{name:12} {label:14} {first:10.0f} {later:10.0f}  {note}", flush=True)
+    return first, later
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--only", default=",".join(WORKLOADS))
     parser.add_argument("--settings", default=SETTINGS)
+    parser.add_argument(
+        "--no-persistent",
+        dest="persistent",
+        action="store_false",
+        help="fixed and auto loaders without persistent_workers (each epoch starts its pools)",
+    )
     args = parser.parse_args()
     settings = [parse_setting(s) for s in args.settings.split(",")]
-    print(f"cores usable: {rloader._auto.usable_cores()}, epochs: {args.epochs}")
+    print(
+        f"cores usable: {rloader._auto.usable_cores()}, epochs: {args.epochs}, "
+        f"persistent_workers: {args.persistent}"
+    )
     header = f"{'workload':12} {'setting':14} {'epoch 1/s':>10} {'later/s':>10}  note"
     for name in args.only.split(","):
         make, sizes, batch_size, step = WORKLOADS[name]
         n = sizes[1] if args.quick else sizes[0]
         dataset = make(n)
         print(f"\n{header}")
-        rows = []
 
-        def row(label, loader, epochs=args.epochs):
-            times = run(loader, epochs, step)
-            first = n / times[0]
-            later = n / statistics.median(times[1:]) if len(times) > 1 else float("nan")
-            note = ""
-            stats = loader.stats() if isinstance(loader, rloader.DataLoader) else None
-            if stats is not None and "auto" in stats:
-                a = stats["auto"]
-                note = f"ended on {a['num_workers']} {a['worker_type']}"
-            rows.append((label, first, later))
-            print(f"{name:12} {label:14} {first:10.0f} {later:10.0f}  {note}", flush=True)
-            return first, later
+        def row(label, loader, epochs=args.epochs, n=n, step=step, name=name):
+            return measure(name, label, loader, n, epochs, step)
 
         torch_first, _ = row("torch nw=0", tud.DataLoader(dataset, batch_size=batch_size), 1)
         best = ("", 0.0)
@@ -154,7 +109,7 @@ def main() -> None:
                 batch_size=batch_size,
                 num_workers=nw,
                 worker_type=kind,
-                persistent_workers=nw > 0,
+                persistent_workers=args.persistent and nw > 0,
             )
             _, later = row(f"{nw} {kind}", loader)
             if later > best[1]:
@@ -162,7 +117,11 @@ def main() -> None:
             del loader
         for label, kind in (("auto", "process"), ("auto/auto", "auto")):
             loader = rloader.DataLoader(
-                dataset, batch_size=batch_size, num_workers="auto", worker_type=kind
+                dataset,
+                batch_size=batch_size,
+                num_workers="auto",
+                worker_type=kind,
+                persistent_workers=args.persistent,
             )
             first, later = row(label, loader)
             print(

@@ -371,7 +371,10 @@ def test_decide():
     # ... bounded by the cores, the budget and the work left
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
-    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)).workers == 5
+    assert _auto.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
+    # ... and by what starting the pool costs against what the rest of the epoch would save
+    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)) is None
+    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
     # little work, or little waiting: stays
     assert _auto.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None
     assert _auto.decide(window(wait_s=0.004, user_s=1.0, work_s=0.004)) is None

@@ -31,7 +31,9 @@ change.
   (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
   PSS; before a measurement, this process's PSS per worker), and the work left in the epoch
-  (no more workers than the batches left fill twice over their prefetch window).
+  (no more workers than the batches left fill twice over their prefetch window, and no new
+  pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
+  epoch would not win back).
 - Kind (``worker_type="auto"``): threads where the main process's CPU time of the work is under
   ``THREAD_CPU_SHARE`` of its wall time (the work mostly waits: I/O, sleeps), else processes.
   Chosen with the first pool and kept by the iterator, so it changes only between epochs.
@@ -78,6 +80,8 @@ MIN_WINDOW = 4  # batches a decision looks at, at least
 MIN_WINDOW_S = 0.05  # ... and seconds
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
+PROCESS_START_S = 0.05  # what starting one worker process costs the consumer, about
+THREAD_START_S = 0.002  # ... one worker thread
 
 
 class AutoWorkers(int):
@@ -202,6 +206,12 @@ def worker_cap(w: Window) -> int:
     return max(0, min(cores, by_memory))
 
 
+def start_cost(kind: str) -> float:
+    """Seconds the consumer loses per worker started (a first estimate: the process's start
+    and its first batch; a thread's is small)."""
+    return THREAD_START_S if kind == "thread" else PROCESS_START_S
+
+
 def decide(w: Window) -> Optional[Decision]:
     """The pool size ``w`` asks for, and why; None: keep the current one."""
     if w.batches <= 0:
@@ -233,6 +243,11 @@ def decide(w: Window) -> Optional[Decision]:
         target = min(target, w.remaining // (2 * w.prefetch))
     if target == w.workers or target <= 0:
         return None
+    if w.remaining is not None and target > w.workers:
+        # the time the rest of the epoch would save must pay for starting the pool
+        gain = w.remaining * wait * (1 - max(w.workers, 1) / target)
+        if gain < target * start_cost(w.kind):
+            return None
     return Decision(target, f"{why} ({numbers}, cap {cap})")
 
 
