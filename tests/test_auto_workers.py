@@ -119,9 +119,17 @@ def test_first_epoch_switches_are_recorded(quick, monkeypatch):
     assert first["reason"] == "scripted 0" and first["window"]["workers"] == 0
 
 
-def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
+def fake_clock(monkeypatch):
+    """Times in the main process are the test's: wall and CPU time both (so the work holds its
+    CPU: no more workers than cores)."""
     clock = FakeClock()
     monkeypatch.setattr(_auto, "clock", clock)
+    monkeypatch.setattr(_auto, "cpu_clock", clock)
+    return clock
+
+
+def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
     it = iter(loader)
     got = []
@@ -135,8 +143,7 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
 
 
 def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(_auto, "clock", clock)
+    clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.0001), batch_size=2, num_workers="auto")
     for _ in loader:
         clock.now += 0.1  # 100 ms steps against 0.2 ms of loading
@@ -144,8 +151,7 @@ def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch
 
 
 def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(_auto, "clock", clock)
+    clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     got = []
     step = 0.0
@@ -161,8 +167,7 @@ def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
 
 
 def test_the_memory_budget_bounds_the_pool(quick, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(_auto, "clock", clock)
+    clock = fake_clock(monkeypatch)
     monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
     monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)  # each worker: 100 MiB
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
@@ -196,8 +201,7 @@ class Shards(tud.IterableDataset):
 
 
 def test_an_iterable_dataset_keeps_one_count_per_epoch(quick, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(_auto, "clock", clock)
+    clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Shards(clock, 0.01), batch_size=2, num_workers="auto")
     counts = []
     for _ in range(3):
@@ -209,6 +213,24 @@ def test_an_iterable_dataset_keeps_one_count_per_epoch(quick, monkeypatch):
         counts.append(seen.pop())
     assert counts[0] == 0  # the first epoch: the main process, as torch's default
     assert counts[1] >= 1 and counts[2] == counts[1]
+
+
+@pytest.mark.parametrize("gil_bound", [True, False])
+def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
+    quick, monkeypatch, gil_bound
+):
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
+    scripted(monkeypatch, [2])
+    monkeypatch.setattr(_auto, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
+    # any measured slowdown of the threads' work reads as the GIL, or none does
+    monkeypatch.setattr(_auto, "GIL_SHARE", 0.0 if gil_bound else 1e12)
+    loader = loader_of("auto", 11, worker_type="auto")
+    got = batches(loader, epochs=2)
+    assert got == batches(loader_of(0, 11), epochs=2)
+    kinds = [d["worker_type"] for d in loader.stats()["auto"]["decisions"]]
+    assert kinds == (["process"] if gil_bound else ["thread"])  # epoch 2 starts on its kind
+    assert loader.stats()["auto"]["num_workers"] == 2
 
 
 def _record_init(worker_id):

@@ -34,9 +34,12 @@ change.
   (no more workers than the batches left fill twice over their prefetch window, and no new
   pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
   epoch would not win back).
-- Kind (``worker_type="auto"``): threads where the main process's CPU time of the work is under
-  ``THREAD_CPU_SHARE`` of its wall time (the work mostly waits: I/O, sleeps), else processes.
-  Chosen with the first pool and kept by the iterator, so it changes only between epochs.
+- Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
+  per batch is compared with the main process's alone (``inflation``): threads that take turns
+  on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
+  the next epoch's pools are processes (``_gil_check``, at the epoch's end): the kind changes
+  only between epochs. The main process's CPU share of the work bounds how many threads the
+  cores carry (threads that mostly wait may outnumber them).
 - Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
   on the last chosen pool at once, without the in-process start. With ``persistent_workers`` the
   last pool itself is kept (``_reset``).
@@ -68,27 +71,31 @@ log = logging.getLogger("rloader")
 
 AUTO = "auto"
 PREFETCH = 2  # prefetch_factor="auto", until it is measured too
-MIN_WORK_S = 0.0005  # less work per batch than this stays in the main process
+MIN_WORK_S = 0.0005  # less work per batch than this stays in the main process (processes)
+MIN_THREAD_WORK_S = 0.0001  # ... (threads: no start-up, no copy)
 MIN_WAIT_SHARE = 0.05  # ... or less than this share of the consumer's loop
 GROW_WAIT_SHARE = 0.05  # a pool grows when the consumer waits more than this share
 SHRINK_WAIT_SHARE = 0.01  # ... and may shrink when it waits less than this share
 SHRINK_RATIO = 0.75  # ... to at most this share of its workers
 HEADROOM = 1.25  # workers asked for beyond work / user
-THREAD_CPU_SHARE = 0.5  # work whose CPU share is below this runs on threads
+GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their number longer
+# than in the main process alone take turns on the GIL: processes from the next epoch
 THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
+PROCESSES_PER_CORE = 4  # ... processes
 MIN_WINDOW = 4  # batches a decision looks at, at least
 MIN_WINDOW_S = 0.05  # ... and seconds
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
+MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
 PROCESS_START_S = 0.05  # what starting one worker process costs the consumer, about
 THREAD_START_S = 0.002  # ... one worker thread
 
 
 class AutoWorkers(int):
     """``loader.num_workers`` of a loader built with ``num_workers="auto"``: an ``int`` (the
-    most worker processes auto starts: the usable cores), so code that compares or formats it
-    (torch's checks, Lightning's) works, and a loader rebuilt from its attributes is auto
-    again."""
+    usable cores, what auto starts for work that keeps them busy), so code that compares or
+    formats it (torch's checks, Lightning's) works, and a loader rebuilt from its attributes is
+    auto again."""
 
     def __new__(cls, cap: Optional[int] = None) -> "AutoWorkers":
         return super().__new__(cls, usable_cores() if cap is None else cap)
@@ -187,6 +194,7 @@ class Window(NamedTuple):
     per_worker: int  # bytes, measured or estimated
     remaining: Optional[int]  # batches left in the epoch (None: unknown)
     prefetch: int
+    inflation: Optional[float] = None  # a thread pool's work per batch over the main process's
 
 
 class Decision(NamedTuple):
@@ -197,8 +205,9 @@ class Decision(NamedTuple):
 def worker_cap(w: Window) -> int:
     """The most workers of ``w.kind`` the cores and the budget allow."""
     cores = w.cores
-    if w.kind == "thread" and w.cpu_s is not None and w.work_s > 0:
-        share = max(w.cpu_s / w.work_s, 1.0 / THREADS_PER_CORE)
+    if w.cpu_s is not None and w.work_s > 0:
+        per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
+        share = max(w.cpu_s / w.work_s, 1.0 / per_core)
         cores = max(cores, int(cores / share))
     elif w.kind == "thread":
         cores = max(cores, w.workers)
@@ -228,7 +237,8 @@ def decide(w: Window) -> Optional[Decision]:
     else:
         wanted = cap
     if w.workers == 0:
-        if work < MIN_WORK_S or loop <= 0 or wait < MIN_WAIT_SHARE * loop or cap < 1:
+        min_work = MIN_THREAD_WORK_S if w.kind == "thread" else MIN_WORK_S
+        if work < min_work or loop <= 0 or wait < MIN_WAIT_SHARE * loop or cap < 1:
             return None
         target, why = max(1, min(wanted, cap)), "the consumer waits on the main process"
     elif wait > GROW_WAIT_SHARE * loop and work > 0:
@@ -261,6 +271,7 @@ class Learned:
         self.workers = 0
         self.kind: Optional[str] = None
         self.cpu_share: Optional[float] = None
+        self.base_work: Optional[float] = None  # seconds of work per batch in the main process
         self.per_worker: Optional[int] = None
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
 
@@ -323,6 +334,7 @@ class _Engine:
         self.segment = segment
         self.stages = _stages(it._stats.as_dict())  # at the start: subtracted from later reads
         self.window_start = dict(self.stages)
+        self.memory_due = 0.0  # when its workers' memory is read next (clock())
 
     def stop(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
@@ -361,6 +373,7 @@ class AutoStats:
         self.decisions: list = []
         self.workers = 0
         self.kind = "process"
+        self.next_kind: Optional[str] = None  # set when the next epoch changes the kind
 
     def as_dict(self) -> dict:
         out = self.own.as_dict()
@@ -373,6 +386,7 @@ class AutoStats:
         out["auto"] = dict(
             num_workers=self.workers,
             worker_type=self.kind,
+            next_worker_type=self.next_kind,
             decisions=[dict(d) for d in self.decisions],
         )
         return out
@@ -383,6 +397,7 @@ class AutoStats:
         for engine in self.live:
             engine.stages = _stages(engine.it._stats.as_dict())
         self.decisions = []
+        self.next_kind = None
 
 
 def check_resumable(loader) -> None:
@@ -428,8 +443,6 @@ class AutoIter:
         self._taken_done = 0  # batches handed out by engines that have ended
         self._finished = False
         self._closed = False
-        self._started_at = clock()
-        self._first_engine = True
         self._begin_epoch(keys, reported_len=None)
 
     # -- what DataLoader and _resume use --------------------------------------------------
@@ -471,6 +484,8 @@ class AutoIter:
     # -- epochs and engines --------------------------------------------------------------
 
     def _begin_epoch(self, keys, reported_len) -> None:
+        self._started_at = clock()
+        self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
         self._taken_done = 0
         self._finished = False
@@ -484,7 +499,11 @@ class AutoIter:
         self._stats.live = []
         if self._iterable:
             workers = learned.wanted if learned.wanted is not None else learned.workers
-            if kept is not None and kept.workers == workers and workers > 0:
+            if (
+                kept is not None
+                and (kept.workers, kept.kind) == (workers, self._kind())
+                and workers
+            ):
                 self._keep(kept, None, reported_len)
             else:
                 if kept is not None:
@@ -492,7 +511,15 @@ class AutoIter:
                 self._switch(workers, "the previous epoch's measurements" if workers else "start")
             return
         workers = learned.workers
-        if kept is not None and kept.workers > 0 and kept.workers == workers:
+        if (
+            kept is not None
+            and kept.workers > 0
+            and (kept.workers, kept.kind)
+            == (
+                workers,
+                self._kind(),
+            )
+        ):
             self._keep(kept, _Segment(self._source), reported_len)
         else:
             if kept is not None:
@@ -515,8 +542,9 @@ class AutoIter:
             return self._kind_fixed
         if self._learned.kind is not None:
             return self._learned.kind
-        share = self._learned.cpu_share
-        return "thread" if share is not None and share < THREAD_CPU_SHARE else "process"
+        # Threads first: they start at once, and the work's CPU share in the main process does
+        # not say whether it holds the GIL; a thread pool measures that (``_gil_check``).
+        return "thread"
 
     def _switch(self, workers: int, why: str, window: Optional[Window] = None) -> None:
         """Starts the engine of ``workers`` workers on the rest of the stream; the current one
@@ -583,14 +611,26 @@ class AutoIter:
             work, cpu = self._w_work, self._w_cpu
             if work > 0 and learned.kind is None:
                 learned.cpu_share = cpu / work
+            if self._w_batches:
+                learned.base_work = work / self._w_batches
         else:
             now = _stages(engine.it._stats.as_dict())
             work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
             cpu = None if learned.cpu_share is None else learned.cpu_share * work
-        measured = worker_memory(engine.it) if engine.kind == "process" else None
+        measured = None
+        now = clock()
+        if engine.kind == "process" and now >= engine.memory_due:
+            # (reading a process's smaps_rollup takes milliseconds: not at every window)
+            engine.memory_due = now + MEMORY_EVERY_S
+            measured = worker_memory(engine.it)
         if measured is not None:
             learned.per_worker = max(learned.per_worker or 0, measured)
         kind = engine.kind if engine.workers else self._kind()
+        inflation = None
+        busy = self._w_wait > GROW_WAIT_SHARE * (self._w_wait + self._w_user)
+        if kind == "thread" and engine.workers and learned.base_work and self._w_batches and busy:
+            inflation = work / self._w_batches / learned.base_work
+            self._inflation = inflation
         return Window(
             batches=self._w_batches,
             wait_s=self._w_wait,
@@ -604,7 +644,26 @@ class AutoIter:
             per_worker=self._per_worker(kind),
             remaining=self._remaining(),
             prefetch=self._prefetch,
+            inflation=inflation,
         )
+
+    _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
+
+    def _gil_check(self) -> None:
+        """At an epoch's end: thread workers chosen by ``worker_type="auto"`` whose work took
+        turns on the GIL make the next epoch's pool one of processes."""
+        engine = self._engines[-1] if self._engines else None
+        if self._kind_fixed is not None or engine is None or engine.kind != "thread":
+            return
+        if engine.workers >= 2 and (self._inflation or 0) > GIL_SHARE * engine.workers:
+            self._learned.kind = "process"
+            self._stats.next_kind = "process"
+            log.debug(
+                "rloader auto: processes from the next epoch: %d threads' work took %.2f× "
+                "the main process's per batch (the GIL)",
+                engine.workers,
+                self._inflation,
+            )
 
     def _per_worker(self, kind: str) -> int:
         if kind == "thread":
@@ -612,8 +671,12 @@ class AutoIter:
         if self._learned.per_worker is not None:
             return self._learned.per_worker
         # Before a worker is measured: this process's own, which a worker that writes to all
-        # it inherits (or imports as much) reaches.
-        return process_memory(os.getpid()) or (1 << 30)
+        # it inherits (or imports as much) reaches. (Read once: smaps_rollup is not cheap.)
+        if self._own_memory is None:
+            self._own_memory = process_memory(os.getpid()) or (1 << 30)
+        return self._own_memory
+
+    _own_memory: Optional[int] = None
 
     def _remaining(self) -> Optional[int]:
         if self._iterable:
@@ -701,6 +764,7 @@ class AutoIter:
 
     def _end_epoch(self) -> None:
         self._finished = True
+        self._gil_check()
         if self._iterable and self._engines and self._w_batches:
             engine = self._engines[-1]
             window = self._window(engine)

@@ -73,7 +73,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         num_workers: workers to load with (processes, or threads with ``worker_type="thread"``);
             0 loads in the main process; ``"auto"``: the loader chooses, from what it measures,
             and keeps choosing, with the batches of any fixed number (see docs/auto.md; the
-            attribute then holds an ``int`` subclass, the most processes it may start).
+            attribute then holds an ``int`` subclass: the usable cores).
         collate_fn: merges a list of samples into a batch (default: ``default_collate``, or
             ``default_convert`` without automatic batching).
         pin_memory: return batches in page-locked memory (on a machine with an accelerator;
