@@ -142,6 +142,17 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
     assert "waits on the main process" in decisions[1]["reason"]
 
 
+def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e6)  # no pool pays for itself in an epoch
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [0]
+    assert loader.stats()["auto"]["next_num_workers"] == 4
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [4]  # the second epoch starts on the pool
+
+
 def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.0001), batch_size=2, num_workers="auto")
@@ -170,6 +181,7 @@ def test_the_memory_budget_bounds_the_pool(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
     monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)  # each worker: 100 MiB
+    monkeypatch.setattr(_auto, "own_memory", lambda: 100 << 20)  # ... and the estimate
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     assert len(batches(loader)[0]) == N
     assert max(chosen(loader)) == 3  # not the 4 cores: 4 × 100 MiB > 300 MiB
@@ -394,8 +406,11 @@ def test_decide():
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
     assert _auto.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
-    # ... and by what starting the pool costs against what the rest of the epoch would save
-    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)) is None
+    # ... and in the first epoch by what starting the pool costs against what the rest of the
+    # epoch would save: then from the next epoch on
+    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)).deferred
+    later = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, first_epoch=False)
+    assert not _auto.decide(later).deferred
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
     # little work, or little waiting: stays
     assert _auto.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None

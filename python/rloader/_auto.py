@@ -30,7 +30,7 @@ change.
   ×2 per step so the memory of each step is measured before the next). Bounds: the usable cores
   (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
-  PSS; before a measurement, this process's PSS per worker), and the work left in the epoch
+  PSS; before a measurement, this process's RSS per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
   pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
   epoch would not win back).
@@ -133,6 +133,16 @@ def process_memory(pid: int) -> Optional[int]:
     return _proc_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
+def own_memory() -> Optional[int]:
+    """This process's resident set size, in bytes (``/proc/self/statm``: cheap, unlike the PSS
+    in smaps_rollup, which takes milliseconds to add up)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def parse_bytes(text: str) -> int:
     """``"2G"``, ``"512M"``, ``"1000000"`` → bytes."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")
@@ -195,11 +205,13 @@ class Window(NamedTuple):
     remaining: Optional[int]  # batches left in the epoch (None: unknown)
     prefetch: int
     inflation: Optional[float] = None  # a thread pool's work per batch over the main process's
+    first_epoch: bool = True  # the loader's first: a pool started now pays for itself in it
 
 
 class Decision(NamedTuple):
     workers: int
     reason: str
+    deferred: bool = False  # worth it, but from the next epoch's start on
 
 
 def worker_cap(w: Window) -> int:
@@ -248,17 +260,21 @@ def decide(w: Window) -> Optional[Decision]:
         target, why = max(1, wanted), "the workers idle"
     else:
         return None
-    if w.remaining is not None and target > w.workers:
-        # a new pool that would not fill twice its prefetch window is not worth starting
-        target = min(target, w.remaining // (2 * w.prefetch))
+    reason = f"{why} ({numbers}, cap {cap})"
     if target == w.workers or target <= 0:
         return None
     if w.remaining is not None and target > w.workers:
-        # the time the rest of the epoch would save must pay for starting the pool
-        gain = w.remaining * wait * (1 - max(w.workers, 1) / target)
-        if gain < target * start_cost(w.kind):
+        wanted_later = target  # what a whole epoch asks for
+        # a new pool that would not fill twice its prefetch window is not worth starting
+        target = min(target, w.remaining // (2 * w.prefetch))
+        # In the first epoch the time its rest would save must pay for starting the pool
+        # (later epochs start on it at once, as a fixed loader starts its own).
+        gain = w.remaining * wait * (1 - max(w.workers, 1) / max(target, 1))
+        if w.first_epoch and (target <= w.workers or gain < target * start_cost(w.kind)):
+            return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
+        if target <= w.workers:
             return None
-    return Decision(target, f"{why} ({numbers}, cap {cap})")
+    return Decision(target, reason)
 
 
 # -- the iterator ---------------------------------------------------------------------------
@@ -274,6 +290,8 @@ class Learned:
         self.base_work: Optional[float] = None  # seconds of work per batch in the main process
         self.per_worker: Optional[int] = None
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
+        self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
+        self.epochs = 0  # epochs ended
 
 
 def learned_of(loader) -> Learned:
@@ -374,6 +392,7 @@ class AutoStats:
         self.workers = 0
         self.kind = "process"
         self.next_kind: Optional[str] = None  # set when the next epoch changes the kind
+        self.next_workers: Optional[int] = None  # a pool the next epoch starts on (deferred)
 
     def as_dict(self) -> dict:
         out = self.own.as_dict()
@@ -387,6 +406,7 @@ class AutoStats:
             num_workers=self.workers,
             worker_type=self.kind,
             next_worker_type=self.next_kind,
+            next_num_workers=self.next_workers,
             decisions=[dict(d) for d in self.decisions],
         )
         return out
@@ -397,7 +417,7 @@ class AutoStats:
         for engine in self.live:
             engine.stages = _stages(engine.it._stats.as_dict())
         self.decisions = []
-        self.next_kind = None
+        self.next_kind = self.next_workers = None
 
 
 def check_resumable(loader) -> None:
@@ -488,7 +508,7 @@ class AutoIter:
         self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
         self._taken_done = 0
-        self._finished = False
+        self._finished = self._finished_before = False
         self._source = None if self._iterable else _Source(keys)
         self._window_reset()
         learned = self._learned
@@ -645,9 +665,11 @@ class AutoIter:
             remaining=self._remaining(),
             prefetch=self._prefetch,
             inflation=inflation,
+            first_epoch=learned.epochs == 0,
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
+    _finished_before = False  # this epoch's end was counted
 
     def _gil_check(self) -> None:
         """At an epoch's end: thread workers chosen by ``worker_type="auto"`` whose work took
@@ -670,13 +692,9 @@ class AutoIter:
             return THREAD_COST
         if self._learned.per_worker is not None:
             return self._learned.per_worker
-        # Before a worker is measured: this process's own, which a worker that writes to all
-        # it inherits (or imports as much) reaches. (Read once: smaps_rollup is not cheap.)
-        if self._own_memory is None:
-            self._own_memory = process_memory(os.getpid()) or (1 << 30)
-        return self._own_memory
-
-    _own_memory: Optional[int] = None
+        # Before a worker is measured: this process's resident size, which a worker that writes
+        # to all it inherits (or imports as much) reaches.
+        return own_memory() or (1 << 30)
 
     def _remaining(self) -> Optional[int]:
         if self._iterable:
@@ -699,6 +717,10 @@ class AutoIter:
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
             return
+        if decision is not None and decision.deferred:
+            self._learned.deferred = decision.workers
+            self._stats.next_workers = decision.workers
+            decision = None
         if decision is None or (self._source is not None and self._source.exhausted):
             self._window_reset()
             return
@@ -764,6 +786,13 @@ class AutoIter:
 
     def _end_epoch(self) -> None:
         self._finished = True
+        learned = self._learned
+        if not self._finished_before:
+            self._finished_before = True
+            learned.epochs += 1
+            if learned.deferred is not None and learned.deferred > learned.workers:
+                learned.workers = learned.deferred  # the next epoch starts on that pool
+            learned.deferred = None
         self._gil_check()
         if self._iterable and self._engines and self._w_batches:
             engine = self._engines[-1]
