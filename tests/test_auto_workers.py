@@ -108,12 +108,12 @@ def test_batches_are_a_fixed_loaders_across_growth_and_shrinkage(
 
 
 def test_first_epoch_switches_are_recorded(quick, monkeypatch):
-    scripted(monkeypatch, [2, None, 3, 1])
-    loader = rloader.DataLoader(Ints(), batch_size=2, num_workers="auto")
-    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    scripted(monkeypatch, [2, None, 3] + [1] * 40)  # (turning back waits for a longer window)
+    loader = rloader.DataLoader(Ints(400), batch_size=2, num_workers="auto")
+    assert batches(loader) == batches(rloader.DataLoader(Ints(400), batch_size=2))
     assert chosen(loader) == [0, 2, 3, 1]
     stats = loader.stats()
-    assert stats["batches"] == N // 2
+    assert stats["batches"] == 200
     assert stats["auto"]["num_workers"] == 1
     first = stats["auto"]["decisions"][1]
     assert first["reason"] == "scripted 0" and first["window"]["workers"] == 0
@@ -428,3 +428,44 @@ def test_decide():
     # threads whose work mostly waits may outnumber the cores
     io = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.01, kind="thread", cores=2)
     assert _auto.decide(io).workers == 2 * _auto.THREADS_PER_CORE
+
+
+def test_spawned_workers_under_auto(quick, monkeypatch):
+    scripted(monkeypatch, [2])
+    loader = loader_of("auto", 13, multiprocessing_context="spawn")
+    assert batches(loader) == batches(loader_of(0, 13))
+    assert chosen(loader) == [0, 2]
+
+
+class Blocks(Ints):
+    """Batches from sample 8 on wait for ``release`` (set by the test once it has its error)."""
+
+    def __init__(self, release):
+        super().__init__()
+        self.release = release
+
+    def __getitem__(self, i):
+        if i >= 8:
+            self.release.wait(60)  # (bounded: a wrong engine here fails the test, not hangs it)
+        return super().__getitem__(i)
+
+
+def test_timeout_is_a_fixed_loaders(quick, monkeypatch):
+    import threading
+
+    scripted(monkeypatch, [2])
+    messages = []
+    for nw in ("auto", 2):
+        release = threading.Event()
+        loader = rloader.DataLoader(
+            Blocks(release), batch_size=2, num_workers=nw, worker_type="thread", timeout=0.2
+        )
+        it = iter(loader)
+        got = [next(it).tolist() for _ in range(4)]  # samples 0-7
+        with pytest.raises(RuntimeError) as error:
+            next(it)
+        release.set()
+        messages.append((got, str(error.value)))
+        del it
+    assert messages[0] == messages[1]
+    assert "timed out" in messages[0][1]

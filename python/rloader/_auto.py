@@ -26,8 +26,11 @@ change.
   asks (× ``HEADROOM``). In a pool: grow when the consumer waits more than ``GROW_WAIT_SHARE`` of
   its loop and the workers are busy; shrink when it (nearly) never waits and ``work / user`` asks
   for at most ``SHRINK_RATIO`` of the pool (hysteresis: the gap between the two thresholds, a
-  window of at least ``2 × workers × prefetch_factor`` batches after a switch, growth at most
-  ×2 per step so the memory of each step is measured before the next). Bounds: the usable cores
+  window of at least ``2 × workers × prefetch_factor`` batches, which starts only once a new
+  pool has handed out its first round of batches and the old one has drained, so start-up
+  does not read as waiting; turning back (a shrink after a growth in the epoch, or the other
+  way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
+  measured before the next). Bounds: the usable cores
   (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
   PSS; before a measurement, this process's RSS per worker), and the work left in the epoch
@@ -54,6 +57,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 import warnings
 from typing import Any, NamedTuple, Optional
@@ -166,24 +170,58 @@ def memory_budget() -> int:
     return (available or (8 << 30)) // 2
 
 
-def worker_memory(it) -> Optional[int]:
-    """The largest PSS among an engine's worker processes, or None (threads, in-process, or
-    /proc unreadable)."""
+def worker_pids(it) -> list:
+    """The pids of an engine's worker processes (none for threads or the main process)."""
     pool = getattr(it, "_rloader_pool", None)
     procs = getattr(pool, "procs", None)
-    if not procs:
-        return None
-    if getattr(pool, "stopped", False):
-        return None
-    sizes = []
-    for proc in procs:
-        try:
-            size = process_memory(proc.pid)
-        except ValueError:  # closed: the pool stopped meanwhile
-            return None
-        if size is not None:
-            sizes.append(size)
-    return max(sizes) if sizes else None
+    if not procs or getattr(pool, "stopped", False):
+        return []
+    try:
+        return [proc.pid for proc in procs if proc.pid is not None]
+    except ValueError:  # closed: the pool stopped meanwhile
+        return []
+
+
+class _MemoryProbe:
+    """Reads worker processes' PSS on a thread of its own: smaps_rollup takes milliseconds per
+    process to add up (11 ms for a process with torch imported, on the 2-core machine), which
+    on the consumer's thread would read as waiting. ``request`` asks for a read of some pids;
+    ``latest`` is the largest PSS last read among some pids (None before). One per process,
+    its thread started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pids: list = []
+        self._sizes: dict = {}  # pid: PSS (of the pids asked for last)
+        self._thread: Optional[threading.Thread] = None
+
+    def request(self, pids: list) -> None:
+        with self._lock:
+            self._pids = list(pids)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rloader-auto-memory", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def latest(self, pids: list) -> Optional[int]:
+        sizes = self._sizes
+        known = [sizes[pid] for pid in pids if pid in sizes]
+        return max(known) if known else None
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                pids = self._pids
+            sizes = {pid: process_memory(pid) for pid in pids}
+            self._sizes = {pid: size for pid, size in sizes.items() if size is not None}
+
+
+_probe = _MemoryProbe()
 
 
 # -- decisions ------------------------------------------------------------------------------
@@ -353,6 +391,7 @@ class _Engine:
         self.stages = _stages(it._stats.as_dict())  # at the start: subtracted from later reads
         self.window_start = dict(self.stages)
         self.memory_due = 0.0  # when its workers' memory is read next (clock())
+        self.warm = workers == 0  # has handed out its first round (``AutoIter._decide``)
 
     def stop(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
@@ -508,6 +547,7 @@ class AutoIter:
         self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
         self._taken_done = 0
+        self._direction = 0  # of this epoch's last switch: 1 grew, -1 shrank
         self._finished = self._finished_before = False
         self._source = None if self._iterable else _Source(keys)
         self._window_reset()
@@ -549,6 +589,7 @@ class AutoIter:
     def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
         engine.it._reset(segment, reported_len)
         engine.segment = segment
+        engine.warm = True  # its workers run, and _reset sent the first tasks
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
         self._engines.append(engine)
@@ -637,12 +678,11 @@ class AutoIter:
             now = _stages(engine.it._stats.as_dict())
             work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
             cpu = None if learned.cpu_share is None else learned.cpu_share * work
-        measured = None
         now = clock()
         if engine.kind == "process" and now >= engine.memory_due:
-            # (reading a process's smaps_rollup takes milliseconds: not at every window)
             engine.memory_due = now + MEMORY_EVERY_S
-            measured = worker_memory(engine.it)
+            _probe.request(worker_pids(engine.it))  # read on the probe's thread
+        measured = _probe.latest(worker_pids(engine.it)) if engine.kind == "process" else None
         if measured is not None:
             learned.per_worker = max(learned.per_worker or 0, measured)
         kind = engine.kind if engine.workers else self._kind()
@@ -708,11 +748,24 @@ class AutoIter:
         engine = self._engines[-1] if self._engines else None
         if engine is None or self._closed:
             return
+        if not engine.warm:
+            # A new pool's start (and the old one's last batches) would read as waiting: its
+            # windows begin once it has handed out its first round of prefetched batches.
+            if len(self._engines) > 1 or engine.it._progress[0] < engine.workers * self._prefetch:
+                return
+            engine.warm = True
+            self._window_reset()
+            return
         minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch)
         if self._w_batches < minimum or clock() - self._w_started < MIN_WINDOW_S:
             return
         window = self._window(engine)
         decision = decide(window)
+        if decision is not None and not decision.deferred and not self._iterable:
+            direction = 1 if decision.workers > engine.workers else -1
+            if direction == -self._direction and self._w_batches < 2 * minimum:
+                return  # turning back needs twice the evidence (hysteresis): the window goes on
+            self._direction = direction
         if self._iterable:  # the count is for the next epoch
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
@@ -743,7 +796,6 @@ class AutoIter:
         finally:
             own.next_returned(handed)
             now = clock()
-            self._w_wait += now - called
             if handed:
                 self._handed_at = now
                 self._w_batches += 1
@@ -759,8 +811,11 @@ class AutoIter:
             engine = self._engines[0]
             in_process = engine.workers == 0
             if in_process:
-                cpu0, wall0 = cpu_clock(), clock()
+                cpu0 = cpu_clock()
+            wall0 = clock()
             try:
+                # (only this is the consumer's wait for data to a decision: this iterator's own
+                # bookkeeping, a switch, a retired pool's stop are not what a pool can change)
                 batch = next(engine.it)
             except StopIteration:
                 if len(self._engines) > 1 or (engine.segment is not None and engine.segment.closed):
@@ -769,9 +824,11 @@ class AutoIter:
                 self._end_epoch()
                 raise
             finally:
+                waited = clock() - wall0
+                self._w_wait += waited
                 if in_process:
                     self._w_cpu += cpu_clock() - cpu0
-                    self._w_work += clock() - wall0
+                    self._w_work += waited
             return batch
 
     def _retire(self, engine: _Engine) -> None:
