@@ -145,7 +145,9 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
 def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     monkeypatch.setattr(_auto, "PROCESS_START_S", 1e6)  # no pool pays for itself in an epoch
-    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    loader = rloader.DataLoader(
+        Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
+    )
     assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
     assert chosen(loader) == [0]
     assert loader.stats()["auto"]["next_num_workers"] == 4
@@ -407,8 +409,12 @@ def test_decide():
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
     assert _auto.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
     # ... and in the first epoch by what starting the pool costs against what the rest of the
-    # epoch would save: then from the next epoch on
-    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)).deferred
+    # epoch would save: then from the next epoch on, if a whole epoch saves more (or the pool
+    # is started once: persistent workers), else not at all
+    late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)
+    assert _auto.decide(late._replace(epoch_batches=1000)).deferred
+    assert _auto.decide(late._replace(persistent=True)).deferred
+    assert _auto.decide(late._replace(epoch_batches=40)) is None
     later = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, first_epoch=False)
     assert not _auto.decide(later).deferred
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))

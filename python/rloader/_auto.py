@@ -33,7 +33,8 @@ change.
   measured before the next). Bounds: the usable cores
   (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
-  PSS; before a measurement, this process's RSS per worker), and the work left in the epoch
+  PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
+  per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
   pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
   epoch would not win back).
@@ -64,7 +65,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _resume, _rloader
+from . import _loader_record, _resume, _rloader
 from ._loader_record import record_of
 from ._seed import draw_seed
 from .sampler import iter_keys
@@ -244,6 +245,8 @@ class Window(NamedTuple):
     prefetch: int
     inflation: Optional[float] = None  # a thread pool's work per batch over the main process's
     first_epoch: bool = True  # the loader's first: a pool started now pays for itself in it
+    epoch_batches: Optional[int] = None  # batches in an epoch (None: unknown)
+    persistent: bool = False  # a pool, once started, serves the later epochs too
 
 
 class Decision(NamedTuple):
@@ -308,8 +311,14 @@ def decide(w: Window) -> Optional[Decision]:
         # In the first epoch the time its rest would save must pay for starting the pool
         # (later epochs start on it at once, as a fixed loader starts its own).
         gain = w.remaining * wait * (1 - max(w.workers, 1) / max(target, 1))
-        if w.first_epoch and (target <= w.workers or gain < target * start_cost(w.kind)):
-            return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
+        cost = start_cost(w.kind)
+        if w.first_epoch and (target <= w.workers or gain < target * cost):
+            # From the next epoch on, if a whole epoch wins its start back (or the pool is
+            # started once: persistent workers).
+            whole = (w.epoch_batches or 0) * wait * (1 - max(w.workers, 1) / wanted_later)
+            if w.persistent or whole >= wanted_later * cost:
+                return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
+            return None
         if target <= w.workers:
             return None
     return Decision(target, reason)
@@ -377,6 +386,8 @@ class _EngineView:
     def __init__(self, loader, **overrides) -> None:
         self.__dict__["_loader"] = loader
         self.__dict__.update(overrides)
+        # The loader's record: a stopped pool's shared memory serves the next pool.
+        _loader_record._RECORDS[self] = record_of(loader)
 
     def __getattr__(self, name: str):
         return getattr(self.__dict__["_loader"], name)
@@ -416,7 +427,7 @@ def _stages(d: dict) -> dict:
 
 
 clock = time.perf_counter  # tests replace these to make measurements deterministic
-cpu_clock = time.thread_time
+cpu_clock = time.process_time  # all threads': collation fans out to copy threads
 
 
 class AutoStats:
@@ -706,6 +717,8 @@ class AutoIter:
             prefetch=self._prefetch,
             inflation=inflation,
             first_epoch=learned.epochs == 0,
+            epoch_batches=self._epoch_batches(),
+            persistent=self._persistent,
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
@@ -735,6 +748,14 @@ class AutoIter:
         # Before a worker is measured: this process's resident size, which a worker that writes
         # to all it inherits (or imports as much) reaches.
         return own_memory() or (1 << 30)
+
+    def _epoch_batches(self) -> Optional[int]:
+        if self._iterable:
+            return None
+        try:
+            return len(self._loader._index_sampler)
+        except TypeError:
+            return None
 
     def _remaining(self) -> Optional[int]:
         if self._iterable:
