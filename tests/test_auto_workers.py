@@ -155,6 +155,23 @@ def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick
     assert chosen(loader) == [4]  # the second epoch starts on the pool
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+def test_an_epoch_shorter_than_a_window_decides_for_the_next(quick, monkeypatch, persistent):
+    clock = fake_clock(monkeypatch)
+    monkeypatch.setattr(_auto, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
+    loader = rloader.DataLoader(
+        Ints(clock=clock, cost=0.01),
+        batch_size=2,
+        num_workers="auto",
+        persistent_workers=persistent,
+    )
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [0]
+    assert loader.stats()["auto"]["next_num_workers"] == 4
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [4]
+
+
 def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.0001), batch_size=2, num_workers="auto")

@@ -852,6 +852,28 @@ class AutoIter:
                     self._w_work += waited
             return batch
 
+    def _last_window(self) -> None:
+        """The epoch's last window, even if short (an epoch shorter than a window would never
+        decide): what it asks for is the next epoch's start (map-style datasets)."""
+        engine = self._engines[-1] if self._engines else None
+        if self._iterable or engine is None or not engine.warm or self._w_batches < MIN_WINDOW:
+            return
+        window = self._window(engine)._replace(remaining=None)
+        decision = decide(window)
+        if decision is None or decision.workers == engine.workers:
+            return
+        if decision.workers > engine.workers and not self._persistent:
+            # every epoch starts its pool: worth it only if a whole epoch wins the start back
+            wait = window.wait_s / window.batches
+            whole = (
+                (window.epoch_batches or 0) * wait * (1 - max(engine.workers, 1) / decision.workers)
+            )
+            if whole < decision.workers * start_cost(window.kind):
+                return
+        self._learned.deferred = None
+        self._learned.workers = decision.workers
+        self._stats.next_workers = decision.workers
+
     def _retire(self, engine: _Engine) -> None:
         """An engine whose segment was closed has handed out all it drew."""
         self._engines.remove(engine)
@@ -867,9 +889,11 @@ class AutoIter:
         learned = self._learned
         if not self._finished_before:
             self._finished_before = True
+            self._last_window()
             learned.epochs += 1
             if learned.deferred is not None and learned.deferred > learned.workers:
                 learned.workers = learned.deferred  # the next epoch starts on that pool
+                self._stats.next_workers = learned.deferred
             learned.deferred = None
         self._gil_check()
         if self._iterable and self._engines and self._w_batches:
