@@ -492,3 +492,19 @@ def test_timeout_is_a_fixed_loaders(quick, monkeypatch):
         del it
     assert messages[0] == messages[1]
     assert "timed out" in messages[0][1]
+
+
+def test_a_dropped_persistent_loader_stops_its_workers_at_once(quick, monkeypatch):
+    import gc
+
+    scripted(monkeypatch, [2])
+    loader = loader_of("auto", 1, persistent_workers=True)
+    batches(loader)
+    pool = loader._iterator._engines[-1].it._rloader_pool
+    assert len(pool.procs) == 2 and not pool.stopped
+    gc.disable()  # not the garbage collector: the last reference going
+    try:
+        del loader
+        assert pool.stopped
+    finally:
+        gc.enable()

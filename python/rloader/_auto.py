@@ -45,7 +45,8 @@ change.
   only between epochs. The main process's CPU share of the work bounds how many threads the
   cores carry (threads that mostly wait may outnumber them).
 - Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
-  on the last chosen pool at once, without the in-process start. With ``persistent_workers`` the
+  on the last chosen pool at once, without the in-process start, or on what the epoch's last
+  window asked for (``_last_window``) or a first-epoch decision deferred. With ``persistent_workers`` the
   last pool itself is kept (``_reset``).
 - An ``IterableDataset`` shards by worker id and count, so its epoch keeps one engine: the first
   epoch runs in the main process (torch's default, ``num_workers=0``) and measures; each later
@@ -61,11 +62,12 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, NamedTuple, Optional
 
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _loader_record, _resume, _rloader
+from . import _resume, _rloader
 from ._loader_record import record_of
 from ._seed import draw_seed
 from .sampler import iter_keys
@@ -384,13 +386,19 @@ class _EngineView:
     prefetch, persistence and order."""
 
     def __init__(self, loader, **overrides) -> None:
-        self.__dict__["_loader"] = loader
+        self.__dict__["_loader_ref"] = weakref.ref(loader)  # (NOTE in AutoIter.__init__)
         self.__dict__.update(overrides)
-        # The loader's record: a stopped pool's shared memory serves the next pool.
-        _loader_record._RECORDS[self] = record_of(loader)
+
+    @property
+    def _loader(self):
+        return self.__dict__["_loader_ref"]()
+
+    # The loader whose record a pool keeps its shared memory in (start_pool): a stopped pool's
+    # region serves the loader's next pool.
+    _rloader_owner = _loader
 
     def __getattr__(self, name: str):
-        return getattr(self.__dict__["_loader"], name)
+        return getattr(self._loader, name)
 
 
 class _Engine:
@@ -497,7 +505,9 @@ class AutoIter:
     """The iterator of a ``num_workers="auto"`` loader (NOTE [Auto workers])."""
 
     def __init__(self, loader, keys, base_seed: int) -> None:
-        self._loader = loader
+        # Weakly: a persistent loader holds its iterator, and a cycle would keep a dropped
+        # loader's workers alive until the garbage collector runs.
+        self._loader_ref = weakref.ref(loader)
         self._iterable = loader._dataset_kind == _DatasetKind.Iterable
         self._base_seed = base_seed
         self._learned = learned_of(loader)
@@ -536,6 +546,13 @@ class AutoIter:
 
     def __len__(self) -> int:
         return len(self._loader._index_sampler)
+
+    @property
+    def _loader(self):
+        loader = self._loader_ref()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this iterator is gone")
+        return loader
 
     def __reduce__(self):
         raise TypeError("cannot pickle 'AutoIter' object")

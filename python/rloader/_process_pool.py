@@ -157,7 +157,8 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
         )
     pin = _pin_policy.pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
-    record = record_of(loader)
+    owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
+    record = record_of(owner)
     region, record.region = record.region, None  # this pool's until it stops
     if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
         region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
@@ -171,7 +172,7 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
                 region, loader._auto_collation, loader.prefetch_factor * loader.num_workers
             )
             feed, drawn = new_feed(keys)
-        pool = _Pool(region, loader)
+        pool = _Pool(region, owner)
         it = _rloader.PoolIter(
             region=region,
             hooks=pool,
