@@ -351,6 +351,20 @@ def test_resume_mid_epoch(quick, monkeypatch):
     assert head + batches(resumed)[0] == whole
 
 
+@pytest.mark.parametrize("saved_with, resumed_with", [(2, "auto"), ("auto", 0)])
+def test_resume_across_fixed_and_auto(quick, monkeypatch, saved_with, resumed_with):
+    scripted(monkeypatch, [2])
+    whole = batches(loader_of(0, 9))[0]
+    loader = loader_of(saved_with, 9)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(15)]
+    state = loader.state_dict()
+    del it
+    resumed = loader_of(resumed_with, 9)
+    resumed.load_state_dict(state)
+    assert head + batches(resumed)[0] == whole
+
+
 class Stateful(tud.IterableDataset):
     def __iter__(self):
         return iter(range(4))

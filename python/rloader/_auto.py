@@ -89,6 +89,7 @@ GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their n
 # than in the main process alone take turns on the GIL: processes from the next epoch
 THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
 PROCESSES_PER_CORE = 4  # ... processes
+WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
 MIN_WINDOW = 4  # batches a decision looks at, at least
 MIN_WINDOW_S = 0.05  # ... and seconds
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
@@ -260,10 +261,12 @@ class Decision(NamedTuple):
 def worker_cap(w: Window) -> int:
     """The most workers of ``w.kind`` the cores and the budget allow."""
     cores = w.cores
-    if w.cpu_s is not None and w.work_s > 0:
+    share = w.cpu_s / w.work_s if w.cpu_s is not None and w.work_s > 0 else None
+    if share is not None and share < WAITING_SHARE:
+        # work that mostly waits; (above this, a low share may only be a busy machine's
+        # descheduling, and the work is taken as needing its cores)
         per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
-        share = max(w.cpu_s / w.work_s, 1.0 / per_core)
-        cores = max(cores, int(cores / share))
+        cores = max(cores, int(cores / max(share, 1.0 / per_core)))
     elif w.kind == "thread":
         cores = max(cores, w.workers)
     by_memory = w.budget // max(w.per_worker, 1)
