@@ -54,3 +54,12 @@ def test_lightning_rebuilds_thread_workers_as_thread_workers():
     assert seen(ours_new) == seen(theirs_new)
     assert ours_new.worker_type == "thread"
     assert type(iter(ours_new)) is _rloader.ThreadIter
+
+
+def test_lightning_rebuilds_an_auto_loader_as_an_auto_loader():
+    ours, ours_new = rebuilt(rloader, 1, True, num_workers="auto", worker_type="auto")
+    theirs, theirs_new = rebuilt(tud, 1, True, num_workers=2)
+    assert seen(ours_new) == seen(theirs_new)
+    assert isinstance(ours_new.num_workers, rloader._auto.AutoWorkers)
+    assert ours_new.worker_type == "auto"
+    assert type(iter(ours_new)) is rloader._auto.AutoIter

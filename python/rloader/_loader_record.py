@@ -25,7 +25,7 @@ __all__ = ["LoaderRecord", "record_of"]
 class LoaderRecord:
     """One loader's state between and across its epochs."""
 
-    __slots__ = ("buffers", "epoch", "pending", "region", "stats")
+    __slots__ = ("auto", "buffers", "epoch", "pending", "region", "stats")
 
     def __init__(self) -> None:
         # The latest iter()'s ``_resume.Epoch`` (NOTE [Resume]).
@@ -41,6 +41,8 @@ class LoaderRecord:
         # The worker processes' shared memory (``_rloader.PoolRegion``) while no pool uses it:
         # the next pool finds its batch slots already reserved and mapped (_process_pool.py).
         self.region: Any = None
+        # What num_workers="auto" learned in earlier epochs (``_auto.Learned``).
+        self.auto: Any = None
 
 
 _RECORDS: "weakref.WeakKeyDictionary[Any, LoaderRecord]" = weakref.WeakKeyDictionary()

@@ -134,24 +134,31 @@ def _stop_processes(procs: list) -> None:
         proc.close()
 
 
-def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
-    """Starts ``loader.num_workers`` workers and returns the iterator over their batches."""
+def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
+    """Starts ``loader.num_workers`` workers and returns the iterator over their batches.
+    ``drawn``: ``(keys, base_seed)`` the caller drew for the epoch (an auto loader's engine,
+    NOTE [Auto workers]), instead of this iterator's own draws."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter_keys(loader._index_sampler)
-    base_seed = draw_seed(loader.generator)
-    epoch = _resume.epoch_of(loader)
-    keys = epoch.keys(keys)  # NOTE [Resume]
+    if drawn is None:
+        keys = None if iterable else iter_keys(loader._index_sampler)
+        base_seed = draw_seed(loader.generator)
+        epoch = _resume.epoch_of(loader)
+        keys = epoch.keys(keys)  # NOTE [Resume]
+        saved_states, first_worker = epoch.worker_states(), epoch.first_worker()
+    else:
+        (keys, base_seed), saved_states, first_worker = drawn, None, 0
     # Workers of a stateful IterableDataset send its state with each batch; those of a resumed
     # epoch load theirs first, and the round robin starts where it was.
     worker_states = iterable and _resume.stateful_iterable(loader.dataset)
-    dataset_states = epoch.worker_states() or [(None, False)] * loader.num_workers
+    dataset_states = saved_states or [(None, False)] * loader.num_workers
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
         )
     pin = _pin_policy.pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
-    record = record_of(loader)
+    owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
+    record = record_of(owner)
     region, record.region = record.region, None  # this pool's until it stops
     if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
         region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
@@ -165,7 +172,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
                 region, loader._auto_collation, loader.prefetch_factor * loader.num_workers
             )
             feed, drawn = new_feed(keys)
-        pool = _Pool(region, loader)
+        pool = _Pool(region, owner)
         it = _rloader.PoolIter(
             region=region,
             hooks=pool,
@@ -181,7 +188,7 @@ def start_pool(loader) -> "_rloader.PoolIter | PinnedBatches":
                 # PinnedBatches has the length, and pins on a thread of its own (below)
                 length_of=None if pin is not None else loader._index_sampler,
                 reported_len=None if pin is not None else _reported_len(loader),
-                first_worker=epoch.first_worker(),
+                first_worker=first_worker,
             ),
             worker_states=worker_states,
         )

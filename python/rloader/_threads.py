@@ -261,15 +261,18 @@ class _AsyncThreadWorker(_ThreadWorker):
             self.reporter.batch(task, batch)
 
 
-def start_threads(loader, buffers=None) -> "_rloader.ThreadIter":
+def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
     """Starts ``loader.num_workers`` worker threads and returns the iterator over their
     batches. The draws (the sampler's iterator, the base seed, the first tasks) are those of
-    ``start_pool`` for processes, in the same order. ``buffers(pin)``: the loader's
-    ``BatchBuffers``, which the workers' large default-collate outputs reuse."""
+    ``start_pool`` for processes, in the same order (or ``drawn``, as there). ``buffers(pin)``:
+    the loader's ``BatchBuffers``, which the workers' large default-collate outputs reuse."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter_keys(loader._index_sampler)
-    base_seed = draw_seed(loader.generator)
-    keys = _resume.epoch_of(loader).keys(keys)  # NOTE [Resume]
+    if drawn is None:
+        keys = None if iterable else iter_keys(loader._index_sampler)
+        base_seed = draw_seed(loader.generator)
+        keys = _resume.epoch_of(loader).keys(keys)  # NOTE [Resume]
+    else:
+        keys, base_seed = drawn
     if loader.prefetch_factor <= 0:
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"

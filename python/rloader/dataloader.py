@@ -25,6 +25,7 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
 from . import (
+    _auto,
     _cuda_host,
     _pin_policy,
     _process_pool,
@@ -70,7 +71,9 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         batch_sampler: yields lists of keys, one list per batch; excludes ``batch_size``,
             ``shuffle``, ``sampler`` and ``drop_last``.
         num_workers: workers to load with (processes, or threads with ``worker_type="thread"``);
-            0 loads in the main process.
+            0 loads in the main process; ``"auto"``: the loader chooses, from what it measures,
+            and keeps choosing, with the batches of any fixed number (see docs/auto.md; the
+            attribute then holds an ``int`` subclass: the usable cores).
         collate_fn: merges a list of samples into a batch (default: ``default_collate``, or
             ``default_convert`` without automatic batching).
         pin_memory: return batches in page-locked memory (on a machine with an accelerator;
@@ -88,15 +91,15 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         generator: the ``torch.Generator`` the random sampler and the workers' base seed are
             drawn from (torch's global RNG when ``None``).
         prefetch_factor: batches loaded ahead per worker (default 2 with workers; must be
-            ``None`` without).
+            ``None`` without; ``"auto"``: 2 for now).
         persistent_workers: keep the workers alive between epochs.
         pin_memory_device: deprecated in torch; the current accelerator is used.
         in_order: hand batches out in sampler order (``False``: as they are ready).
         worker_type: ``"process"`` (default, torch's workers) or ``"thread"``: the workers are
             threads of this process, the dataset exists once, and batches are handed over
             without a copy; for I/O-bound datasets, large in-memory datasets, and a fast
-            start. Datasets with ``async def __getitem__`` need it. An rloader extension: see
-            the README.
+            start. Datasets with ``async def __getitem__`` need it. With ``num_workers="auto"``,
+            ``"auto"`` chooses from measurements. An rloader extension: see the README.
 
     Differences from torch: random samplers give rloader's own random orders (same
     distributions, reproducible from a seed or ``generator``); a worker's failure to hand a
@@ -111,7 +114,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         shuffle: Optional[bool] = None,
         sampler: Union[Sampler, Iterable, None] = None,
         batch_sampler: Union[Sampler[list], Iterable[list], None] = None,
-        num_workers: int = 0,
+        num_workers: Union[int, str] = 0,
         collate_fn: Optional[Callable[[list], Any]] = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -120,13 +123,17 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         multiprocessing_context=None,
         generator: Optional[torch.Generator] = None,
         *,
-        prefetch_factor: Optional[int] = None,
+        prefetch_factor: Union[int, str, None] = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_type: str = "process",
     ) -> None:
-        _check_worker_type(worker_type, multiprocessing_context)
+        if _auto.is_auto(num_workers):  # NOTE [Auto workers]
+            num_workers = _auto.AutoWorkers(num_workers if isinstance(num_workers, int) else None)
+        _check_worker_type(worker_type, multiprocessing_context, num_workers)
+        if prefetch_factor == _auto.AUTO:
+            prefetch_factor = None if num_workers == 0 else _auto.PREFETCH
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "
@@ -222,21 +229,32 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         self._DataLoader__initialized = True
         self._IterableDataset_len_called = None
         self._iterator = None
-        if worker_type == "process":  # (torch's warning counts processes against CPU cores)
+        if worker_type == "process" and not _auto.is_auto(num_workers):
+            # (torch's warning counts processes against CPU cores; auto stays within them)
             self.check_worker_number_rationality()
 
+    def __setattr__(self, attr, val):
+        if attr == "num_workers" and _auto.is_auto(val) and not isinstance(val, _auto.AutoWorkers):
+            val = _auto.AutoWorkers()  # set after the loader was made: the attribute auto holds
+        super().__setattr__(attr, val)
+
     def _get_iterator(self):
+        if _auto.is_auto(self.num_workers):
+            _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
+            return _auto.start(self)
         if self.num_workers == 0:
             return _single_process_iter(self)
         # (checked again: both may have been set after the loader was made)
-        _check_worker_type(self.worker_type, self.multiprocessing_context)
+        _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
         if self.worker_type == "thread":
             return _threads.start_threads(self, buffers=lambda pin: _batch_buffers(self, pin))
         self.check_worker_number_rationality()
         return _process_pool.start_pool(self)
 
     def __iter__(self):
-        persistent = self.persistent_workers and self.num_workers > 0
+        persistent = self.persistent_workers and (
+            _auto.is_auto(self.num_workers) or self.num_workers > 0
+        )
         if persistent and self._iterator is not None and _resume.restarts_workers(self):
             self._iterator._shutdown_workers()  # a resume's workers start from saved states
         fresh = not persistent or self._iterator is None or self._iterator._rloader_pool.stopped
@@ -264,7 +282,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         loader's stages where they ran: ``fetch_s`` (your dataset), ``collate_s``,
         ``transport_s`` (taking batches in from worker processes), ``pin_s``; with
         ``batches``, the number handed out. Workers' stages (threads or processes) are summed
-        over the workers. None before the first ``iter()``. An rloader extension."""
+        over the workers. With ``num_workers="auto"``, ``auto`` says what was chosen, when
+        and why (docs/auto.md). None before the first ``iter()``. An rloader extension."""
         stats = record_of(self).stats
         return None if stats is None else stats.as_dict()
 
@@ -279,6 +298,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         IterableDataset with ``state_dict()`` its state, or each worker's. An extension of
         torch's DataLoader, with torchdata ``StatefulDataLoader``'s method names.
         """
+        _auto.check_resumable(self)
         return _resume.state_dict(self)
 
     def load_state_dict(self, state) -> None:
@@ -291,14 +311,22 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         of the states of every rank of a job over a ``DistributedSampler``: the samples of that
         epoch no rank handed out are then shared by this job's ranks (see the README).
         """
+        _auto.check_resumable(self)
         _state_check.check(self, state)  # a TypeError or ValueError naming the bad field
         _resume.load_state_dict(self, state)
 
 
-def _check_worker_type(worker_type, multiprocessing_context) -> None:
-    if worker_type not in ("process", "thread"):
+def _check_worker_type(worker_type, multiprocessing_context, num_workers) -> None:
+    if worker_type == _auto.AUTO and not _auto.is_auto(num_workers):
         raise ValueError(
-            f"worker_type must be 'process' or 'thread', but got worker_type={worker_type!r}"
+            "worker_type='auto' chooses between processes and threads from measurements, as "
+            "num_workers='auto' chooses their number: use it with num_workers='auto', or "
+            "choose worker_type='process' or 'thread'"
+        )
+    if worker_type not in ("process", "thread", _auto.AUTO):
+        raise ValueError(
+            "worker_type must be 'process' or 'thread' (or 'auto', with num_workers='auto'), "
+            f"but got worker_type={worker_type!r}"
         )
     if worker_type == "thread" and multiprocessing_context is not None:
         raise ValueError(
@@ -315,13 +343,19 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
             f"timeout={loader.timeout} only applies to worker processes: "
             "set timeout=0 or num_workers > 0"
         )
-    pin = _pin_policy.pin_plan(loader)
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     keys = None if iterable else iter_keys(loader._index_sampler)
     # torch draws a base seed for worker processes with every iterator, workers or not:
     # draw it too, so the generator (or global RNG) advances exactly as with torch.
     draw_seed(loader.generator)
     keys = _resume.epoch_of(loader).keys(keys)
+    return _loader_iter(loader, keys, _resume.epoch_of(loader).stream_ended)
+
+
+def _loader_iter(loader: DataLoader, keys, exhausted: bool) -> _rloader.LoaderIter:
+    """The single-process iterator over ``keys`` (drawn by the caller)."""
+    pin = _pin_policy.pin_plan(loader)
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
     collate_fn = loader.collate_fn
     return _rloader.LoaderIter(
         dataset=loader.dataset,
@@ -337,8 +371,22 @@ def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
         ),
         length_of=loader._index_sampler,
         reported_len=loader._IterableDataset_len_called if iterable else None,
-        exhausted=_resume.epoch_of(loader).stream_ended,
+        exhausted=exhausted,
     )
+
+
+def _engine(view, keys, base_seed: int, kind: str):
+    """One engine of an auto loader's iterator (NOTE [Auto workers] in _auto.py): ``view`` is
+    the loader with the engine's ``num_workers`` and options; ``keys`` its segment of the
+    epoch's keys and ``base_seed`` the epoch's, both drawn by the auto iterator."""
+    if view.num_workers == 0:
+        return _loader_iter(view, keys, exhausted=False)
+    if kind == "thread":
+        loader = view._loader
+        return _threads.start_threads(
+            view, buffers=lambda pin: _batch_buffers(loader, pin), drawn=(keys, base_seed)
+        )
+    return _process_pool.start_pool(view, drawn=(keys, base_seed))
 
 
 def _batch_buffers(loader: DataLoader, pin) -> _rloader.BatchBuffers:

@@ -1,0 +1,926 @@
+"""``num_workers="auto"``: the loader chooses its workers' number (and, with
+``worker_type="auto"``, their kind) from what it measures, and keeps choosing.
+
+NOTE [Auto workers]: what the user sees is a fixed loader's stream; only the engines behind it
+change.
+
+- One stream. ``iter()`` makes the epoch's draws as a fixed loader does (the index sampler's
+  iterator, then the workers' base seed, then a resume's skip: ``start``), once. The epoch's
+  keys are one ``_Source``; each engine (the single-process ``LoaderIter``, a process pool's
+  ``PoolIter``/``PinnedBatches`` or a ``ThreadIter``) draws from it through a ``_Segment`` of
+  its own. To change the pool, ``AutoIter`` closes the current engine's segment (it draws
+  nothing more: to it the sampler has ended) and starts the next engine on a new segment of the
+  same source. Engines are handed out from in start order, each to its end: the old one's
+  in-flight batches come first, then the new one's, which were drawn after them. So the batches,
+  their order and contents are those of any fixed loader over the same sampler stream, with
+  every engine's batches handed out in order (``in_order=False`` is not used under auto).
+- Seeds. The base seed is drawn once per iterator (a fixed loader's draw) and every pool of the
+  iterator starts its workers with it: worker ``i`` of any pool gets torch's seed
+  ``base_seed + i``, runs ``worker_init_fn(i)``, and ``get_worker_info()`` says that pool's
+  ``num_workers``. A worker's dataset copy lives as long as its pool.
+- Decisions (``decide``, a pure function of a ``Window`` of measurements): the consumer's time
+  per batch outside ``next()`` (``user``) and inside it (``wait``), the loader's work per batch
+  (fetch + collate + pin, summed over workers: ``work``), and in the main process the CPU time
+  of that work (``cpu``). In process: workers once the work per batch is worth moving (at least
+  ``MIN_WORK_S`` and ``MIN_WAIT_SHARE`` of the consumer's loop), as many as ``work / user``
+  asks (× ``HEADROOM``). In a pool: grow when the consumer waits more than ``GROW_WAIT_SHARE`` of
+  its loop and the workers are busy; shrink when it (nearly) never waits and ``work / user`` asks
+  for at most ``SHRINK_RATIO`` of the pool (hysteresis: the gap between the two thresholds, a
+  window of at least ``2 × workers × prefetch_factor`` batches, which starts only once a new
+  pool has handed out its first round of batches and the old one has drained, so start-up
+  does not read as waiting; turning back (a shrink after a growth in the epoch, or the other
+  way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
+  measured before the next). Bounds: the usable cores
+  (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
+  (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
+  PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
+  per worker), and the work left in the epoch
+  (no more workers than the batches left fill twice over their prefetch window, and no new
+  pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
+  epoch would not win back).
+- Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
+  per batch is compared with the main process's alone (``inflation``): threads that take turns
+  on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
+  the next epoch's pools are processes (``_gil_check``, at the epoch's end): the kind changes
+  only between epochs. The main process's CPU share of the work bounds how many threads the
+  cores carry (threads that mostly wait may outnumber them).
+- Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
+  on the last chosen pool at once, without the in-process start, or on what the epoch's last
+  window asked for (``_last_window``) or a first-epoch decision deferred. With ``persistent_workers`` the
+  last pool itself is kept (``_reset``).
+- An ``IterableDataset`` shards by worker id and count, so its epoch keeps one engine: the first
+  epoch runs in the main process (torch's default, ``num_workers=0``) and measures; each later
+  epoch starts with the count the previous one asked for.
+- ``prefetch_factor="auto"`` is 2 (stage 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, NamedTuple, Optional
+
+from torch.utils.data.dataloader import _DatasetKind
+
+from . import _resume, _rloader
+from ._loader_record import record_of
+from ._seed import draw_seed
+from .sampler import iter_keys
+
+__all__ = ["AutoWorkers", "is_auto", "start"]
+
+log = logging.getLogger("rloader")
+
+AUTO = "auto"
+PREFETCH = 2  # prefetch_factor="auto", until it is measured too
+MIN_WORK_S = 0.0005  # less work per batch than this stays in the main process (processes)
+MIN_THREAD_WORK_S = 0.0001  # ... (threads: no start-up, no copy)
+MIN_WAIT_SHARE = 0.05  # ... or less than this share of the consumer's loop
+GROW_WAIT_SHARE = 0.05  # a pool grows when the consumer waits more than this share
+SHRINK_WAIT_SHARE = 0.01  # ... and may shrink when it waits less than this share
+SHRINK_RATIO = 0.75  # ... to at most this share of its workers
+HEADROOM = 1.25  # workers asked for beyond work / user
+GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their number longer
+# than in the main process alone take turns on the GIL: processes from the next epoch
+THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
+PROCESSES_PER_CORE = 4  # ... processes
+WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
+MIN_WINDOW = 4  # batches a decision looks at, at least
+MIN_WINDOW_S = 0.05  # ... and seconds
+MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
+THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
+MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
+PROCESS_START_S = 0.05  # what starting one worker process costs the consumer, about
+THREAD_START_S = 0.002  # ... one worker thread
+
+
+class AutoWorkers(int):
+    """``loader.num_workers`` of a loader built with ``num_workers="auto"``: an ``int`` (the
+    usable cores, what auto starts for work that keeps them busy), so code that compares or
+    formats it (torch's checks, Lightning's) works, and a loader rebuilt from its attributes is
+    auto again."""
+
+    def __new__(cls, cap: Optional[int] = None) -> "AutoWorkers":
+        return super().__new__(cls, usable_cores() if cap is None else cap)
+
+    def __repr__(self) -> str:
+        return f"AutoWorkers({int(self)})"
+
+    __str__ = __repr__
+
+
+def is_auto(value: Any) -> bool:
+    return isinstance(value, AutoWorkers) or (isinstance(value, str) and value == AUTO)
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _proc_kb(path: str, field: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def process_memory(pid: int) -> Optional[int]:
+    """A process's proportional set size (PSS), in bytes; None where /proc does not say."""
+    return _proc_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+def own_memory() -> Optional[int]:
+    """This process's resident set size, in bytes (``/proc/self/statm``: cheap, unlike the PSS
+    in smaps_rollup, which takes milliseconds to add up)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parse_bytes(text: str) -> int:
+    """``"2G"``, ``"512M"``, ``"1000000"`` → bytes."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    return int(float(number) * scale)
+
+
+def memory_budget() -> int:
+    """Bytes all workers together may take: ``RLOADER_AUTO_MAX_MEMORY``, else half of the
+    memory available now."""
+    env = os.environ.get(MEMORY_ENV)
+    if env:
+        try:
+            return parse_bytes(env)
+        except ValueError:
+            raise ValueError(
+                f"{MEMORY_ENV}={env!r}: expected bytes, optionally with K, M, G or T"
+            ) from None
+    available = _proc_kb("/proc/meminfo", "MemAvailable:")
+    return (available or (8 << 30)) // 2
+
+
+def worker_pids(it) -> list:
+    """The pids of an engine's worker processes (none for threads or the main process)."""
+    pool = getattr(it, "_rloader_pool", None)
+    procs = getattr(pool, "procs", None)
+    if not procs or getattr(pool, "stopped", False):
+        return []
+    try:
+        return [proc.pid for proc in procs if proc.pid is not None]
+    except ValueError:  # closed: the pool stopped meanwhile
+        return []
+
+
+class _MemoryProbe:
+    """Reads worker processes' PSS on a thread of its own: smaps_rollup takes milliseconds per
+    process to add up (11 ms for a process with torch imported, on the 2-core machine), which
+    on the consumer's thread would read as waiting. ``request`` asks for a read of some pids;
+    ``latest`` is the largest PSS last read among some pids (None before). One per process,
+    its thread started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pids: list = []
+        self._sizes: dict = {}  # pid: PSS (of the pids asked for last)
+        self._thread: Optional[threading.Thread] = None
+
+    def request(self, pids: list) -> None:
+        with self._lock:
+            self._pids = list(pids)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rloader-auto-memory", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def latest(self, pids: list) -> Optional[int]:
+        sizes = self._sizes
+        known = [sizes[pid] for pid in pids if pid in sizes]
+        return max(known) if known else None
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                pids = self._pids
+            sizes = {pid: process_memory(pid) for pid in pids}
+            self._sizes = {pid: size for pid, size in sizes.items() if size is not None}
+
+
+_probe = _MemoryProbe()
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+class Window(NamedTuple):
+    """What a decision looks at: measurements over ``batches`` handed out by one engine."""
+
+    batches: int
+    wait_s: float  # the consumer inside next()
+    user_s: float  # the consumer between next() calls
+    work_s: float  # fetch + collate + pin, summed over workers
+    cpu_s: Optional[float]  # main-process CPU time of work_s (in-process engine only)
+    workers: int  # 0: in the main process
+    kind: str  # "process" or "thread"
+    cores: int
+    budget: int  # bytes
+    per_worker: int  # bytes, measured or estimated
+    remaining: Optional[int]  # batches left in the epoch (None: unknown)
+    prefetch: int
+    inflation: Optional[float] = None  # a thread pool's work per batch over the main process's
+    first_epoch: bool = True  # the loader's first: a pool started now pays for itself in it
+    epoch_batches: Optional[int] = None  # batches in an epoch (None: unknown)
+    persistent: bool = False  # a pool, once started, serves the later epochs too
+
+
+class Decision(NamedTuple):
+    workers: int
+    reason: str
+    deferred: bool = False  # worth it, but from the next epoch's start on
+
+
+def worker_cap(w: Window) -> int:
+    """The most workers of ``w.kind`` the cores and the budget allow."""
+    cores = w.cores
+    share = w.cpu_s / w.work_s if w.cpu_s is not None and w.work_s > 0 else None
+    if share is not None and share < WAITING_SHARE:
+        # work that mostly waits; (above this, a low share may only be a busy machine's
+        # descheduling, and the work is taken as needing its cores)
+        per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
+        cores = max(cores, int(cores / max(share, 1.0 / per_core)))
+    elif w.kind == "thread":
+        cores = max(cores, w.workers)
+    by_memory = w.budget // max(w.per_worker, 1)
+    return max(0, min(cores, by_memory))
+
+
+def start_cost(kind: str) -> float:
+    """Seconds the consumer loses per worker started (a first estimate: the process's start
+    and its first batch; a thread's is small)."""
+    return THREAD_START_S if kind == "thread" else PROCESS_START_S
+
+
+def decide(w: Window) -> Optional[Decision]:
+    """The pool size ``w`` asks for, and why; None: keep the current one."""
+    if w.batches <= 0:
+        return None
+    wait, user, work = w.wait_s / w.batches, w.user_s / w.batches, w.work_s / w.batches
+    loop = wait + user
+    cap = worker_cap(w)
+    numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
+    if w.workers > cap:
+        return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
+    wanted = w.workers
+    if user > 0:
+        wanted = math.ceil(work / user * HEADROOM)
+    else:
+        wanted = cap
+    if w.workers == 0:
+        min_work = MIN_THREAD_WORK_S if w.kind == "thread" else MIN_WORK_S
+        if work < min_work or loop <= 0 or wait < MIN_WAIT_SHARE * loop or cap < 1:
+            return None
+        target, why = max(1, min(wanted, cap)), "the consumer waits on the main process"
+    elif wait > GROW_WAIT_SHARE * loop and work > 0:
+        target = min(max(wanted, w.workers + 1), 2 * w.workers, cap)
+        why = "the consumer waits"
+    elif wait < SHRINK_WAIT_SHARE * loop and wanted <= SHRINK_RATIO * w.workers:
+        target, why = max(1, wanted), "the workers idle"
+    else:
+        return None
+    reason = f"{why} ({numbers}, cap {cap})"
+    if target == w.workers or target <= 0:
+        return None
+    if w.remaining is not None and target > w.workers:
+        wanted_later = target  # what a whole epoch asks for
+        # a new pool that would not fill twice its prefetch window is not worth starting
+        target = min(target, w.remaining // (2 * w.prefetch))
+        # In the first epoch the time its rest would save must pay for starting the pool
+        # (later epochs start on it at once, as a fixed loader starts its own).
+        gain = w.remaining * wait * (1 - max(w.workers, 1) / max(target, 1))
+        cost = start_cost(w.kind)
+        if w.first_epoch and (target <= w.workers or gain < target * cost):
+            # From the next epoch on, if a whole epoch wins its start back (or the pool is
+            # started once: persistent workers).
+            whole = (w.epoch_batches or 0) * wait * (1 - max(w.workers, 1) / wanted_later)
+            if w.persistent or whole >= wanted_later * cost:
+                return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
+            return None
+        if target <= w.workers:
+            return None
+    return Decision(target, reason)
+
+
+# -- the iterator ---------------------------------------------------------------------------
+
+
+class Learned:
+    """What a loader's auto iterators learned, kept between epochs in its record."""
+
+    def __init__(self) -> None:
+        self.workers = 0
+        self.kind: Optional[str] = None
+        self.cpu_share: Optional[float] = None
+        self.base_work: Optional[float] = None  # seconds of work per batch in the main process
+        self.per_worker: Optional[int] = None
+        self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
+        self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
+        self.epochs = 0  # epochs ended
+
+
+def learned_of(loader) -> Learned:
+    record = record_of(loader)
+    if record.auto is None:
+        record.auto = Learned()
+    return record.auto
+
+
+class _Source:
+    """The epoch's keys, drawn once, in order, whichever engine draws them."""
+
+    def __init__(self, keys) -> None:
+        self.keys = iter(keys)
+        self.exhausted = False
+
+    def __next__(self):
+        try:
+            return next(self.keys)
+        except StopIteration:
+            self.exhausted = True
+            raise
+
+
+class _Segment:
+    """One engine's share of the source: ends when the source does or when closed."""
+
+    def __init__(self, source: _Source) -> None:
+        self.source = source
+        self.closed = False
+
+    def __iter__(self) -> "_Segment":
+        return self
+
+    def __next__(self):
+        if self.closed:
+            raise StopIteration
+        return next(self.source)
+
+
+class _EngineView:
+    """The loader as one engine sees it: its attributes, but the engine's worker count, kind,
+    prefetch, persistence and order."""
+
+    def __init__(self, loader, **overrides) -> None:
+        self.__dict__["_loader_ref"] = weakref.ref(loader)  # (NOTE in AutoIter.__init__)
+        self.__dict__.update(overrides)
+
+    @property
+    def _loader(self):
+        return self.__dict__["_loader_ref"]()
+
+    # The loader whose record a pool keeps its shared memory in (start_pool): a stopped pool's
+    # region serves the loader's next pool.
+    _rloader_owner = _loader
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+class _Engine:
+    def __init__(self, it, workers: int, kind: str, segment: Optional[_Segment]) -> None:
+        self.it = it
+        self.workers = workers
+        self.kind = kind
+        self.segment = segment
+        self.stages = _stages(it._stats.as_dict())  # at the start: subtracted from later reads
+        self.window_start = dict(self.stages)
+        self.memory_due = 0.0  # when its workers' memory is read next (clock())
+        self.warm = workers == 0  # has handed out its first round (``AutoIter._decide``)
+
+    def stop(self) -> None:
+        shutdown = getattr(self.it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+            return
+        pool = getattr(self.it, "_rloader_pool", None)
+        if pool is not None and hasattr(pool, "stop"):
+            pool.stop()
+
+    @property
+    def stopped(self) -> bool:
+        pool = getattr(self.it, "_rloader_pool", None)
+        return bool(getattr(pool, "stopped", False))
+
+
+_STAGES = ("fetch_s", "collate_s", "transport_s", "pin_s")
+
+
+def _stages(d: dict) -> dict:
+    return {k: d[k] for k in _STAGES}
+
+
+clock = time.perf_counter  # tests replace these to make measurements deterministic
+cpu_clock = time.process_time  # all threads': collation fans out to copy threads
+
+
+class AutoStats:
+    """``loader.stats()`` of an auto iterator: the consumer's times, measured here; the stages,
+    summed over the epoch's engines; and ``auto``: the choices, when and why."""
+
+    def __init__(self) -> None:
+        self.own = _rloader.Stats()
+        self.done = dict.fromkeys(_STAGES, 0.0)  # of engines that have ended
+        self.live: list = []
+        self.decisions: list = []
+        self.workers = 0
+        self.kind = "process"
+        self.next_kind: Optional[str] = None  # set when the next epoch changes the kind
+        self.next_workers: Optional[int] = None  # a pool the next epoch starts on (deferred)
+
+    def as_dict(self) -> dict:
+        out = self.own.as_dict()
+        totals = dict(self.done)
+        for engine in self.live:
+            now = _stages(engine.it._stats.as_dict())
+            for k in _STAGES:
+                totals[k] += now[k] - engine.stages[k]
+        out.update(totals)
+        out["auto"] = dict(
+            num_workers=self.workers,
+            worker_type=self.kind,
+            next_worker_type=self.next_kind,
+            next_num_workers=self.next_workers,
+            decisions=[dict(d) for d in self.decisions],
+        )
+        return out
+
+    def clear(self) -> None:
+        self.own.clear()
+        self.done = dict.fromkeys(_STAGES, 0.0)
+        for engine in self.live:
+            engine.stages = _stages(engine.it._stats.as_dict())
+        self.decisions = []
+        self.next_kind = self.next_workers = None
+
+
+def check_resumable(loader) -> None:
+    """``state_dict()``/``load_state_dict()`` under auto: map-style datasets and iterable ones
+    without a state of their own resume as with a fixed count (the stream is one, in order);
+    an IterableDataset with ``state_dict()`` keeps a place per worker, which auto does not
+    track yet: refused rather than resumed wrong."""
+    if is_auto(loader.num_workers) and _resume.stateful_iterable(loader.dataset):
+        raise NotImplementedError(
+            "state_dict()/load_state_dict() of a DataLoader with num_workers='auto' over an "
+            "IterableDataset with state_dict() is not supported yet (each worker's copy has "
+            "its own place in the stream): use a fixed num_workers to checkpoint it"
+        )
+
+
+def start(loader) -> "AutoIter":
+    """``iter()`` of an auto loader: the epoch's draws, in a fixed loader's order (the index
+    sampler's iterator, the base seed, a resume's skip), then the iterator."""
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter_keys(loader._index_sampler)
+    base_seed = draw_seed(loader.generator)
+    keys = _resume.epoch_of(loader).keys(keys)
+    return AutoIter(loader, keys, base_seed)
+
+
+class AutoIter:
+    """The iterator of a ``num_workers="auto"`` loader (NOTE [Auto workers])."""
+
+    def __init__(self, loader, keys, base_seed: int) -> None:
+        # Weakly: a persistent loader holds its iterator, and a cycle would keep a dropped
+        # loader's workers alive until the garbage collector runs.
+        self._loader_ref = weakref.ref(loader)
+        self._iterable = loader._dataset_kind == _DatasetKind.Iterable
+        self._base_seed = base_seed
+        self._learned = learned_of(loader)
+        self._persistent = bool(loader.persistent_workers)
+        self._kind_fixed = loader.worker_type if loader.worker_type != AUTO else None
+        self._prefetch = (
+            PREFETCH if loader.prefetch_factor in (None, AUTO) else loader.prefetch_factor
+        )
+        self._cores = usable_cores()
+        self._budget = memory_budget()
+        self._stats = AutoStats()
+        self._engines: list = []  # in hand-out order; the last draws the keys
+        self._taken_done = 0  # batches handed out by engines that have ended
+        self._finished = False
+        self._closed = False
+        self._begin_epoch(keys, reported_len=None)
+
+    # -- what DataLoader and _resume use --------------------------------------------------
+
+    @property
+    def _rloader_pool(self) -> "AutoIter":
+        return self
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a persistent loader must start a new iterator for its next epoch."""
+        return self._closed or any(e.stopped for e in self._engines)
+
+    @property
+    def _progress(self) -> tuple:
+        taken = self._taken_done + sum(e.it._progress[0] for e in self._engines)
+        return taken, self._finished
+
+    def __iter__(self) -> "AutoIter":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader._index_sampler)
+
+    @property
+    def _loader(self):
+        loader = self._loader_ref()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this iterator is gone")
+        return loader
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle 'AutoIter' object")
+
+    def _shutdown_workers(self) -> None:
+        self._closed = True
+        engines, self._engines = self._engines, []
+        for engine in engines:
+            engine.stop()
+        self._stats.live = []
+
+    def _reset(self, keys, reported_len=None) -> None:
+        """A new epoch with persistent workers: the last engine is kept."""
+        self._begin_epoch(keys, reported_len)
+
+    # -- epochs and engines --------------------------------------------------------------
+
+    def _begin_epoch(self, keys, reported_len) -> None:
+        self._started_at = clock()
+        self._first_engine = True  # (torch's warnings once per epoch)
+        self._stats.clear()
+        self._taken_done = 0
+        self._direction = 0  # of this epoch's last switch: 1 grew, -1 shrank
+        self._finished = self._finished_before = False
+        self._source = None if self._iterable else _Source(keys)
+        self._window_reset()
+        learned = self._learned
+        kept = self._engines[-1] if self._engines else None
+        for engine in self._engines[:-1]:
+            engine.stop()
+        self._engines = []
+        self._stats.live = []
+        if self._iterable:
+            workers = learned.wanted if learned.wanted is not None else learned.workers
+            if (
+                kept is not None
+                and (kept.workers, kept.kind) == (workers, self._kind())
+                and workers
+            ):
+                self._keep(kept, None, reported_len)
+            else:
+                if kept is not None:
+                    kept.stop()
+                self._switch(workers, "the previous epoch's measurements" if workers else "start")
+            return
+        workers = learned.workers
+        if (
+            kept is not None
+            and kept.workers > 0
+            and (kept.workers, kept.kind)
+            == (
+                workers,
+                self._kind(),
+            )
+        ):
+            self._keep(kept, _Segment(self._source), reported_len)
+        else:
+            if kept is not None:
+                kept.stop()
+            self._switch(workers, "the previous epoch's choice" if workers else "start")
+
+    def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
+        engine.it._reset(segment, reported_len)
+        engine.segment = segment
+        engine.warm = True  # its workers run, and _reset sent the first tasks
+        engine.stages = _stages(engine.it._stats.as_dict())
+        engine.window_start = dict(engine.stages)
+        self._engines.append(engine)
+        self._stats.live.append(engine)
+        self._record(engine.workers, engine.kind, "kept (persistent workers)")
+
+    def _kind(self) -> str:
+        """The kind of the next pool: the user's, the one this loader chose, or the one the
+        measured CPU share asks for."""
+        if self._kind_fixed is not None:
+            return self._kind_fixed
+        if self._learned.kind is not None:
+            return self._learned.kind
+        # Threads first: they start at once, and the work's CPU share in the main process does
+        # not say whether it holds the GIL; a thread pool measures that (``_gil_check``).
+        return "thread"
+
+    def _switch(self, workers: int, why: str, window: Optional[Window] = None) -> None:
+        """Starts the engine of ``workers`` workers on the rest of the stream; the current one
+        draws nothing more and hands out what it has (NOTE [Auto workers])."""
+        loader = self._loader
+        if self._engines and self._engines[-1].segment is not None:
+            self._engines[-1].segment.closed = True
+        segment = None if self._iterable else _Segment(self._source)
+        kind = self._kind() if workers > 0 else "main"  # (the main process)
+        view = _EngineView(
+            loader,
+            num_workers=workers,
+            prefetch_factor=self._prefetch if workers > 0 else None,
+            persistent_workers=self._persistent and workers > 0,
+            in_order=True,
+            worker_type=kind,
+            timeout=loader.timeout,
+        )
+        from . import dataloader  # (imports this module)
+
+        with warnings.catch_warnings():
+            if not self._first_engine:  # torch's warnings (pin_memory's) once per epoch
+                warnings.simplefilter("ignore")
+            it = dataloader._engine(view, segment, self._base_seed, kind)
+        self._first_engine = False
+        engine = _Engine(it, workers, kind, segment)
+        self._engines.append(engine)
+        self._stats.live.append(engine)
+        self._learned.workers = workers
+        if workers > 0:
+            self._learned.kind = kind  # chosen once: it never changes within an epoch
+        self._stats.workers, self._stats.kind = workers, kind
+        self._record(workers, kind, why, window)
+        self._window_reset()
+
+    def _record(self, workers: int, kind: str, why: str, window: Optional[Window] = None) -> None:
+        taken = self._progress[0]
+        entry = dict(
+            at_s=round(clock() - self._started_at, 6),
+            batch=taken,
+            num_workers=workers,
+            worker_type=kind,
+            reason=why,
+        )
+        if window is not None:
+            entry["window"] = window._asdict()
+        self._stats.decisions.append(entry)
+        log.debug("rloader auto: %d %s workers from batch %d: %s", workers, kind, taken, why)
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def _window_reset(self) -> None:
+        self._w_batches = 0
+        self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
+        self._w_started = clock()
+        if self._engines:
+            engine = self._engines[-1]
+            engine.window_start = _stages(engine.it._stats.as_dict())
+
+    def _window(self, engine: _Engine) -> Window:
+        """The current window's measurements (tests replace this)."""
+        learned = self._learned
+        if engine.workers == 0:
+            work, cpu = self._w_work, self._w_cpu
+            if work > 0 and learned.kind is None:
+                learned.cpu_share = cpu / work
+            if self._w_batches:
+                learned.base_work = work / self._w_batches
+        else:
+            now = _stages(engine.it._stats.as_dict())
+            work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
+            cpu = None if learned.cpu_share is None else learned.cpu_share * work
+        now = clock()
+        if engine.kind == "process" and now >= engine.memory_due:
+            engine.memory_due = now + MEMORY_EVERY_S
+            _probe.request(worker_pids(engine.it))  # read on the probe's thread
+        measured = _probe.latest(worker_pids(engine.it)) if engine.kind == "process" else None
+        if measured is not None:
+            learned.per_worker = max(learned.per_worker or 0, measured)
+        kind = engine.kind if engine.workers else self._kind()
+        inflation = None
+        busy = self._w_wait > GROW_WAIT_SHARE * (self._w_wait + self._w_user)
+        if kind == "thread" and engine.workers and learned.base_work and self._w_batches and busy:
+            inflation = work / self._w_batches / learned.base_work
+            self._inflation = inflation
+        return Window(
+            batches=self._w_batches,
+            wait_s=self._w_wait,
+            user_s=self._w_user,
+            work_s=work,
+            cpu_s=cpu,
+            workers=engine.workers,
+            kind=kind,
+            cores=self._cores,
+            budget=self._budget,
+            per_worker=self._per_worker(kind),
+            remaining=self._remaining(),
+            prefetch=self._prefetch,
+            inflation=inflation,
+            first_epoch=learned.epochs == 0,
+            epoch_batches=self._epoch_batches(),
+            persistent=self._persistent,
+        )
+
+    _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
+    _finished_before = False  # this epoch's end was counted
+
+    def _gil_check(self) -> None:
+        """At an epoch's end: thread workers chosen by ``worker_type="auto"`` whose work took
+        turns on the GIL make the next epoch's pool one of processes."""
+        engine = self._engines[-1] if self._engines else None
+        if self._kind_fixed is not None or engine is None or engine.kind != "thread":
+            return
+        if engine.workers >= 2 and (self._inflation or 0) > GIL_SHARE * engine.workers:
+            self._learned.kind = "process"
+            self._stats.next_kind = "process"
+            log.debug(
+                "rloader auto: processes from the next epoch: %d threads' work took %.2f× "
+                "the main process's per batch (the GIL)",
+                engine.workers,
+                self._inflation,
+            )
+
+    def _per_worker(self, kind: str) -> int:
+        if kind == "thread":
+            return THREAD_COST
+        if self._learned.per_worker is not None:
+            return self._learned.per_worker
+        # Before a worker is measured: this process's resident size, which a worker that writes
+        # to all it inherits (or imports as much) reaches.
+        return own_memory() or (1 << 30)
+
+    def _epoch_batches(self) -> Optional[int]:
+        if self._iterable:
+            return None
+        try:
+            return len(self._loader._index_sampler)
+        except TypeError:
+            return None
+
+    def _remaining(self) -> Optional[int]:
+        if self._iterable:
+            return None
+        try:
+            return len(self._loader._index_sampler) - self._progress[0]
+        except TypeError:
+            return None
+
+    def _decide(self) -> None:
+        engine = self._engines[-1] if self._engines else None
+        if engine is None or self._closed:
+            return
+        if not engine.warm:
+            # A new pool's start (and the old one's last batches) would read as waiting: its
+            # windows begin once it has handed out its first round of prefetched batches.
+            if len(self._engines) > 1 or engine.it._progress[0] < engine.workers * self._prefetch:
+                return
+            engine.warm = True
+            self._window_reset()
+            return
+        minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch)
+        if self._w_batches < minimum or clock() - self._w_started < MIN_WINDOW_S:
+            return
+        window = self._window(engine)
+        decision = decide(window)
+        if decision is not None and not decision.deferred and not self._iterable:
+            direction = 1 if decision.workers > engine.workers else -1
+            if direction == -self._direction and self._w_batches < 2 * minimum:
+                return  # turning back needs twice the evidence (hysteresis): the window goes on
+            self._direction = direction
+        if self._iterable:  # the count is for the next epoch
+            self._learned.wanted = decision.workers if decision else engine.workers
+            self._window_reset()
+            return
+        if decision is not None and decision.deferred:
+            self._learned.deferred = decision.workers
+            self._stats.next_workers = decision.workers
+            decision = None
+        if decision is None or (self._source is not None and self._source.exhausted):
+            self._window_reset()
+            return
+        self._switch(decision.workers, decision.reason, window)
+
+    # -- handing out ----------------------------------------------------------------------
+
+    def __next__(self):
+        own = self._stats.own
+        called = clock()
+        if self._handed_at is not None:
+            self._w_user += called - self._handed_at
+            self._handed_at = None
+        own.next_called()
+        handed = False
+        try:
+            batch = self._next()
+            handed = True
+            return batch
+        finally:
+            own.next_returned(handed)
+            now = clock()
+            if handed:
+                self._handed_at = now
+                self._w_batches += 1
+
+    _handed_at: Optional[float] = None  # when next() last returned a batch
+
+    def _next(self):
+        while True:
+            if self._closed or not self._engines:
+                self._finished = True
+                raise StopIteration
+            self._decide()
+            engine = self._engines[0]
+            in_process = engine.workers == 0
+            if in_process:
+                cpu0 = cpu_clock()
+            wall0 = clock()
+            try:
+                # (only this is the consumer's wait for data to a decision: this iterator's own
+                # bookkeeping, a switch, a retired pool's stop are not what a pool can change)
+                batch = next(engine.it)
+            except StopIteration:
+                if len(self._engines) > 1 or (engine.segment is not None and engine.segment.closed):
+                    self._retire(engine)
+                    continue
+                self._end_epoch()
+                raise
+            finally:
+                waited = clock() - wall0
+                self._w_wait += waited
+                if in_process:
+                    self._w_cpu += cpu_clock() - cpu0
+                    self._w_work += waited
+            return batch
+
+    def _last_window(self) -> None:
+        """The epoch's last window, even if short (an epoch shorter than a window would never
+        decide): what it asks for is the next epoch's start (map-style datasets)."""
+        engine = self._engines[-1] if self._engines else None
+        if self._iterable or engine is None or not engine.warm or self._w_batches < MIN_WINDOW:
+            return
+        window = self._window(engine)._replace(remaining=None)
+        decision = decide(window)
+        if decision is None or decision.workers == engine.workers:
+            return
+        if decision.workers > engine.workers and not self._persistent:
+            # every epoch starts its pool: worth it only if a whole epoch wins the start back
+            wait = window.wait_s / window.batches
+            whole = (
+                (window.epoch_batches or 0) * wait * (1 - max(engine.workers, 1) / decision.workers)
+            )
+            if whole < decision.workers * start_cost(window.kind):
+                return
+        self._learned.deferred = None
+        self._learned.workers = decision.workers
+        self._stats.next_workers = decision.workers
+
+    def _retire(self, engine: _Engine) -> None:
+        """An engine whose segment was closed has handed out all it drew."""
+        self._engines.remove(engine)
+        self._stats.live.remove(engine)
+        now = _stages(engine.it._stats.as_dict())
+        for k in _STAGES:
+            self._stats.done[k] += now[k] - engine.stages[k]
+        self._taken_done += engine.it._progress[0]
+        engine.stop()
+
+    def _end_epoch(self) -> None:
+        self._finished = True
+        learned = self._learned
+        if not self._finished_before:
+            self._finished_before = True
+            self._last_window()
+            learned.epochs += 1
+            if learned.deferred is not None and learned.deferred > learned.workers:
+                learned.workers = learned.deferred  # the next epoch starts on that pool
+                self._stats.next_workers = learned.deferred
+            learned.deferred = None
+        self._gil_check()
+        if self._iterable and self._engines and self._w_batches:
+            engine = self._engines[-1]
+            window = self._window(engine)
+            decision = decide(window._replace(remaining=None))
+            self._learned.wanted = decision.workers if decision else engine.workers
+        if not self._persistent:
+            for engine in self._engines:
+                engine.stop()

@@ -1,0 +1,524 @@
+"""num_workers="auto" (NOTE [Auto workers] in python/rloader/_auto.py).
+
+Decisions are made deterministic without timing: either ``_auto.decide`` is replaced by a
+script (switch at given windows), or ``_auto.clock`` by a fake clock that the dataset (in the
+main process) and the consumer advance, so the measured times are the test's numbers. The
+batches are checked against fixed loaders, which are the oracle (torch's for what torch does).
+"""
+
+import os
+import pickle
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import rloader
+from rloader import _auto
+
+N = 96
+
+
+class Ints(tud.Dataset):
+    def __init__(self, n=N, clock=None, cost=0.0, fail_at=None):
+        self.n, self.clock, self.cost, self.fail_at = n, clock, cost, fail_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise ValueError(f"bad sample {i}")
+        if self.clock is not None and tud.get_worker_info() is None:
+            self.clock.now += self.cost  # the main process's fetch "takes" cost seconds
+        return torch.tensor([i, i * i])
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """Decisions after every MIN_WINDOW batches, whatever the wall time."""
+    monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
+
+
+def scripted(monkeypatch, plan):
+    """``decide`` answers ``plan[k]`` at its k-th call (None: keep), then None."""
+    calls = []
+
+    def decide(window):
+        calls.append(window)
+        k = len(calls) - 1
+        target = plan[k] if k < len(plan) else None
+        if target is None or target == window.workers:
+            return None
+        return _auto.Decision(target, f"scripted {k}")
+
+    monkeypatch.setattr(_auto, "decide", decide)
+    return calls
+
+
+def loader_of(num_workers, seed, batch_size=2, shuffle=True, **kw):
+    return rloader.DataLoader(
+        Ints(),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed),
+        num_workers=num_workers,
+        **kw,
+    )
+
+
+def batches(loader, epochs=1):
+    out = []
+    for _ in range(epochs):
+        out.append([b.tolist() for b in loader])
+    return out
+
+
+def chosen(loader):
+    return [d["num_workers"] for d in loader.stats()["auto"]["decisions"]]
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_are_a_fixed_loaders_across_growth_and_shrinkage(
+    quick, monkeypatch, worker_type, shuffle
+):
+    scripted(monkeypatch, [2, None, 3, 1, 2])
+
+    def make(nw, **kw):
+        return loader_of(nw, 7, batch_size=3, shuffle=shuffle, **kw)
+
+    auto = make("auto", worker_type=worker_type)
+    got = batches(auto, epochs=2)
+    assert chosen(auto) != [0]  # pools were started (the second epoch starts on the last)
+    assert got == batches(make(0), epochs=2)
+    assert got == batches(make(2, worker_type=worker_type), epochs=2)
+    if not shuffle:
+        torch_batches = [[b.tolist() for b in tud.DataLoader(Ints(), batch_size=3)]] * 2
+        assert got == torch_batches
+
+
+def test_first_epoch_switches_are_recorded(quick, monkeypatch):
+    scripted(monkeypatch, [2, None, 3] + [1] * 40)  # (turning back waits for a longer window)
+    loader = rloader.DataLoader(Ints(400), batch_size=2, num_workers="auto")
+    assert batches(loader) == batches(rloader.DataLoader(Ints(400), batch_size=2))
+    assert chosen(loader) == [0, 2, 3, 1]
+    stats = loader.stats()
+    assert stats["batches"] == 200
+    assert stats["auto"]["num_workers"] == 1
+    first = stats["auto"]["decisions"][1]
+    assert first["reason"] == "scripted 0" and first["window"]["workers"] == 0
+
+
+def fake_clock(monkeypatch):
+    """Times in the main process are the test's: wall and CPU time both (so the work holds its
+    CPU: no more workers than cores)."""
+    clock = FakeClock()
+    monkeypatch.setattr(_auto, "clock", clock)
+    monkeypatch.setattr(_auto, "cpu_clock", clock)
+    return clock
+
+
+def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    it = iter(loader)
+    got = []
+    for b in it:
+        got.append(b.tolist())
+        clock.now += 0.001  # the training step: 1 ms against 20 ms of loading per batch
+    assert got == batches(rloader.DataLoader(Ints(), batch_size=2))[0]
+    decisions = loader.stats()["auto"]["decisions"]
+    assert decisions[1]["num_workers"] == 4  # work / user asks for more than the 4 cores
+    assert "waits on the main process" in decisions[1]["reason"]
+
+
+def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e6)  # no pool pays for itself in an epoch
+    loader = rloader.DataLoader(
+        Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
+    )
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [0]
+    assert loader.stats()["auto"]["next_num_workers"] == 4
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [4]  # the second epoch starts on the pool
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_an_epoch_shorter_than_a_window_decides_for_the_next(quick, monkeypatch, persistent):
+    clock = fake_clock(monkeypatch)
+    monkeypatch.setattr(_auto, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
+    loader = rloader.DataLoader(
+        Ints(clock=clock, cost=0.01),
+        batch_size=2,
+        num_workers="auto",
+        persistent_workers=persistent,
+    )
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [0]
+    assert loader.stats()["auto"]["next_num_workers"] == 4
+    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert chosen(loader) == [4]
+
+
+def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.0001), batch_size=2, num_workers="auto")
+    for _ in loader:
+        clock.now += 0.1  # 100 ms steps against 0.2 ms of loading
+    assert chosen(loader) == [0]
+
+
+def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
+    got = []
+    step = 0.0
+    for b in loader:
+        got.append(b.tolist())
+        if loader.stats()["auto"]["num_workers"] == 4:
+            step = 10.0  # once the pool is large, the training step becomes the bottleneck
+        clock.now += step
+    assert got == batches(rloader.DataLoader(Ints(), batch_size=1))[0]
+    assert chosen(loader)[:2] == [0, 4]
+    assert chosen(loader)[2] == 1, loader.stats()["auto"]["decisions"]
+    assert "idle" in loader.stats()["auto"]["decisions"][2]["reason"]
+
+
+def test_the_memory_budget_bounds_the_pool(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
+    monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)  # each worker: 100 MiB
+    monkeypatch.setattr(_auto, "own_memory", lambda: 100 << 20)  # ... and the estimate
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
+    assert len(batches(loader)[0]) == N
+    assert max(chosen(loader)) == 3  # not the 4 cores: 4 × 100 MiB > 300 MiB
+    monkeypatch.setenv(_auto.MEMORY_ENV, "50M")  # below one worker: none is started
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
+    assert len(batches(loader)[0]) == N
+    assert chosen(loader) == [0]
+
+
+def test_bad_memory_budget_is_named(monkeypatch):
+    monkeypatch.setenv(_auto.MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match=_auto.MEMORY_ENV):
+        iter(rloader.DataLoader(Ints(), num_workers="auto"))
+
+
+class Shards(tud.IterableDataset):
+    """Yields (sample, the num_workers of the worker yielding it), sharded by worker."""
+
+    def __init__(self, clock=None, cost=0.0):
+        self.clock, self.cost = clock, cost
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        n, w = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in range(w, 40, n):
+            if info is None and self.clock is not None:
+                self.clock.now += self.cost
+            yield torch.tensor([i, 0 if info is None else info.num_workers])
+
+
+def test_an_iterable_dataset_keeps_one_count_per_epoch(quick, monkeypatch):
+    clock = fake_clock(monkeypatch)
+    loader = rloader.DataLoader(Shards(clock, 0.01), batch_size=2, num_workers="auto")
+    counts = []
+    for _ in range(3):
+        epoch = [b for b in loader]
+        seen = {int(n) for b in epoch for n in b[:, 1]}
+        samples = sorted(int(i) for b in epoch for i in b[:, 0])
+        assert samples == list(range(40))  # each worker's shard, once
+        assert len(seen) == 1, seen  # one count for the whole epoch
+        counts.append(seen.pop())
+    assert counts[0] == 0  # the first epoch: the main process, as torch's default
+    assert counts[1] >= 1 and counts[2] == counts[1]
+
+
+@pytest.mark.parametrize("gil_bound", [True, False])
+def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
+    quick, monkeypatch, gil_bound
+):
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
+    scripted(monkeypatch, [2])
+    monkeypatch.setattr(_auto, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
+    # any measured slowdown of the threads' work reads as the GIL, or none does
+    monkeypatch.setattr(_auto, "GIL_SHARE", 0.0 if gil_bound else 1e12)
+    loader = loader_of("auto", 11, worker_type="auto")
+    got = batches(loader, epochs=2)
+    assert got == batches(loader_of(0, 11), epochs=2)
+    kinds = [d["worker_type"] for d in loader.stats()["auto"]["decisions"]]
+    assert kinds == (["process"] if gil_bound else ["thread"])  # epoch 2 starts on its kind
+    assert loader.stats()["auto"]["num_workers"] == 2
+
+
+def _record_init(worker_id):
+    info = tud.get_worker_info()
+    with open(os.environ["RLOADER_TEST_INIT_LOG"], "a") as f:
+        f.write(f"{info.num_workers} {worker_id} {info.id} {info.seed}\n")
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_worker_init_fn_and_worker_info_in_each_pool(quick, monkeypatch, tmp_path, worker_type):
+    log = tmp_path / "init.log"
+    monkeypatch.setenv("RLOADER_TEST_INIT_LOG", str(log))
+    scripted(monkeypatch, [2, None, 3])
+    loader = rloader.DataLoader(
+        Ints(),
+        batch_size=2,
+        num_workers="auto",
+        worker_init_fn=_record_init,
+        worker_type=worker_type,
+    )
+    batches(loader)
+    lines = [tuple(int(x) for x in line.split()) for line in log.read_text().splitlines()]
+    by_pool: dict = {}
+    for n, worker_id, info_id, seed in lines:
+        assert worker_id == info_id
+        by_pool.setdefault(n, []).append((worker_id, seed))
+    assert sorted(by_pool) == [2, 3]
+    seeds = {seed - worker_id for pool in by_pool.values() for worker_id, seed in pool}
+    assert len(seeds) == 1  # every pool of the epoch: torch's seeds from one base seed
+    for n, pool in by_pool.items():
+        assert sorted(w for w, _ in pool) == list(range(n))
+
+
+def test_persistent_workers_keep_the_last_pool(quick, monkeypatch, tmp_path):
+    log = tmp_path / "init.log"
+    monkeypatch.setenv("RLOADER_TEST_INIT_LOG", str(log))
+    scripted(monkeypatch, [2])
+
+    def make(nw):
+        return loader_of(nw, 3, persistent_workers=True, worker_init_fn=_record_init)
+
+    loader = make("auto")
+    first = batches(loader)
+    engine = loader._iterator._engines[-1].it
+    second = batches(loader, epochs=2)
+    assert loader._iterator._engines[-1].it is engine  # the same pool, kept
+    assert chosen(loader) == [2]  # the later epochs start on it, kept
+    assert loader.stats()["auto"]["decisions"][0]["reason"] == "kept (persistent workers)"
+    started = log.read_text().splitlines()
+    assert len(started) == 2  # worker_init_fn ran for the one pool's two workers only
+    # persistent workers draw the base seed once: the order is a persistent fixed loader's
+    assert first + second == batches(make(2), epochs=3)
+
+
+def test_errors_are_a_fixed_loaders(quick, monkeypatch):
+    scripted(monkeypatch, [2])
+
+    def outcomes(loader):
+        out, it = [], iter(loader)
+        for _ in range(len(loader)):
+            try:
+                out.append(next(it).tolist())
+            except ValueError as e:
+                out.append(str(e).splitlines()[-1])
+        return out
+
+    auto = outcomes(rloader.DataLoader(Ints(fail_at=30), batch_size=2, num_workers="auto"))
+    fixed = outcomes(rloader.DataLoader(Ints(fail_at=30), batch_size=2, num_workers=2))
+    assert auto == fixed
+    assert "ValueError: bad sample 30" in auto[15]
+
+
+def test_resume_mid_epoch(quick, monkeypatch):
+    scripted(monkeypatch, [2, None, 3])
+
+    def make():
+        return loader_of("auto", 5)
+
+    whole = batches(make())[0]
+    loader = make()
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(20)]
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + batches(resumed)[0] == whole
+
+
+@pytest.mark.parametrize("saved_with, resumed_with", [(2, "auto"), ("auto", 0)])
+def test_resume_across_fixed_and_auto(quick, monkeypatch, saved_with, resumed_with):
+    scripted(monkeypatch, [2])
+    whole = batches(loader_of(0, 9))[0]
+    loader = loader_of(saved_with, 9)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(15)]
+    state = loader.state_dict()
+    del it
+    resumed = loader_of(resumed_with, 9)
+    resumed.load_state_dict(state)
+    assert head + batches(resumed)[0] == whole
+
+
+class Stateful(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(4))
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_resume_of_a_stateful_iterable_under_auto_is_refused():
+    loader = rloader.DataLoader(Stateful(), num_workers="auto")
+    with pytest.raises(NotImplementedError, match="num_workers='auto'"):
+        loader.state_dict()
+    with pytest.raises(NotImplementedError, match="num_workers='auto'"):
+        loader.load_state_dict({})
+
+
+def test_arguments():
+    loader = rloader.DataLoader(Ints(), num_workers="auto", prefetch_factor="auto")
+    assert isinstance(loader.num_workers, int) and loader.num_workers == _auto.usable_cores()
+    assert loader.prefetch_factor == 2
+    rebuilt = type(loader)(Ints(), num_workers=loader.num_workers)  # as frameworks rebuild
+    assert isinstance(rebuilt.num_workers, _auto.AutoWorkers)
+    assert rloader.DataLoader(Ints(), prefetch_factor="auto").prefetch_factor is None
+    later = rloader.DataLoader(Ints(), batch_size=5)
+    later.num_workers = "auto"  # set after the loader was made, as torch allows
+    it = iter(later)
+    assert isinstance(it, _auto.AutoIter)
+    assert [b.tolist() for b in it] == batches(rloader.DataLoader(Ints(), batch_size=5))[0]
+    rloader.DataLoader(Ints(), num_workers="auto", persistent_workers=True)
+    rloader.DataLoader(Ints(), num_workers="auto", multiprocessing_context="spawn")
+    for bad in ("many", "AUTO"):  # the error torch raises for a str
+        with pytest.raises(TypeError) as theirs:
+            tud.DataLoader(Ints(), num_workers=bad)
+        with pytest.raises(TypeError) as ours:
+            rloader.DataLoader(Ints(), num_workers=bad)
+        assert str(ours.value) == str(theirs.value)
+    with pytest.raises(ValueError, match="non-negative"):
+        rloader.DataLoader(Ints(), num_workers=-1)
+    with pytest.raises(ValueError, match="worker_type='auto'"):
+        rloader.DataLoader(Ints(), num_workers=2, worker_type="auto")
+    with pytest.raises(ValueError, match="worker_type must be"):
+        rloader.DataLoader(Ints(), num_workers="auto", worker_type="fiber")
+
+
+def window(**kw):
+    base = dict(
+        batches=10,
+        wait_s=0.0,
+        user_s=0.1,
+        work_s=0.01,
+        cpu_s=None,
+        workers=0,
+        kind="process",
+        cores=8,
+        budget=1 << 40,
+        per_worker=1 << 20,
+        remaining=None,
+        prefetch=2,
+    )
+    base.update(kw)
+    return _auto.Window(**base)
+
+
+def test_decide():
+    # in process: the consumer waits for 10 ms of work per batch against 2 ms of its own
+    d = _auto.decide(window(wait_s=0.1, user_s=0.02, work_s=0.1))
+    assert d.workers == 7  # ceil(10 / 2 × 1.25)
+    # ... bounded by the cores, the budget and the work left
+    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
+    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
+    assert _auto.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
+    # ... and in the first epoch by what starting the pool costs against what the rest of the
+    # epoch would save: then from the next epoch on, if a whole epoch saves more (or the pool
+    # is started once: persistent workers), else not at all
+    late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)
+    assert _auto.decide(late._replace(epoch_batches=1000)).deferred
+    assert _auto.decide(late._replace(persistent=True)).deferred
+    assert _auto.decide(late._replace(epoch_batches=40)) is None
+    later = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, first_epoch=False)
+    assert not _auto.decide(later).deferred
+    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
+    # little work, or little waiting: stays
+    assert _auto.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None
+    assert _auto.decide(window(wait_s=0.004, user_s=1.0, work_s=0.004)) is None
+    # a pool whose consumer waits grows, at most ×2 per step
+    assert _auto.decide(window(workers=2, wait_s=0.5, user_s=0.01, work_s=1.0)).workers == 4
+    # hysteresis: a little waiting neither grows nor shrinks
+    assert _auto.decide(window(workers=4, wait_s=0.03, user_s=1.0, work_s=0.1)) is None
+    # a pool whose consumer never waits and whose workers idle shrinks
+    assert _auto.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=0.1)).workers == 1
+    assert _auto.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=2.6)) is None
+    # memory measured over the budget shrinks the pool
+    over = window(workers=4, wait_s=0.5, user_s=0.1, work_s=1.0, budget=2 << 20)
+    assert _auto.decide(over).workers == 2
+    # threads whose work mostly waits may outnumber the cores
+    io = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.01, kind="thread", cores=2)
+    assert _auto.decide(io).workers == 2 * _auto.THREADS_PER_CORE
+
+
+def test_spawned_workers_under_auto(quick, monkeypatch):
+    scripted(monkeypatch, [2])
+    loader = loader_of("auto", 13, multiprocessing_context="spawn")
+    assert batches(loader) == batches(loader_of(0, 13))
+    assert chosen(loader) == [0, 2]
+
+
+class Blocks(Ints):
+    """Batches from sample 8 on wait for ``release`` (set by the test once it has its error)."""
+
+    def __init__(self, release):
+        super().__init__()
+        self.release = release
+
+    def __getitem__(self, i):
+        if i >= 8:
+            self.release.wait(60)  # (bounded: a wrong engine here fails the test, not hangs it)
+        return super().__getitem__(i)
+
+
+def test_timeout_is_a_fixed_loaders(quick, monkeypatch):
+    import threading
+
+    scripted(monkeypatch, [2])
+    messages = []
+    for nw in ("auto", 2):
+        release = threading.Event()
+        loader = rloader.DataLoader(
+            Blocks(release), batch_size=2, num_workers=nw, worker_type="thread", timeout=0.2
+        )
+        it = iter(loader)
+        got = [next(it).tolist() for _ in range(4)]  # samples 0-7
+        with pytest.raises(RuntimeError) as error:
+            next(it)
+        release.set()
+        messages.append((got, str(error.value)))
+        del it
+    assert messages[0] == messages[1]
+    assert "timed out" in messages[0][1]
+
+
+def test_a_dropped_persistent_loader_stops_its_workers_at_once(quick, monkeypatch):
+    import gc
+
+    scripted(monkeypatch, [2])
+    loader = loader_of("auto", 1, persistent_workers=True)
+    batches(loader)
+    pool = loader._iterator._engines[-1].it._rloader_pool
+    assert len(pool.procs) == 2 and not pool.stopped
+    gc.disable()  # not the garbage collector: the last reference going
+    try:
+        del loader
+        assert pool.stopped
+    finally:
+        gc.enable()
