@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
-from _children import TESTS
+from _children import TESTS, short_scratch_dir
 from _datasets import Labelled, Whereabouts, labelled_items
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -490,6 +490,40 @@ def test_fresh_interpreters_attach_to_one_copy():
     assert mine._inode == inode and len(mine) == 5000
     for c in [builder, *ranks]:
         c.finish()
+
+
+def test_torchrun_ranks_build_once_and_share_one_copy(tmp_path, request):
+    # Ranks started by torchrun (not forked from one another) all attach with a build: one
+    # builds, the others wait for it and map its memory, and so do their worker processes.
+    key = fresh_key("torchrun")
+    env = dict(
+        os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", TMPDIR=short_scratch_dir(request)
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=3",
+            os.path.join(TESTS, "_shared_rank.py"),
+            str(tmp_path),
+            key,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=TESTS,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert sum(r["built"] for r in ranks) == 1, "one rank builds"
+    inode = ranks[0]["inode"]
+    for r in ranks:
+        assert r["inode"] == inode, "one memfd for every rank"
+        assert r["worker_inodes"] == [inode], "and for every rank's workers"
+        assert r["items"] == ["item-00000000", "item-00002999", 3000]
 
 
 def test_a_handle_attaches_in_a_fresh_interpreter():
