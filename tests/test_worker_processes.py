@@ -6,9 +6,11 @@ in test_engines.py."""
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import multiprocessing.util
 import os
 import random
+import threading
 import time
 import traceback
 
@@ -480,3 +482,33 @@ def test_a_worker_dead_before_reading_a_streamed_task_is_reported():
     ) as err:
         list(loader)
     assert "exited unexpectedly with exit code 1" in str(err.value.__cause__)
+
+
+def _wait_forever() -> None:
+    threading.Event().wait()
+
+
+def test_ctrl_c_while_workers_are_joined_still_stops_every_worker():
+    # An interrupt during the teardown's first join: the other workers are killed, not left
+    # running (nor unjoined: zombies), and then the interrupt goes on.
+    from rloader import _process_pool
+
+    fork = multiprocessing.get_context("fork")
+    procs = [fork.Process(target=_wait_forever, daemon=True) for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    pids = [proc.pid for proc in procs]
+    joins = []
+    real_join = procs[0].join
+
+    def interrupted_join(timeout=None):
+        joins.append(timeout)
+        if len(joins) == 1:
+            raise KeyboardInterrupt
+        return real_join(timeout)
+
+    procs[0].join = interrupted_join
+    with pytest.raises(KeyboardInterrupt):
+        _process_pool._stop_processes(procs)
+    assert all(proc._closed for proc in procs)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)  # killed and reaped

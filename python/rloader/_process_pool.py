@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pickle
 import weakref
+from typing import Optional
 
 from torch.utils.data.dataloader import _DatasetKind
 
@@ -119,19 +120,47 @@ class _Pool:
 
 
 def _stop_processes(procs: list) -> None:
+    """Joins each worker (told to leave), terminating or killing one that does not. An exception
+    while one is joined (Ctrl-C during the teardown) does not leave the others running: they are
+    killed without waiting, then it is raised."""
+    interrupted: Optional[BaseException] = None
     for proc in procs:
-        proc.join(timeout=_JOIN_TIMEOUT)
-        if ended_unseen(proc):
-            # Gone, but multiprocessing thinks it runs: it would refuse to close it. Its pipe
-            # is closed by multiprocessing's finalizer when the Process object goes.
-            continue
+        try:
+            if interrupted is None:
+                _stop_process(proc)
+            else:
+                _kill_process(proc)
+        except BaseException as exc:  # noqa: B036 - raised below, once every worker is gone
+            if interrupted is not None:
+                raise
+            interrupted = exc
+            _kill_process(proc)
+    if interrupted is not None:
+        raise interrupted
+
+
+def _stop_process(proc) -> None:
+    proc.join(timeout=_JOIN_TIMEOUT)
+    if ended_unseen(proc):
+        # Gone, but multiprocessing thinks it runs: it would refuse to close it. Its pipe is
+        # closed by multiprocessing's finalizer when the Process object goes.
+        return
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=1.0)
         if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        proc.close()
+            proc.kill()
+            proc.join()
+    proc.close()
+
+
+def _kill_process(proc) -> None:
+    if getattr(proc, "_closed", False) or ended_unseen(proc):
+        return
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    proc.close()
 
 
 def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
