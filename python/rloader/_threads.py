@@ -8,7 +8,8 @@ change thread workers need in torch: ``get_worker_info()`` answering per thread.
 
 NOTE [Thread worker info]: torch's ``get_worker_info()`` returns a module global, set once in
 each worker process. Thread workers share one process, so rloader keeps each thread's
-``WorkerInfo`` in a ``threading.local`` and, the first time thread workers start, makes torch's
+``WorkerInfo`` in a ``threading.local`` (weakly: its worker holds it, NOTE [Worker slots]) and,
+the first time thread workers start, makes torch's
 function (the one object that ``torch.utils.data.get_worker_info``, its ``_utils.worker`` home
 and ``rloader.get_worker_info`` all name, and that datasets imported long before) look there
 first: it swaps the function's code for ``_per_thread_get_worker_info``'s, which reads the
