@@ -141,21 +141,17 @@ def _stop_processes(procs: list) -> None:
 
 def _stop_process(proc) -> None:
     proc.join(timeout=_JOIN_TIMEOUT)
-    if ended_unseen(proc):
-        # Gone, but multiprocessing thinks it runs: it would refuse to close it. Its pipe is
-        # closed by multiprocessing's finalizer when the Process object goes.
-        return
-    if proc.is_alive():
+    if proc.is_alive() and not ended_unseen(proc):
         proc.terminate()
         proc.join(timeout=1.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    proc.close()
+    _kill_process(proc)
 
 
 def _kill_process(proc) -> None:
+    """Kills ``proc`` if it still runs, then reaps and closes it."""
     if getattr(proc, "_closed", False) or ended_unseen(proc):
+        # (ended unseen: gone, but multiprocessing thinks it runs and would refuse to close
+        # it; its pipe is closed by multiprocessing's finalizer when the Process object goes)
         return
     if proc.is_alive():
         proc.kill()
