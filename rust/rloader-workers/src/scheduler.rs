@@ -172,27 +172,34 @@ impl<T> Scheduler<T> {
         self.exhausted
     }
 
-    /// A worker answered `task` with `result`.
+    /// A worker answered `task` with `result`. Only an answer to a task this scheduler sent and
+    /// has no answer for counts: another (a task of an abandoned epoch, a second answer) is
+    /// dropped and changes nothing, so it cannot end the epoch before its tasks are answered.
     pub fn on_result(&mut self, task: u64, result: T) {
-        self.outstanding = self.outstanding.saturating_sub(1);
         if !self.in_order {
             if let Some(t) = self.tasks.remove(&task) {
+                self.outstanding = self.outstanding.saturating_sub(1);
                 self.arrived.push_back((t.worker, task, result));
             }
         } else if let Some(t) = self.tasks.get_mut(&task) {
-            t.result = Some(result);
+            if t.result.is_none() {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                t.result = Some(result);
+            }
         }
     }
 
     /// A worker answered `task` with "my dataset is exhausted": it gets no more tasks, its
     /// other unanswered tasks will never be answered, and one more draw is owed.
     pub fn on_worker_ended(&mut self, worker: usize, task: u64) {
-        self.outstanding = self.outstanding.saturating_sub(1);
+        if self.tasks.get(&task).is_some_and(|t| t.result.is_none()) {
+            self.tasks.remove(&task);
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
         self.owed += 1;
         if let Some(flag) = self.active.get_mut(worker) {
             *flag = false;
         }
-        self.tasks.remove(&task);
         // Tasks still queued at that worker are dropped by it unanswered.
         let lost: Vec<u64> = self
             .tasks
@@ -353,6 +360,25 @@ mod tests {
         assert!(s.can_assign());
         s.mark_exhausted();
         assert_eq!(s.next(), Next::Done);
+    }
+
+    #[test]
+    fn answers_to_unknown_or_answered_tasks_change_nothing() {
+        for in_order in [true, false] {
+            let mut s: Scheduler<u64> = Scheduler::new(2, 1, in_order);
+            let _ = (s.assign(), s.assign()); // task 0 on worker 0, task 1 on worker 1
+            s.on_result(0, 10);
+            s.on_result(0, 99); // a second answer
+            s.on_result(7, 77); // a task never sent (an abandoned epoch's)
+            s.on_worker_ended(0, 9); // worker 0 ends answering a task never sent
+            assert_eq!(s.outstanding(), 1, "in_order {in_order}");
+            s.mark_exhausted();
+            assert_eq!(s.next(), Next::Ready(10));
+            assert_eq!(s.next(), Next::Wait, "task 1 is still owed");
+            s.on_result(1, 11);
+            assert_eq!(s.next(), Next::Ready(11));
+            assert_eq!(s.next(), Next::Done);
+        }
     }
 
     #[test]
