@@ -26,13 +26,18 @@ __all__ = ["dump_error", "dumps", "loads"]
 
 
 def _rebuild_tensor(buffer, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    # As torch's own rebuild of a tensor a worker sent (torch._utils._rebuild_tensor): set_ onto
-    # the storage, so the batch is no view (`_base` None) and its `_version` is torch's.
+    # As torch's own rebuild of a tensor a worker sent (torch._utils._rebuild_tensor, which
+    # set_s an empty tensor onto the storage): no view (`_base` None), contiguous, `_version` 1.
+    # resize_ to the buffer's own size keeps its storage and bumps the version as set_ does,
+    # in two calls instead of four (the main process pays them for every tensor of a batch);
+    # but a resize_ to the shape it has already (1-D) changes nothing, version included.
     if len(buffer) == 0:
         storage = torch.UntypedStorage(0)
-    else:
-        storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
-    return torch.empty((0,), dtype=dtype, device="cpu").set_(storage, 0, shape)
+        return torch.empty((0,), dtype=dtype, device="cpu").set_(storage, 0, shape)
+    tensor = torch.frombuffer(buffer, dtype=dtype)
+    if len(shape) == 1:
+        return tensor.set_(tensor.untyped_storage(), 0, shape)
+    return tensor.resize_(shape)
 
 
 class _BatchPickler(pickle.Pickler):
@@ -55,8 +60,14 @@ class _BatchPickler(pickle.Pickler):
             and not obj.is_quantized
         ):
             try:
-                flat = obj.contiguous().reshape(-1).view(torch.uint8)
-                data = flat.numpy()
+                # numpy's view of a contiguous tensor is its bytes (one call: a collated batch
+                # is contiguous); else, or for a dtype numpy lacks (bfloat16), a uint8 copy.
+                data = obj.numpy() if obj.is_contiguous() else None
+            except TypeError:
+                data = None
+            try:
+                if data is None:
+                    data = obj.contiguous().reshape(-1).view(torch.uint8).numpy()
             except Exception:  # a kind of tensor this path does not know: the usual reduction
                 return NotImplemented
             return _rebuild_tensor, (pickle.PickleBuffer(data), obj.dtype, tuple(obj.shape))
