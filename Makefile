@@ -121,8 +121,9 @@ test-python: build
 # The long soak (tests/soak.py; tests/test_soak.py runs a short one): 10,000 iterators with
 # faults drawn at random, then 1,000 more under CPython's debug allocator, which catches writes
 # past a block and use after free. Each case must end within bounds and leave nothing behind.
-# Resident memory climbs for the first ~2,000 iterators (the allocators' arenas and caches
-# filling: no Python object count grows) and is measured from there (--warmup, in cases).
+# The memory held (resident memory less malloc's free bytes, which fragment over a long run)
+# climbs for the first ~2,000 iterators (the allocators' arenas and caches filling: no Python
+# object count grows) and is measured from there (--warmup, in cases).
 soak: build
 	$(PY) -X faulthandler tests/soak.py --iterators 10000 --seed 1 --warmup 1500
 	PYTHONMALLOC=debug $(PY) -X faulthandler tests/soak.py --iterators 1000 --seed 2 --warmup 300
