@@ -364,13 +364,15 @@ class Setting:
     lib: str  # "torch" or "rloader"
     num_workers: int
     threads: bool = False
+    persistent: bool = False
 
     @property
     def name(self) -> str:
         if self.num_workers == 0:
             return f"{self.lib} num_workers=0"
         kind = "threads" if self.threads else "processes"
-        return f"{self.lib} {self.num_workers} {kind}"
+        persistent = " persistent" if self.persistent else ""
+        return f"{self.lib} {self.num_workers}{persistent} {kind}"
 
 
 @dataclass(frozen=True)
@@ -400,13 +402,22 @@ class Pipeline:
 
 TORCH0, OURS0 = Setting("torch", 0), Setting("rloader", 0)
 TORCH2, OURS2, THREADS2 = Setting("torch", 2), Setting("rloader", 2), Setting("rloader", 2, True)
+TORCH2P, OURS2P = Setting("torch", 2, persistent=True), Setting("rloader", 2, persistent=True)
 
 
 def build_loader(p: Pipeline, s: Setting):
     if s.lib == "torch":
-        return tud.DataLoader(p.dataset, num_workers=s.num_workers, **p.loader_args)
+        return tud.DataLoader(
+            p.dataset, num_workers=s.num_workers, persistent_workers=s.persistent, **p.loader_args
+        )
     extra = {"worker_type": "thread"} if s.threads else {}
-    return rloader.DataLoader(p.dataset, num_workers=s.num_workers, **p.loader_args, **extra)
+    return rloader.DataLoader(
+        p.dataset,
+        num_workers=s.num_workers,
+        persistent_workers=s.persistent,
+        **p.loader_args,
+        **extra,
+    )
 
 
 def count_epoch(loader) -> int:
@@ -561,11 +572,18 @@ def tokens(root: Path, quick: bool) -> Pipeline:
         samples=windows,
         dataset=dataset,
         loader_args=dict(batch_size=32, shuffle=True),
-        settings=[TORCH0, OURS0, TORCH2, OURS2],
+        # (With workers started anew each epoch, two forks of this process and the workers' exit
+        # take a sixth of a 0.2 s epoch; persistent workers show what the workers add once
+        # started: docs/benchmarks.md, "Why some targets are missed".)
+        settings=[TORCH0, OURS0, TORCH2, OURS2, TORCH2P, OURS2P],
         comparisons=[
             Comparison("num_workers=0", OURS0, TORCH0, 1.2),
             Comparison("2 processes", OURS2, TORCH2, 5.0),
             Comparison("rloader 2 processes vs rloader num_workers=0", OURS2, OURS0, 1.5),
+            Comparison("2 persistent processes", OURS2P, TORCH2P, None),
+            Comparison(
+                "rloader 2 persistent processes vs rloader num_workers=0", OURS2P, OURS0, 1.5
+            ),
             Comparison("torch 2 processes vs torch num_workers=0", TORCH2, TORCH0, None),
         ],
         epoch=count_epoch,
