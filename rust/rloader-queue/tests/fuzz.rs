@@ -38,44 +38,19 @@ const CANARY: usize = 256;
 const CANARY_BYTE: u8 = 0xC3;
 const CAPACITIES: [usize; 8] = [16, 17, 24, 63, 64, 100, 256, 1000];
 
-/// SplitMix64: a small deterministic generator, so that a seed replays a run.
-struct Rng(u64);
+#[path = "../../test-support/fuzz_rng.rs"]
+mod fuzz_rng;
+use fuzz_rng::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-
-    /// A stream position: small, random, or near 2^63 or u64::MAX.
-    fn position(&mut self) -> u64 {
-        let near = |x: u64, rng: &mut Rng| x.wrapping_sub(rng.below(4096) as u64);
-        match self.below(5) {
-            0 => self.below(1 << 20) as u64,
-            1 => self.next() >> self.below(64),
-            2 => near(1 << 63, self),
-            3 => near(u64::MAX, self),
-            _ => near((1 << 63) + 4096, self),
-        }
+/// A stream position: small, random, or near 2^63 or u64::MAX.
+fn position(rng: &mut Rng) -> u64 {
+    let near = |x: u64, rng: &mut Rng| x.wrapping_sub(rng.below(4096) as u64);
+    match rng.below(5) {
+        0 => rng.below(1 << 20) as u64,
+        1 => rng.next() >> rng.below(64),
+        2 => near(1 << 63, rng),
+        3 => near(u64::MAX, rng),
+        _ => near((1 << 63) + 4096, rng),
     }
 }
 
@@ -270,7 +245,7 @@ fn round_trip(b: &Bench, rng: &mut Rng, cap: usize, counts: &mut Counts) {
     let tx = b.ring(cap);
     if rng.one_in(2) {
         // Any start below 2^63 is a valid position: wrap-around at odd offsets.
-        let start = rng.position().min(1 << 63);
+        let start = position(rng).min(1 << 63);
         b.set_u64(TAIL, start);
         b.set_u64(HEAD, start);
     }
@@ -320,7 +295,7 @@ fn hostile_writer(b: &Bench, rng: &mut Rng, cap: usize, counts: &mut Counts) {
     counts.input("hostile writer");
     let tx = b.ring(cap);
     let head = if rng.one_in(3) {
-        rng.position()
+        position(rng)
     } else {
         rng.below(1 << 40) as u64
     };
@@ -328,7 +303,7 @@ fn hostile_writer(b: &Bench, rng: &mut Rng, cap: usize, counts: &mut Counts) {
         0..=2 => head.wrapping_add(rng.below(cap + 1) as u64),
         3 => head.wrapping_add(rng.below(2 * cap + 16) as u64),
         4 => head.wrapping_sub(1 + rng.below(16) as u64),
-        _ => rng.position(),
+        _ => position(rng),
     };
     b.set_u64(HEAD, head);
     b.set_u64(TAIL, tail);
@@ -401,11 +376,11 @@ fn hostile_reader(b: &Bench, rng: &mut Rng, cap: usize, counts: &mut Counts) {
     let head = match rng.below(3) {
         0 => tail.wrapping_add(1 + rng.below(64) as u64),
         1 => tail.wrapping_sub(cap as u64 + 1 + rng.below(64) as u64),
-        _ => rng.position(),
+        _ => position(rng),
     };
     b.set_u64(HEAD, head);
     if rng.one_in(2) {
-        b.set_u64(TAIL, rng.position());
+        b.set_u64(TAIL, position(rng));
     }
     for parts in messages(rng, cap) {
         let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
@@ -430,8 +405,8 @@ fn corrupted_midway(b: &Bench, rng: &mut Rng, cap: usize, counts: &mut Counts) {
         let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
         if i == msgs.len() / 2 {
             match rng.below(4) {
-                0 => b.set_u64(TAIL, rng.position()),
-                1 => b.set_u64(HEAD, rng.position()),
+                0 => b.set_u64(TAIL, position(rng)),
+                1 => b.set_u64(HEAD, position(rng)),
                 2 => b.write(CLOSED, &[1, 0, 0, 0]),
                 _ => {
                     let at = DATA + rng.below(cap);
@@ -451,7 +426,7 @@ fn corrupted_midway(b: &Bench, rng: &mut Rng, cap: usize, counts: &mut Counts) {
 }
 
 fn run(seed: u64, inputs: u64) -> Counts {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut counts = Counts::default();
     let bench = Bench::new();
     for _ in 0..inputs {

@@ -31,39 +31,9 @@ use rloader_workers::slots::{
 use rloader_workers::wire::{self, kind, BatchMessage, BatchTable, HEADER, NOWHERE};
 use rloader_workers::{times, Layout, PoolError};
 
-/// SplitMix64: a small deterministic generator, so that a seed replays a run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (0 for n == 0).
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
+#[path = "../../test-support/fuzz_rng.rs"]
+mod fuzz_rng;
+use fuzz_rng::Rng;
 
 /// What a run saw: inputs per target, and errors by kind.
 #[derive(Default)]
@@ -822,7 +792,7 @@ fn slots_input(
 /// `inputs` decoder inputs from `seed`: mostly messages, some layouts, leases and slot
 /// operations (each counts as one input; a slot sequence is 64 operations).
 fn run(seed: u64, inputs: u64) -> Counts {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut counts = Counts::default();
     let leases = LeaseRegion::new();
     let mut regions = vec![None, None, None, None];
