@@ -522,3 +522,69 @@ def test_an_iterator_in_a_reference_cycle_is_collected():
     del it, dataset
     gc.collect()
     assert alive() is None
+
+
+class _Layouts(tud.IterableDataset):
+    """Yields whole batches (``batch_size=None``) of tensors that are not their storage's
+    whole, in order: what a pre-batched pipeline or a custom collate_fn hands over."""
+
+    def __iter__(self):
+        x = torch.arange(8 * 3 * 4 * 5, dtype=torch.float32).view(8, 3, 4, 5)
+        channels_last = x.contiguous(memory_format=torch.channels_last)
+        base = torch.arange(40, dtype=torch.int64)
+        yield {
+            "channels_last": channels_last,
+            "view": channels_last[:, 0],  # shares channels_last's storage
+            "expanded": torch.ones(1, 16).expand(8, 16),
+            "transposed": base.view(5, 8).t(),
+            "offset": base[3:9],  # a contiguous view, not at its storage's start
+            "strided": base[::3],
+            "empty_view": base[5:5],
+            "bfloat16": torch.ones(4, 6, dtype=torch.bfloat16).t(),
+            "scalar_view": base[7],
+        }
+
+
+def layout(t: torch.Tensor) -> tuple:
+    return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
+            t.untyped_storage().nbytes(), t.is_contiguous(), t.tolist())  # fmt: skip
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_tensors_from_workers_keep_their_layout_like_torchs(num_workers):
+    # Strides, storage offsets and sizes, and storages shared within a batch, as torch's
+    # workers send them (they share each tensor's whole storage).
+    batches = {}
+    for lib in (tud, rloader):
+        loader = lib.DataLoader(_Layouts(), batch_size=None, num_workers=num_workers)
+        batches[lib] = next(iter(loader))
+    theirs, ours = batches[tud], batches[rloader]
+    for name in theirs:
+        assert layout(ours[name]) == layout(theirs[name]), name
+    assert ours["channels_last"].is_contiguous(memory_format=torch.channels_last)
+    ptr = ours["channels_last"].untyped_storage().data_ptr()
+    assert ours["view"].untyped_storage().data_ptr() == ptr  # one storage, as torch's
+
+
+class _ViewOfLarge(tud.Dataset):
+    """Items are views into one 8 MB tensor (as TensorDataset's are)."""
+
+    def __init__(self) -> None:
+        self.data = torch.arange(1 << 20, dtype=torch.float64).view(-1, 64)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return self.data[i * 3 : i * 3 + 2, ::2]
+
+
+def test_a_view_of_a_large_tensor_from_a_worker_keeps_its_strides_not_the_whole_storage():
+    # torch's worker shares the whole 8 MB storage of the dataset's tensor; rloader sends the
+    # bytes the view reaches (a view of a dataset must not send the dataset), strides kept.
+    theirs = list(tud.DataLoader(_ViewOfLarge(), batch_size=None, num_workers=1))
+    ours = list(rloader.DataLoader(_ViewOfLarge(), batch_size=None, num_workers=1))
+    for a, b in zip(ours, theirs):
+        assert (a.stride(), a.shape, a.tolist()) == (b.stride(), b.shape, b.tolist())
+        assert b.untyped_storage().nbytes() == 8 << 20
+        assert a.untyped_storage().nbytes() == (64 + 63) * 8  # from the first element to the last

@@ -40,6 +40,35 @@ def _rebuild_tensor(buffer, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     return tensor.resize_(shape)
 
 
+def _rebuild_storage(buffer) -> torch.UntypedStorage:
+    if len(buffer) == 0:
+        return torch.UntypedStorage(0)
+    return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+
+
+def _rebuild_strided(storage, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int):
+    # torch's rebuild of a tensor a worker sent (torch._utils._rebuild_tensor): its storage,
+    # offset and strides as they were; `_version` 1.
+    return torch.empty((0,), dtype=dtype, device="cpu").set_(storage, offset, shape, stride)
+
+
+class _Storage:
+    """Bytes of a storage that tensors of one batch share: pickled once (the pickler's memo
+    keeps the object), so they share one storage in the main process, as torch's do."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+
+# A tensor that is not its storage's whole (a view, an expanded or channels-last tensor) goes
+# with its whole storage, as torch sends it, unless the storage is more than this many bytes
+# beyond the span the tensor reaches: then the span alone (a view of a dataset's tensor must
+# not send the dataset). Its strides are kept either way.
+_STORAGE_SLACK = 1 << 20
+
+
 class _BatchPickler(pickle.Pickler):
     """Pickles plain CPU tensors as raw out-of-band buffers: no copy into the pickle stream.
 
@@ -48,7 +77,13 @@ class _BatchPickler(pickle.Pickler):
     come back here: a nested or sparse tensor's component tensors still travel out of band.
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._storages: dict = {}  # (data_ptr, nbytes) of a storage sent whole: its _Storage
+
     def reducer_override(self, obj):
+        if type(obj) is _Storage:
+            return _rebuild_storage, (pickle.PickleBuffer(obj.data),)
         if (
             type(obj) is torch.Tensor
             and obj.layout == torch.strided
@@ -60,18 +95,39 @@ class _BatchPickler(pickle.Pickler):
             and not obj.is_quantized
         ):
             try:
-                # numpy's view of a contiguous tensor is its bytes (one call: a collated batch
-                # is contiguous); else, or for a dtype numpy lacks (bfloat16), a uint8 copy.
-                data = obj.numpy() if obj.is_contiguous() else None
-            except TypeError:
-                data = None
-            try:
-                if data is None:
-                    data = obj.contiguous().reshape(-1).view(torch.uint8).numpy()
+                return self._reduce_tensor(obj)
             except Exception:  # a kind of tensor this path does not know: the usual reduction
                 return NotImplemented
-            return _rebuild_tensor, (pickle.PickleBuffer(data), obj.dtype, tuple(obj.shape))
         return NotImplemented
+
+    def _reduce_tensor(self, obj: torch.Tensor):
+        storage = obj.untyped_storage()
+        nbytes, itemsize = storage.nbytes(), obj.element_size()
+        offset, shape = obj.storage_offset(), tuple(obj.shape)
+        if obj.is_contiguous() and offset == 0 and nbytes == obj.numel() * itemsize:
+            # Its storage's whole, in order (a collated batch): its bytes, by numpy's view
+            # (one call), or a uint8 view for a dtype numpy lacks (bfloat16).
+            try:
+                data = obj.numpy()
+            except TypeError:
+                data = obj.reshape(-1).view(torch.uint8).numpy()
+            return _rebuild_tensor, (pickle.PickleBuffer(data), obj.dtype, shape)
+        stride = obj.stride()
+        if obj.numel() == 0:
+            first, end = offset, offset
+        else:
+            first = offset
+            end = offset + 1 + sum(st * (n - 1) for st, n in zip(stride, shape))
+        span = (end - first) * itemsize
+        whole = torch.empty((0,), dtype=torch.uint8).set_(storage)
+        if nbytes <= span + _STORAGE_SLACK:
+            key = (storage.data_ptr(), nbytes)
+            shared = self._storages.get(key)
+            if shared is None:
+                shared = self._storages[key] = _Storage(whole.numpy())
+            return _rebuild_strided, (shared, obj.dtype, shape, stride, offset)
+        part = _Storage(whole[first * itemsize : end * itemsize].numpy())
+        return _rebuild_strided, (part, obj.dtype, shape, stride, 0)
 
 
 def dumps(batch: Any) -> tuple[bytes, list]:
