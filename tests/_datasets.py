@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -103,7 +104,8 @@ class Slow(tud.Dataset):
 
 
 class Dies(tud.Dataset):
-    """Its worker dies at sample 3: `how` is "exitN" (os._exit(N)) or a signal's name (the
+    """Its worker dies at sample 3: `how` is "exitN" (os._exit(N)), "sysexitN" (sys.exit(N),
+    as a library may call), "interrupt" (KeyboardInterrupt raised) or a signal's name (the
     worker sends it to itself), having written when (time.monotonic(), one clock for every
     process) to the file `stamp`, if given: how long the loader took to notice is measured
     from there, not from a start that a loaded machine can make slow."""
@@ -122,6 +124,10 @@ class Dies(tud.Dataset):
                     f.write(repr(time.monotonic()))
             if self.how.startswith("exit"):
                 os._exit(int(self.how[4:]))
+            if self.how.startswith("sysexit"):
+                sys.exit(int(self.how[7:]))
+            if self.how == "interrupt":
+                raise KeyboardInterrupt
             os.kill(os.getpid(), getattr(signal, self.how))
             time.sleep(5)  # (a handled signal, as torch's workers handle SIGSEGV and SIGBUS)
         return i

@@ -394,3 +394,20 @@ def test_a_dead_worker_is_reported_in_torchs_words(how):
 def test_a_worker_exiting_with_0_is_reported_in_torchs_words():
     ours, theirs = death(rloader, "exit0"), death(tud, "exit0")
     assert ours[0] == theirs[0]
+
+
+def test_sys_exit_in_a_worker_is_its_death_with_that_code():
+    # torch's worker loop catches Exception only: a library's sys.exit(4) ends the worker
+    # process with code 4, and the main process raises an Exception (torch's words for a
+    # worker that exited with 4, or, racing, an error of its shared-memory transfer), never
+    # SystemExit, which would end the training script past an `except Exception`.
+    ours, theirs = death(rloader, "sysexit4"), death(tud, "exit4")
+    assert ours[0] == theirs[0]  # "DataLoader worker (pid(s) N) exited unexpectedly"
+    assert ours[1].startswith(theirs[1]) and "exit code 4" in ours[1]
+
+
+def test_a_keyboardinterrupt_in_a_worker_ends_it_as_an_exit_with_0():
+    # torch's worker loop ends quietly on a KeyboardInterrupt its dataset raises (its main
+    # process then fails as the worker's shared batches vanish, or reports the death): rloader
+    # reports it as that worker's death, as for os._exit(0).
+    assert death(rloader, "interrupt") == death(rloader, "exit0")

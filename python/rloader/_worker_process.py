@@ -114,16 +114,22 @@ def _worker_main(spec: dict) -> None:
     except Exception as exc:  # reported with the first task, as torch does
         init_error = dump_error(worker_id, exc)
     # The spec, with what this process made of it (rust/rloader-py/src/process/worker.rs, WorkerSpec).
-    _rloader.worker_loop(
-        dict(
-            spec,
-            region_fd=spec["region_fd"].fd,
-            samples=samples,
-            collate_plan=_collate_plan(spec["collate_fn"]),
-            init_error=init_error,
-            hooks=_WorkerHooks(worker_id, dataset, spec["worker_states"]),
+    # A SystemExit from the dataset or collate_fn ends the process with its code; a
+    # KeyboardInterrupt ends it quietly, as torch's worker loop does (the main process reports
+    # either as a worker's death).
+    try:
+        _rloader.worker_loop(
+            dict(
+                spec,
+                region_fd=spec["region_fd"].fd,
+                samples=samples,
+                collate_plan=_collate_plan(spec["collate_fn"]),
+                init_error=init_error,
+                hooks=_WorkerHooks(worker_id, dataset, spec["worker_states"]),
+            )
         )
-    )
+    except KeyboardInterrupt:
+        pass
 
 
 class _WorkerHooks:
