@@ -588,3 +588,14 @@ def test_a_view_of_a_large_tensor_from_a_worker_keeps_its_strides_not_the_whole_
         assert (a.stride(), a.shape, a.tolist()) == (b.stride(), b.shape, b.tolist())
         assert b.untyped_storage().nbytes() == 8 << 20
         assert a.untyped_storage().nbytes() == (64 + 63) * 8  # from the first element to the last
+
+
+# (torch's half-made worker iterator complains from its __del__)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("kwargs", [dict(shuffle=True), dict(num_workers=2), dict()])
+def test_a_generator_that_is_no_generator_raises_torchs_type_error(kwargs):
+    # torch's first draw of the epoch (the base seed) refuses it: TypeError, not an
+    # AttributeError from saving its state.
+    for lib in (tud, rloader):
+        with pytest.raises(TypeError, match="generator"):
+            list(lib.DataLoader(range(4), generator=3, **kwargs))

@@ -411,3 +411,25 @@ def test_a_keyboardinterrupt_in_a_worker_ends_it_as_an_exit_with_0():
     # process then fails as the worker's shared batches vanish, or reports the death): rloader
     # reports it as that worker's death, as for os._exit(0).
     assert death(rloader, "interrupt") == death(rloader, "exit0")
+
+
+@pytest.mark.parametrize("module", ["dataloader", "dataset", "sampler", "distributed"])
+def test_each_torch_submodule_name_is_in_rloaders(module):
+    # `from torch.utils.data.dataloader import get_worker_info` becomes
+    # `from rloader.dataloader import get_worker_info`, and so on.
+    import importlib
+
+    theirs = importlib.import_module(f"torch.utils.data.{module}")
+    ours = importlib.import_module(f"rloader.{module}")
+    assert [name for name in theirs.__all__ if not hasattr(ours, name)] == []
+
+
+def test_every_public_torch_name_is_in_rloader_but_datapipes():
+    # (DataPipes get no special handling: docs/migrating.md)
+    datapipes = {
+        "DFIterDataPipe", "DataChunk", "IterDataPipe", "MapDataPipe", "functional_datapipe",
+        "argument_validation", "guaranteed_datapipes_determinism", "non_deterministic",
+        "runtime_validation", "runtime_validation_disabled",
+    }  # fmt: skip
+    missing = {n for n in tud.__all__ if not n.startswith("_") and not hasattr(rloader, n)}
+    assert missing <= datapipes

@@ -107,8 +107,11 @@ def _drawing_sampler(loader) -> Optional[Any]:
 def _generators(loader) -> dict:
     """The generators an epoch draws from, by role: "loader" (its ``generator``, None for
     torch's global RNG) and "sampler" (the drawing sampler's ``generator``, if it has one and
-    it is another generator)."""
-    roles: dict = {"loader": loader.generator}
+    it is another generator). A ``generator`` that is no torch.Generator has no state: the
+    epoch's first draw from it raises torch's TypeError."""
+    roles: dict = {}
+    if loader.generator is None or isinstance(loader.generator, torch.Generator):
+        roles["loader"] = loader.generator
     sampler = _drawing_sampler(loader)
     gen = getattr(sampler, "generator", None) if sampler is not None else None
     if (

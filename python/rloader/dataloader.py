@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data as tud
+from torch.utils.data import get_worker_info
 from torch.utils.data.dataloader import _DatasetKind
 
 from . import (
@@ -47,7 +48,9 @@ from .sampler import (
     iter_keys,
 )
 
-__all__ = ["DataLoader"]
+# torch.utils.data.dataloader's names (get_worker_info is torch's own function: one answer
+# for both libraries' workers)
+__all__ = ["DataLoader", "default_collate", "default_convert", "get_worker_info"]
 
 _T_co = TypeVar("_T_co", covariant=True)
 
