@@ -58,7 +58,8 @@ def test_tokens_pipeline_quick_prints_tables_that_agree(tmp_path):
 
     loaders = table(section, "loader")
     names = ["torch num_workers=0", "rloader num_workers=0", "torch 2 processes"]
-    names.append("rloader 2 processes")
+    names += ["rloader 2 processes", "torch 2 persistent processes"]
+    names.append("rloader 2 persistent processes")
     assert list(loaders) == names
     rates = {}
     for name, cells in loaders.items():
@@ -86,6 +87,16 @@ def test_tokens_pipeline_quick_prints_tables_that_agree(tmp_path):
             "rloader num_workers=0",
             ">= 1.5x",
         ),
+        "2 persistent processes": (
+            "rloader 2 persistent processes",
+            "torch 2 persistent processes",
+            "-",
+        ),
+        "rloader 2 persistent processes vs rloader num_workers=0": (
+            "rloader 2 persistent processes",
+            "rloader num_workers=0",
+            ">= 1.5x",
+        ),
         "torch 2 processes vs torch num_workers=0": (
             "torch 2 processes",
             "torch num_workers=0",
@@ -106,7 +117,7 @@ def test_tokens_pipeline_quick_prints_tables_that_agree(tmp_path):
     assert re.search(r"^- page cache: train\.bin \(10 MB\) read at [\d.]+ GB/s", done.stdout, re.M)
     assert re.search(r"^- one core .*: [\d,]+ windows/s", done.stdout, re.M)
     # A progress line per epoch on stderr: a warm-up and one run per loader.
-    assert len(re.findall(r"^\[tokens\] (warm-up|run 1/1) ", done.stderr, re.M)) == 8
+    assert len(re.findall(r"^\[tokens\] (warm-up|run 1/1) ", done.stderr, re.M)) == 12
 
 
 def test_generated_data_is_cached_until_its_parameters_change(tmp_path, monkeypatch):
