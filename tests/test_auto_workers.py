@@ -44,8 +44,9 @@ class FakeClock:
 
 @pytest.fixture
 def quick(monkeypatch):
-    """Decisions after every MIN_WINDOW batches, whatever the wall time."""
+    """Decisions after every MIN_WINDOW batches, whatever the wall time (from the first)."""
     monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
     monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
 
 
@@ -180,7 +181,11 @@ def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch
     assert chosen(loader) == [0]
 
 
-def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
+@pytest.mark.parametrize("slow_step, shrunk", [(0.1, 1), (10.0, 0)])
+def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch, slow_step, shrunk):
+    # Once the pool is large, the training step becomes the bottleneck: the pool shrinks to
+    # one worker; or, when the main process's 10 ms of work per batch would be under 5 % of
+    # the step, to none (the main process).
     clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     got = []
@@ -188,11 +193,11 @@ def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
     for b in loader:
         got.append(b.tolist())
         if loader.stats()["auto"]["num_workers"] == 4:
-            step = 10.0  # once the pool is large, the training step becomes the bottleneck
+            step = slow_step
         clock.now += step
     assert got == batches(rloader.DataLoader(Ints(), batch_size=1))[0]
     assert chosen(loader)[:2] == [0, 4]
-    assert chosen(loader)[2] == 1, loader.stats()["auto"]["decisions"]
+    assert chosen(loader)[2] == shrunk, loader.stats()["auto"]["decisions"]
     assert "idle" in loader.stats()["auto"]["decisions"][2]["reason"]
 
 
@@ -442,11 +447,11 @@ def test_decide():
     # ... and in the first epoch by what starting the pool costs against what the rest of the
     # epoch would save: then from the next epoch on, if a whole epoch saves more (or the pool
     # is started once: persistent workers), else not at all
-    late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)
+    late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, start_s=0.05)
     assert _auto.decide(late._replace(epoch_batches=1000)).deferred
     assert _auto.decide(late._replace(persistent=True)).deferred
     assert _auto.decide(late._replace(epoch_batches=40)) is None
-    later = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, first_epoch=False)
+    later = late._replace(first_epoch=False)
     assert not _auto.decide(later).deferred
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
     # little work, or little waiting: stays
@@ -462,6 +467,15 @@ def test_decide():
     # memory measured over the budget shrinks the pool
     over = window(workers=4, wait_s=0.5, user_s=0.1, work_s=1.0, budget=2 << 20)
     assert _auto.decide(over).workers == 2
+    # a pool at its cap whose consumer waits, no faster than the main process was: back to it
+    slow = window(workers=8, wait_s=0.2, user_s=0.01, work_s=1.0, main_loop=0.02)
+    assert _auto.decide(slow) == (0, _auto.decide(slow).reason, False, True)
+    assert _auto.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
+    assert _auto.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
+    # ... and the main process starts no such pool until it would be clearly faster
+    busy = window(wait_s=0.1, user_s=0.01, work_s=0.1)  # 11 ms a batch
+    assert _auto.decide(busy._replace(no_gain=0.0105)) is None
+    assert _auto.decide(busy._replace(no_gain=0.005)).workers > 0
     # threads whose work mostly waits may outnumber the cores
     io = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.01, kind="thread", cores=2)
     assert _auto.decide(io).workers == 2 * _auto.THREADS_PER_CORE
@@ -538,3 +552,145 @@ def test_the_main_process_engine_recycles_the_loaders_batch_memory(monkeypatch):
     assert batches(loader) == first == batches(rloader.DataLoader(Ints(), batch_size=4))
     assert record_of(loader).buffers is buffers
     assert chosen(loader) == [0]
+
+
+class SlowEngine:
+    """An engine whose batches from workers each take ``cost`` of the fake clock to arrive
+    (the clock stands still while the consumer really waits)."""
+
+    def __init__(self, it, clock, cost):
+        self.it, self.clock, self.cost = it, clock, cost
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self.it)
+        self.clock.now += self.cost
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self.it, name)
+
+
+def slow_pools(monkeypatch, clock, cost, creation=0.0):
+    """Pools whose batches each keep the consumer waiting ``cost``; starting one takes
+    ``creation`` per worker (of the fake clock)."""
+    from rloader import dataloader
+
+    real = dataloader._engine
+
+    def engine(view, keys, base_seed, kind):
+        it = real(view, keys, base_seed, kind)
+        if view.num_workers == 0:
+            return it
+        clock.now += creation * view.num_workers
+        return SlowEngine(it, clock, cost)
+
+    monkeypatch.setattr(dataloader, "_engine", engine)
+
+
+def recorded_windows(monkeypatch):
+    windows = []
+    real = _auto.decide
+
+    def decide(window):
+        windows.append(window)
+        return real(window)
+
+    monkeypatch.setattr(_auto, "decide", decide)
+    return windows
+
+
+def stepped(loader, clock, step=0.001):
+    out = []
+    for b in loader:
+        out.append(b.tolist())
+        clock.now += step
+    return out
+
+
+def test_a_pool_no_faster_than_the_main_process_goes_back_and_is_retried_later(quick, monkeypatch):
+    # The main process: 20 ms of work and a 1 ms step per batch. A pool of 4 keeps the
+    # consumer waiting 20 ms a batch: no faster (its transport costs what it saves).
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.02)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [0, 4, 0]
+    assert "no faster than the main process" in loader.stats()["auto"]["decisions"][2]["reason"]
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [0]  # remembered: no pool of that kind
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [0, 4, 0]  # two epochs later, retried (a busy machine passes)
+    for _ in range(3):
+        stepped(loader, clock)
+        assert chosen(loader) == [0]  # ... then held twice as long
+    stepped(loader, clock)
+    assert chosen(loader) == [0, 4, 0]
+
+
+@pytest.mark.parametrize("affordable", [True, False])
+def test_threads_no_faster_than_the_main_process_make_way_for_processes(
+    quick, monkeypatch, affordable
+):
+    # worker_type="auto": threads whose CPU-bound work goes no faster than in the main process
+    # (the GIL) are kept to the epoch's end, and the next epoch starts processes; unless
+    # starting processes costs more than an epoch could save: then back to the main process.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.02)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 0)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 0.01 if affordable else 1e3)
+    loader = rloader.DataLoader(
+        Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto", worker_type="auto"
+    )
+    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert stepped(loader, clock) == expected
+    kinds = [(d["num_workers"], d["worker_type"]) for d in loader.stats()["auto"]["decisions"]]
+    if affordable:
+        assert kinds == [(0, "main"), (4, "thread")]
+        assert loader.stats()["auto"]["next_worker_type"] == "process"
+    else:
+        assert kinds == [(0, "main"), (4, "thread"), (0, "main")]
+        assert loader.stats()["auto"]["next_worker_type"] is None
+    assert stepped(loader, clock) == expected
+    kinds = [(d["num_workers"], d["worker_type"]) for d in loader.stats()["auto"]["decisions"]]
+    assert kinds[0] == ((4, "process") if affordable else (0, "main"))
+
+
+def test_the_start_of_a_pool_is_measured(quick, monkeypatch):
+    # Creating the pool takes 0.5 s per worker (fake clock): what the loader's later decisions
+    # count per worker started, not the estimate.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.0, creation=0.5)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 1 << 30)
+    windows = recorded_windows(monkeypatch)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(loader, clock)
+    assert chosen(loader)[:2] == [0, 4]
+    assert windows[0].start_s == _auto.start_cost("process", 1 << 30)
+    assert windows[-1].workers > 0 and windows[-1].start_s == pytest.approx(0.5)
+    # the estimate before a measurement grows with the process's size (fork's page tables)
+    assert _auto.start_cost("process", 4 << 30) > _auto.start_cost("process", 1 << 30)
+    assert _auto.start_cost("thread", 4 << 30) == _auto.THREAD_START_S
+
+
+def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
+    # Its first batches fill new batch memory (2 ms each for uint8 [3, 224, 224] × 64, against
+    # 0.3 ms later): the first window starts after them.
+    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 2)
+    clock = fake_clock(monkeypatch)
+    windows = recorded_windows(monkeypatch)
+
+    class Cold(Ints):
+        def __getitem__(self, i):
+            if i < 4:  # the first two batches of two
+                clock.now += 1.0
+            return super().__getitem__(i)
+
+    loader = rloader.DataLoader(Cold(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(loader, clock)
+    first = windows[0]
+    assert first.workers == 0
+    assert first.wait_s / first.batches == pytest.approx(0.02)

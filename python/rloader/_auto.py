@@ -30,18 +30,35 @@ change.
   pool has handed out its first round of batches and the old one has drained, so start-up
   does not read as waiting; turning back (a shrink after a growth in the epoch, or the other
   way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
-  measured before the next). Bounds: the usable cores
+  measured before the next). The main process's windows start after its first
+  ``MAIN_WARM_BATCHES`` batches (they fill new batch memory: 2-3 ms against 0.3 ms for uint8
+  [3, 224, 224] × 64). Back to the main process: a pool at its cap whose consumer still waits
+  and whose loop per batch is above ``NO_GAIN`` × the main process's (its transport costs
+  what it moves off, its threads take turns on the GIL, or it shares the cores with the
+  consumer: a busy machine); remembered for its kind (``_no_gain``): the main process starts
+  none again until it would be clearly faster (``RETRY_SHARE``) or for 2 epochs, then 4, 8
+  (a busy machine may have made it look slow). A pool whose consumer never waits shrinks to
+  none when the main process's work per batch is under ``MIN_WAIT_SHARE`` of the loop.
+  Bounds: the usable cores
   (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
   PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
   per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
-  pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
-  epoch would not win back).
+  pool whose start the rest of the epoch would not win back). A start per worker is measured
+  (``_measure_start``: the pool's creation, which the consumer waits for, and the consumer's
+  waits for its first round), per kind; before a measurement it is estimated
+  (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of this
+  process's RSS, which fork's page tables grow with; ``THREAD_START_S``).
 - Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
-  the next epoch's pools are processes (``_gil_check``, at the epoch's end): the kind changes
+  the next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool
+  found no faster than the main process (above) whose work holds its CPU (share at least
+  ``WAITING_SHARE``) serves to the epoch's end and the next epoch's pool is one of processes,
+  if an epoch could win their start back (else back to the main process; ``_no_gain``). (A
+  batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
+  its work per batch is not inflated, only the throughput is not higher.) The kind changes
   only between epochs. The main process's CPU share of the work bounds how many threads the
   cores carry (threads that mostly wait may outnumber them).
 - Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
@@ -95,8 +112,16 @@ MIN_WINDOW_S = 0.05  # ... and seconds
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
-PROCESS_START_S = 0.05  # what starting one worker process costs the consumer, about
+PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
+PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
+# (fork copies its page tables; 2 workers took 40 ms at 0.6 GiB, 228 ms at 5.3 GiB)
 THREAD_START_S = 0.002  # ... one worker thread
+NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
+# process's is not worth it: back to the main process
+RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share of the main
+# process's (the work grew), or ``no_gain_epochs`` epochs have passed (a busy machine may have
+# made it look slow): 2, then twice as many after each retry that finds it no faster again
+MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
 
 
 class AutoWorkers(int):
@@ -250,12 +275,17 @@ class Window(NamedTuple):
     first_epoch: bool = True  # the loader's first: a pool started now pays for itself in it
     epoch_batches: Optional[int] = None  # batches in an epoch (None: unknown)
     persistent: bool = False  # a pool, once started, serves the later epochs too
+    main_loop: Optional[float] = None  # the consumer's loop per batch in the main process
+    main_work: Optional[float] = None  # the work per batch in the main process
+    no_gain: Optional[float] = None  # a pool of this kind's loop per batch, found no faster
+    start_s: Optional[float] = None  # starting one worker of this kind (None: the estimate)
 
 
 class Decision(NamedTuple):
     workers: int
     reason: str
     deferred: bool = False  # worth it, but from the next epoch's start on
+    no_gain: bool = False  # back to the main process: the pool was no faster
 
 
 def worker_cap(w: Window) -> int:
@@ -273,10 +303,13 @@ def worker_cap(w: Window) -> int:
     return max(0, min(cores, by_memory))
 
 
-def start_cost(kind: str) -> float:
-    """Seconds the consumer loses per worker started (a first estimate: the process's start
-    and its first batch; a thread's is small)."""
-    return THREAD_START_S if kind == "thread" else PROCESS_START_S
+def start_cost(kind: str, rss: Optional[int] = None) -> float:
+    """Seconds the consumer loses per worker started, before a start is measured: a thread's
+    is small; a process's grows with this process's resident size ``rss`` (fork copies its
+    page tables, and the child's first touches copy pages)."""
+    if kind == "thread":
+        return THREAD_START_S
+    return PROCESS_START_S + PROCESS_START_PER_GIB * (rss or 0) / (1 << 30)
 
 
 def decide(w: Window) -> Optional[Decision]:
@@ -289,6 +322,17 @@ def decide(w: Window) -> Optional[Decision]:
     numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
+    if w.workers > 0 and w.main_loop is not None and loop > NO_GAIN * w.main_loop:
+        # The consumer waits on a pool that may not grow and is no faster than the main
+        # process was (its transport costs what it saves, its workers take turns on the GIL,
+        # or they share the cores with the consumer): back to the main process.
+        if wait > GROW_WAIT_SHARE * loop and w.workers >= cap:
+            return Decision(
+                0,
+                f"no faster than the main process (loop {loop * 1e3:.2f} ms a batch against "
+                f"{w.main_loop * 1e3:.2f} ms; {numbers})",
+                no_gain=True,
+            )
     wanted = w.workers
     if user > 0:
         wanted = math.ceil(work / user * HEADROOM)
@@ -298,16 +342,21 @@ def decide(w: Window) -> Optional[Decision]:
         min_work = MIN_THREAD_WORK_S if w.kind == "thread" else MIN_WORK_S
         if work < min_work or loop <= 0 or wait < MIN_WAIT_SHARE * loop or cap < 1:
             return None
+        if w.no_gain is not None and w.no_gain > RETRY_SHARE * loop:
+            return None  # a pool of this kind was no faster, and the work has not grown since
         target, why = max(1, min(wanted, cap)), "the consumer waits on the main process"
     elif wait > GROW_WAIT_SHARE * loop and work > 0:
         target = min(max(wanted, w.workers + 1), 2 * w.workers, cap)
         why = "the consumer waits"
     elif wait < SHRINK_WAIT_SHARE * loop and wanted <= SHRINK_RATIO * w.workers:
         target, why = max(1, wanted), "the workers idle"
+        if w.main_work is not None and w.main_work < MIN_WAIT_SHARE * (user + w.main_work):
+            # the main process would cost the consumer less than it takes to start a pool
+            target, why = 0, "the workers idle; the main process's work is a small share"
     else:
         return None
     reason = f"{why} ({numbers}, cap {cap})"
-    if target == w.workers or target <= 0:
+    if target == w.workers or (target <= 0 and w.workers == 0):
         return None
     if w.remaining is not None and target > w.workers:
         wanted_later = target  # what a whole epoch asks for
@@ -316,7 +365,7 @@ def decide(w: Window) -> Optional[Decision]:
         # In the first epoch the time its rest would save must pay for starting the pool
         # (later epochs start on it at once, as a fixed loader starts its own).
         gain = w.remaining * wait * (1 - max(w.workers, 1) / max(target, 1))
-        cost = start_cost(w.kind)
+        cost = start_cost(w.kind) if w.start_s is None else w.start_s
         if w.first_epoch and (target <= w.workers or gain < target * cost):
             # From the next epoch on, if a whole epoch wins its start back (or the pool is
             # started once: persistent workers).
@@ -340,6 +389,10 @@ class Learned:
         self.kind: Optional[str] = None
         self.cpu_share: Optional[float] = None
         self.base_work: Optional[float] = None  # seconds of work per batch in the main process
+        self.main_loop: Optional[float] = None  # the consumer's loop per batch there
+        self.no_gain: dict = {}  # kind: (a pool's loop per batch, found no faster; epochs)
+        self.no_gain_epochs: dict = {}  # kind: epochs a no_gain entry holds
+        self.start_s: dict = {}  # kind: measured seconds to start one worker of that kind
         self.per_worker: Optional[int] = None
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
         self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
@@ -413,7 +466,8 @@ class _Engine:
         self.stages = _stages(it._stats.as_dict())  # at the start: subtracted from later reads
         self.window_start = dict(self.stages)
         self.memory_due = 0.0  # when its workers' memory is read next (clock())
-        self.warm = workers == 0  # has handed out its first round (``AutoIter._decide``)
+        self.warm = False  # has handed out its first round (``AutoIter._decide``)
+        self.start_s: Optional[float] = None  # its start, while measured (``AutoIter._next``)
 
     def stop(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
@@ -621,6 +675,7 @@ class AutoIter:
         engine.it._reset(segment, reported_len)
         engine.segment = segment
         engine.warm = True  # its workers run, and _reset sent the first tasks
+        engine.start_s = None  # (no start to measure)
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
         self._engines.append(engine)
@@ -657,12 +712,17 @@ class AutoIter:
         )
         from . import dataloader  # (imports this module)
 
+        created = clock()
         with warnings.catch_warnings():
             if not self._first_engine:  # torch's warnings (pin_memory's) once per epoch
                 warnings.simplefilter("ignore")
             it = dataloader._engine(view, segment, self._base_seed, kind)
         self._first_engine = False
         engine = _Engine(it, workers, kind, segment)
+        if workers > 0:
+            # its start, measured: this (the consumer waits for the pool's creation), then
+            # the consumer's waits for its first round of batches (``_next``)
+            engine.start_s = clock() - created
         self._engines.append(engine)
         self._stats.live.append(engine)
         self._learned.workers = workers
@@ -696,6 +756,62 @@ class AutoIter:
             engine = self._engines[-1]
             engine.window_start = _stages(engine.it._stats.as_dict())
 
+    def _warm_batches(self, engine: _Engine) -> int:
+        return engine.workers * self._prefetch if engine.workers else MAIN_WARM_BATCHES
+
+    def _start_cost(self, kind: str) -> float:
+        """Seconds to start one worker of ``kind``: the loader's last measured start, else the
+        estimate (``start_cost``)."""
+        measured = self._learned.start_s.get(kind)
+        return measured if measured is not None else start_cost(kind, own_memory())
+
+    def _no_gain(self, engine: _Engine, window: Window) -> bool:
+        """``engine``'s pool was no faster than the main process: remembered for its kind (the
+        main process starts none again for a while: ``RETRY_SHARE``).
+        Under ``worker_type="auto"``, threads whose work holds its CPU make way for processes
+        from the next epoch, if a whole epoch could win their start back; then the threads
+        (as fast as the main process) serve to the epoch's end: True."""
+        learned = self._learned
+        if self._stats.next_kind == "process" and engine.kind == "thread":
+            return True  # (decided at an earlier window)
+        retried = engine.kind in learned.no_gain
+        loop = (window.wait_s + window.user_s) / max(window.batches, 1)
+        learned.no_gain[engine.kind] = (loop, learned.epochs)
+        held = learned.no_gain_epochs.get(engine.kind)
+        learned.no_gain_epochs[engine.kind] = 2 * held if retried and held else 2
+        if (
+            self._kind_fixed is not None
+            or engine.kind != "thread"
+            or self._no_gain_loop("process") is not None
+            or learned.cpu_share is None
+            or learned.cpu_share < WAITING_SHARE
+            or not learned.base_work
+        ):
+            return False
+        workers = max(engine.workers, 2)
+        saved = (window.epoch_batches or 0) * learned.base_work * (1 - 1 / workers)
+        if saved < workers * self._start_cost("process"):
+            return False
+        self._stats.next_kind = "process"  # (``_end_epoch`` makes it the loader's kind)
+        log.debug(
+            "rloader auto: processes from the next epoch: %d threads were no faster than the "
+            "main process (%.2f ms a batch)",
+            engine.workers,
+            (window.main_loop or 0) * 1e3,
+        )
+        return True
+
+    def _no_gain_loop(self, kind: str) -> Optional[float]:
+        """The loop per batch of a pool of ``kind`` found no faster, while that holds."""
+        learned = self._learned
+        entry = learned.no_gain.get(kind)
+        if entry is None:
+            return None
+        loop, epoch = entry
+        if learned.epochs - epoch >= learned.no_gain_epochs.get(kind, 1):
+            return None
+        return loop
+
     def _window(self, engine: _Engine) -> Window:
         """The current window's measurements (tests replace this)."""
         learned = self._learned
@@ -705,6 +821,7 @@ class AutoIter:
                 learned.cpu_share = cpu / work
             if self._w_batches:
                 learned.base_work = work / self._w_batches
+                learned.main_loop = (self._w_wait + self._w_user) / self._w_batches
         else:
             now = _stages(engine.it._stats.as_dict())
             work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
@@ -739,6 +856,10 @@ class AutoIter:
             first_epoch=learned.epochs == 0,
             epoch_batches=self._epoch_batches(),
             persistent=self._persistent,
+            main_loop=learned.main_loop,
+            main_work=learned.base_work,
+            no_gain=self._no_gain_loop(kind),
+            start_s=self._start_cost(kind),
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
@@ -791,8 +912,9 @@ class AutoIter:
             return
         if not engine.warm:
             # A new pool's start (and the old one's last batches) would read as waiting: its
-            # windows begin once it has handed out its first round of prefetched batches.
-            if len(self._engines) > 1 or engine.it._progress[0] < engine.workers * self._prefetch:
+            # windows begin once it has handed out its first round of prefetched batches. The
+            # main process's first batches fill new batch memory: its windows begin after them.
+            if len(self._engines) > 1 or engine.it._progress[0] < self._warm_batches(engine):
                 return
             engine.warm = True
             self._window_reset()
@@ -807,6 +929,8 @@ class AutoIter:
             if direction == -self._direction and self._w_batches < 2 * minimum:
                 return  # turning back needs twice the evidence (hysteresis): the window goes on
             self._direction = direction
+        if decision is not None and decision.no_gain and self._no_gain(engine, window):
+            decision = None  # the pool is kept to the epoch's end; processes follow
         if self._iterable:  # the count is for the next epoch
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
@@ -870,7 +994,16 @@ class AutoIter:
                 if in_process:
                     self._w_cpu += cpu_clock() - cpu0
                     self._w_work += waited
+                elif engine.start_s is not None:
+                    self._measure_start(engine, waited)
             return batch
+
+    def _measure_start(self, engine: _Engine, waited: float) -> None:
+        """A new pool's start: its creation and the consumer's waits for its first round."""
+        engine.start_s += waited
+        if engine.it._progress[0] >= self._warm_batches(engine):
+            self._learned.start_s[engine.kind] = engine.start_s / engine.workers
+            engine.start_s = None
 
     def _last_window(self) -> None:
         """The epoch's last window, even if short (an epoch shorter than a window would never
@@ -882,13 +1015,15 @@ class AutoIter:
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
             return
+        if decision.no_gain and self._no_gain(engine, window):
+            return  # the next epoch: as many processes
         if decision.workers > engine.workers and not self._persistent:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
             wait = window.wait_s / window.batches
             whole = (
                 (window.epoch_batches or 0) * wait * (1 - max(engine.workers, 1) / decision.workers)
             )
-            if whole < decision.workers * start_cost(window.kind):
+            if whole < decision.workers * (window.start_s or 0.0):
                 return
         self._learned.deferred = None
         self._learned.workers = decision.workers
@@ -918,9 +1053,13 @@ class AutoIter:
         self._gil_check()
         if self._iterable and self._engines and self._w_batches:
             engine = self._engines[-1]
-            window = self._window(engine)
-            decision = decide(window._replace(remaining=None))
+            window = self._window(engine)._replace(remaining=None)
+            decision = decide(window)
+            if decision is not None and decision.no_gain and self._no_gain(engine, window):
+                decision = None  # as many processes
             self._learned.wanted = decision.workers if decision else engine.workers
+        if self._stats.next_kind is not None:
+            learned.kind = self._stats.next_kind
         if not self._persistent:
             for engine in self._engines:
                 engine.stop()
