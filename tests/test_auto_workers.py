@@ -47,6 +47,7 @@ def quick(monkeypatch):
     """Decisions after every MIN_WINDOW batches, whatever the wall time (from the first)."""
     monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
     monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
+    monkeypatch.setattr(_auto, "machine_cpu", lambda: None)  # the machine's load: unknown
     monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
 
 
@@ -694,3 +695,17 @@ def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
     first = windows[0]
     assert first.workers == 0
     assert first.wait_s / first.batches == pytest.approx(0.02)
+
+
+def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monkeypatch):
+    # As in the test above, but other processes keep 2 cores busy meanwhile: the pool may be
+    # slow because of them; it is kept.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.02)
+    monkeypatch.setattr(_auto, "machine_cpu", lambda: 2 * clock.now)
+    monkeypatch.setattr(_auto, "loader_cpu", lambda pids: 0.0)
+    windows = recorded_windows(monkeypatch)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    assert stepped(loader, clock) == batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert chosen(loader) == [0, 4]
+    assert windows[-1].others == pytest.approx(2.0)

@@ -35,7 +35,11 @@ change.
   [3, 224, 224] × 64). Back to the main process: a pool at its cap whose consumer still waits
   and whose loop per batch is above ``NO_GAIN`` × the main process's (its transport costs
   what it moves off, its threads take turns on the GIL, or it shares the cores with the
-  consumer: a busy machine); remembered for its kind (``_no_gain``): the main process starts
+  consumer). Not while other processes used more than ``OTHERS_MAX`` cores during the
+  window (``machine_cpu`` less ``loader_cpu``, from /proc's 10 ms ticks, so such a window goes
+  on for ``NO_GAIN_WINDOW_S``): the machine's load, not the pool, may have slowed it (2
+  processes of pure Python measured no faster than the main process while another program
+  kept a core busy). Remembered for its kind (``_no_gain``): the main process starts
   none again until it would be clearly faster (``RETRY_SHARE``) or for 2 epochs, then 4, 8
   (a busy machine may have made it look slow). A pool whose consumer never waits shrinks to
   none when the main process's work per batch is under ``MIN_WAIT_SHARE`` of the loop.
@@ -122,6 +126,10 @@ RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share 
 # process's (the work grew), or ``no_gain_epochs`` epochs have passed (a busy machine may have
 # made it look slow): 2, then twice as many after each retry that finds it no faster again
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
+OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
+# a pool no faster (the machine's load, not the pool, may be what slowed it)
+NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least this long (the
+# load is counted in 10 ms ticks); shorter ones (an epoch's last) judge without the load
 
 
 class AutoWorkers(int):
@@ -197,6 +205,34 @@ def memory_budget() -> int:
             ) from None
     available = _proc_kb("/proc/meminfo", "MemAvailable:")
     return (available or (8 << 30)) // 2
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_cpu() -> Optional[float]:
+    """CPU seconds all of the machine's processes have used, summed over its cores (/proc/stat:
+    all but idle and iowait; steal, a VM's time taken by others, counts as used)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+
+
+def loader_cpu(pids: list) -> float:
+    """CPU seconds this process (all its threads) and its worker processes ``pids`` have used."""
+    times = os.times()
+    total = times.user + times.system
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def worker_pids(it) -> list:
@@ -279,6 +315,7 @@ class Window(NamedTuple):
     main_work: Optional[float] = None  # the work per batch in the main process
     no_gain: Optional[float] = None  # a pool of this kind's loop per batch, found no faster
     start_s: Optional[float] = None  # starting one worker of this kind (None: the estimate)
+    others: Optional[float] = None  # cores other processes used meanwhile (None: unknown)
 
 
 class Decision(NamedTuple):
@@ -322,7 +359,8 @@ def decide(w: Window) -> Optional[Decision]:
     numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
-    if w.workers > 0 and w.main_loop is not None and loop > NO_GAIN * w.main_loop:
+    quiet = w.others is None or w.others < OTHERS_MAX
+    if w.workers > 0 and w.main_loop is not None and loop > NO_GAIN * w.main_loop and quiet:
         # The consumer waits on a pool that may not grow and is no faster than the main
         # process was (its transport costs what it saves, its workers take turns on the GIL,
         # or they share the cores with the consumer): back to the main process.
@@ -752,9 +790,25 @@ class AutoIter:
         self._w_batches = 0
         self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
         self._w_started = clock()
+        self._w_load = None
         if self._engines:
             engine = self._engines[-1]
             engine.window_start = _stages(engine.it._stats.as_dict())
+            self._w_load = self._load(engine)
+
+    def _load(self, engine: _Engine) -> tuple:
+        """(wall, the machine's CPU, this loader's CPU) now (``Window.others``)."""
+        return clock(), machine_cpu(), loader_cpu(worker_pids(engine.it))
+
+    def _others(self, engine: _Engine) -> Optional[float]:
+        """Cores other processes used since the window began (None: unknown)."""
+        if self._w_load is None:
+            return None
+        wall0, machine0, own0 = self._w_load
+        wall, machine, own = self._load(engine)
+        if machine is None or machine0 is None or wall - wall0 < NO_GAIN_WINDOW_S / 2:
+            return None  # (too few ticks to tell)
+        return max(0.0, (machine - machine0) - (own - own0)) / (wall - wall0)
 
     def _warm_batches(self, engine: _Engine) -> int:
         return engine.workers * self._prefetch if engine.workers else MAIN_WARM_BATCHES
@@ -860,6 +914,7 @@ class AutoIter:
             main_work=learned.base_work,
             no_gain=self._no_gain_loop(kind),
             start_s=self._start_cost(kind),
+            others=self._others(engine),
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
@@ -924,6 +979,12 @@ class AutoIter:
             return
         window = self._window(engine)
         decision = decide(window)
+        if (
+            decision is not None
+            and decision.no_gain
+            and clock() - self._w_started < NO_GAIN_WINDOW_S
+        ):
+            return  # the window goes on: a pool judged no faster wants more evidence
         if decision is not None and not decision.deferred and not self._iterable:
             direction = 1 if decision.workers > engine.workers else -1
             if direction == -self._direction and self._w_batches < 2 * minimum:
