@@ -322,17 +322,19 @@ def test_persistent_workers_keep_the_last_pool(quick, monkeypatch, tmp_path):
     assert first + second == batches(make(2), epochs=3)
 
 
+def outcomes(loader):
+    """Each batch of an epoch, or the last line of the error raised in its place."""
+    out, it = [], iter(loader)
+    for _ in range(len(loader)):
+        try:
+            out.append(next(it).tolist())
+        except ValueError as e:
+            out.append(str(e).splitlines()[-1])
+    return out
+
+
 def test_errors_are_a_fixed_loaders(quick, monkeypatch):
     scripted(monkeypatch, [2])
-
-    def outcomes(loader):
-        out, it = [], iter(loader)
-        for _ in range(len(loader)):
-            try:
-                out.append(next(it).tolist())
-            except ValueError as e:
-                out.append(str(e).splitlines()[-1])
-        return out
 
     auto = outcomes(rloader.DataLoader(Ints(fail_at=30), batch_size=2, num_workers="auto"))
     fixed = outcomes(rloader.DataLoader(Ints(fail_at=30), batch_size=2, num_workers=2))
@@ -709,3 +711,61 @@ def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monk
     assert stepped(loader, clock) == batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
     assert chosen(loader) == [0, 4]
     assert windows[-1].others == pytest.approx(2.0)
+
+
+def tight_budget(monkeypatch):
+    """A budget of 300 MiB, each worker process 100 MiB: pools of 2 and 3 do not fit together."""
+    monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
+    monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 100 << 20)
+
+
+def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quick, monkeypatch):
+    from rloader import dataloader
+
+    scripted(monkeypatch, [2, None, 3])
+    tight_budget(monkeypatch)
+    pools = []  # each pool's worker pids, and whether the earlier pools' were alive at its start
+    real = dataloader._engine
+
+    def engine(view, keys, base_seed, kind):
+        alive = [os.path.exists(f"/proc/{pid}") for pids in pools for pid in pids]
+        it = real(view, keys, base_seed, kind)
+        pools.append(_auto.worker_pids(it))
+        engine.alive.append(alive)
+        return it
+
+    engine.alive = []
+    monkeypatch.setattr(dataloader, "_engine", engine)
+    loader = loader_of("auto", 3)
+    it = iter(loader)
+    head = []
+    while len(chosen(loader)) < 3:
+        head.append(next(it).tolist())
+    head.append(next(it).tolist())  # a batch the old pool had in flight (drained)
+    assert chosen(loader) == [0, 2, 3]
+    assert engine.alive == [[], [], [False, False]]  # the pool of 2 had stopped
+    state = pickle.loads(pickle.dumps(loader.state_dict()))  # (counts what was handed out)
+    rest = [b.tolist() for b in it]
+    whole = batches(loader_of(0, 3))[0]
+    assert head + rest == whole
+    resumed = loader_of("auto", 3)
+    resumed.load_state_dict(state)
+    assert head + batches(resumed)[0] == whole
+
+
+def test_an_error_in_the_batches_of_a_drained_pool_is_a_fixed_loaders(quick, monkeypatch):
+    scripted(monkeypatch, [2, None, 3])
+    tight_budget(monkeypatch)
+    dry = rloader.DataLoader(Ints(), batch_size=2, num_workers="auto")
+    batches(dry)
+    switch = dry.stats()["auto"]["decisions"][2]["batch"]
+    fail_at = 2 * switch + 2  # in the batch after the first one the old pool had in flight
+
+    scripted(monkeypatch, [2, None, 3])  # (the same decisions again)
+    auto_loader = rloader.DataLoader(Ints(fail_at=fail_at), batch_size=2, num_workers="auto")
+    auto = outcomes(auto_loader)
+    assert chosen(auto_loader) == [0, 2, 3]
+    fixed = outcomes(rloader.DataLoader(Ints(fail_at=fail_at), batch_size=2, num_workers=2))
+    assert auto == fixed
+    assert f"ValueError: bad sample {fail_at}" in auto[switch + 1]

@@ -14,6 +14,12 @@ change.
   in-flight batches come first, then the new one's, which were drawn after them. So the batches,
   their order and contents are those of any fixed loader over the same sampler stream, with
   every engine's batches handed out in order (``in_order=False`` is not used under auto).
+  Where the old pool and the new one together would exceed the memory budget, the old one is
+  drained first (``_drain``: its in-flight batches are taken into ``_Engine.drained`` and
+  its workers stopped before the new pool starts), so the budget holds during the switch
+  too; the batches are handed out from there in order, and an error among them is raised
+  in its place (then the old pool's workers, not stopped, serve the rest). ``_progress``
+  counts what the consumer was handed, not what was drained (``state_dict()``).
 - Seeds. The base seed is drawn once per iterator (a fixed loader's draw) and every pool of the
   iterator starts its workers with it: worker ``i`` of any pool gets torch's seed
   ``base_seed + i``, runs ``worker_init_fn(i)``, and ``get_worker_info()`` says that pool's
@@ -77,6 +83,7 @@ change.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -506,6 +513,26 @@ class _Engine:
         self.memory_due = 0.0  # when its workers' memory is read next (clock())
         self.warm = False  # has handed out its first round (``AutoIter._decide``)
         self.start_s: Optional[float] = None  # its start, while measured (``AutoIter._next``)
+        # Its in-flight batches, taken before its workers were stopped (``AutoIter._drain``),
+        # and whether that took all it drew (else an error ended the taking: the rest follows).
+        self.drained: Optional[collections.deque] = None
+        self.exhausted = False
+
+    def next(self):
+        """Its next batch: the drained ones first."""
+        if self.drained:
+            item = self.drained.popleft()
+            if isinstance(item, _Raised):
+                raise item.error
+            return item
+        if self.exhausted:
+            raise StopIteration
+        return next(self.it)
+
+    @property
+    def handed(self) -> int:
+        """Batches it has handed out to the consumer."""
+        return self.it._progress[0] - len(self.drained or ())
 
     def stop(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
@@ -520,6 +547,10 @@ class _Engine:
     def stopped(self) -> bool:
         pool = getattr(self.it, "_rloader_pool", None)
         return bool(getattr(pool, "stopped", False))
+
+
+class _Raised(NamedTuple):
+    error: BaseException
 
 
 _STAGES = ("fetch_s", "collate_s", "transport_s", "pin_s")
@@ -633,7 +664,7 @@ class AutoIter:
 
     @property
     def _progress(self) -> tuple:
-        taken = self._taken_done + sum(e.it._progress[0] for e in self._engines)
+        taken = self._taken_done + sum(e.handed for e in self._engines)
         return taken, self._finished
 
     def __iter__(self) -> "AutoIter":
@@ -714,6 +745,7 @@ class AutoIter:
         engine.segment = segment
         engine.warm = True  # its workers run, and _reset sent the first tasks
         engine.start_s = None  # (no start to measure)
+        engine.drained, engine.exhausted = None, False  # (the last engine is never drained)
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
         self._engines.append(engine)
@@ -739,6 +771,10 @@ class AutoIter:
             self._engines[-1].segment.closed = True
         segment = None if self._iterable else _Segment(self._source)
         kind = self._kind() if workers > 0 else "main"  # (the main process)
+        old = self._engines[-1] if self._engines else None
+        if old is not None and old.workers and workers and old.drained is None:
+            if (old.workers + workers) * self._per_worker(kind) > self._budget:
+                self._drain(old)  # the two pools together would exceed the memory budget
         view = _EngineView(
             loader,
             num_workers=workers,
@@ -1042,7 +1078,7 @@ class AutoIter:
             try:
                 # (only this is the consumer's wait for data to a decision: this iterator's own
                 # bookkeeping, a switch, a retired pool's stop are not what a pool can change)
-                batch = next(engine.it)
+                batch = engine.next()
             except StopIteration:
                 if len(self._engines) > 1 or (engine.segment is not None and engine.segment.closed):
                     self._retire(engine)
@@ -1090,6 +1126,25 @@ class AutoIter:
         self._learned.workers = decision.workers
         self._stats.next_workers = decision.workers
 
+    def _drain(self, engine: _Engine) -> None:
+        """Takes the in-flight batches of ``engine`` (its segment closed: it draws nothing more)
+        and stops its workers, so that they are gone before the next pool starts; the batches
+        are handed out from ``engine.drained`` in order. An error while taking them is kept in
+        its place, raised when the consumer reaches it, and the engine's workers serve the
+        rest, as before (they are not stopped)."""
+        items: collections.deque = collections.deque()
+        engine.drained = items
+        while True:
+            try:
+                items.append(next(engine.it))
+            except StopIteration:
+                break
+            except Exception as error:
+                items.append(_Raised(error))
+                return
+        engine.exhausted = True
+        engine.stop()
+
     def _retire(self, engine: _Engine) -> None:
         """An engine whose segment was closed has handed out all it drew."""
         self._engines.remove(engine)
@@ -1097,7 +1152,7 @@ class AutoIter:
         now = _stages(engine.it._stats.as_dict())
         for k in _STAGES:
             self._stats.done[k] += now[k] - engine.stages[k]
-        self._taken_done += engine.it._progress[0]
+        self._taken_done += engine.handed
         engine.stop()
 
     def _end_epoch(self) -> None:
