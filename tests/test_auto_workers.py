@@ -697,6 +697,11 @@ def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
     first = windows[0]
     assert first.workers == 0
     assert first.wait_s / first.batches == pytest.approx(0.02)
+    # ... unless the epoch is too short to leave a window after them
+    windows.clear()
+    short = rloader.DataLoader(Cold(n=10, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(short, clock)
+    assert windows[0].batches == 4 and windows[0].wait_s > 2.0  # (the first two: 1 s each)
 
 
 def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monkeypatch):

@@ -38,7 +38,7 @@ change.
   way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
   measured before the next). The main process's windows start after its first
   ``MAIN_WARM_BATCHES`` batches (they fill new batch memory: 2-3 ms against 0.3 ms for uint8
-  [3, 224, 224] × 64). Back to the main process: a pool at its cap whose consumer still waits
+  [3, 224, 224] × 64), unless the epoch is too short to leave a window after them. Back to the main process: a pool at its cap whose consumer still waits
   and whose loop per batch is above ``NO_GAIN`` × the main process's (its transport costs
   what it moves off, its threads take turns on the GIL, or it shares the cores with the
   consumer). Not while other processes used more than ``OTHERS_MAX`` cores during the
@@ -847,7 +847,12 @@ class AutoIter:
         return max(0.0, (machine - machine0) - (own - own0)) / (wall - wall0)
 
     def _warm_batches(self, engine: _Engine) -> int:
-        return engine.workers * self._prefetch if engine.workers else MAIN_WARM_BATCHES
+        if engine.workers:
+            return engine.workers * self._prefetch
+        epoch = self._epoch_batches()
+        if epoch is not None and epoch < MIN_WINDOW + MAIN_WARM_BATCHES:
+            return 0  # an epoch too short for both: its window counts every batch
+        return MAIN_WARM_BATCHES
 
     def _start_cost(self, kind: str) -> float:
         """Seconds to start one worker of ``kind``: the loader's last measured start, else the
