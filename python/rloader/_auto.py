@@ -38,16 +38,17 @@ change.
   way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
   measured before the next). The main process's windows start after its first
   ``MAIN_WARM_BATCHES`` batches (they fill new batch memory: 2-3 ms against 0.3 ms for uint8
-  [3, 224, 224] × 64), unless the epoch is too short to leave a window after them. Back to the main process: a pool at its cap whose consumer still waits
-  and whose loop per batch is above ``NO_GAIN`` × the main process's (its transport costs
-  what it moves off, its threads take turns on the GIL, or it shares the cores with the
-  consumer). Not while other processes used more than ``OTHERS_MAX`` cores during the
-  window (``machine_cpu`` less ``loader_cpu``, from /proc's 10 ms ticks, so such a window goes
-  on for ``NO_GAIN_WINDOW_S``): the machine's load, not the pool, may have slowed it (2
-  processes of pure Python measured no faster than the main process while another program
-  kept a core busy). Remembered for its kind (``_no_gain``): the main process starts
-  none again until it would be clearly faster (``RETRY_SHARE``) or for 2 epochs, then 4, 8
-  (a busy machine may have made it look slow). A pool whose consumer never waits shrinks to
+  [3, 224, 224] × 64), unless the epoch is too short to leave a window after them.
+  Back to the main process: a pool at its cap whose consumer still waits and whose loop per
+  batch is above ``NO_GAIN`` × the main process's (its transport costs what it moves off,
+  its threads take turns on the GIL, or it shares the cores with the consumer). Not while
+  other processes used more than ``OTHERS_MAX`` cores during the window (``machine_cpu``
+  less ``loader_cpu``, from /proc's 10 ms ticks, so such a window goes on for
+  ``NO_GAIN_WINDOW_S``): the machine's load, not the pool, may have slowed it (2 processes
+  of pure Python measured no faster than the main process while another program kept a core
+  busy). Remembered for its kind (``_no_gain``): the main process starts none again until
+  it would be clearly faster (``RETRY_SHARE``) or for 2 epochs, then 4, 8 (a busy machine
+  may have made it look slow). A pool whose consumer never waits shrinks to
   none when the main process's work per batch is under ``MIN_WAIT_SHARE`` of the loop.
   Bounds: the usable cores
   (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
