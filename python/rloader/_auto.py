@@ -48,10 +48,15 @@ change.
   of pure Python measured no faster than the main process while another program kept a core
   busy). Remembered for its kind (``_no_gain``): the main process starts none again until
   it would be clearly faster (``RETRY_SHARE``) or for 2 epochs, then 4, 8 (a busy machine
-  may have made it look slow). A pool whose consumer never waits shrinks to
-  none when the main process's work per batch is under ``MIN_WAIT_SHARE`` of the loop.
+  may have made it look slow). An epoch's last window judges so only if it covers the pool's
+  whole epoch or ``NO_GAIN_WINDOW_S`` (not a short tail after earlier windows). A pool whose
+  consumer never waits shrinks to none when the main process's work per batch is under
+  ``MIN_WAIT_SHARE`` of the loop.
   Bounds: the usable cores
-  (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
+  (``os.sched_getaffinity``; threads that mostly wait may outnumber them, unless other
+  processes used ``BUSY_OTHERS`` cores during the window: then a low CPU share may be this
+  process's descheduling: 10 threads for token windows from a memmap, 0.2 ms of work a
+  batch, while another program ran), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
   PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
   per worker), and the work left in the epoch
@@ -107,7 +112,8 @@ log = logging.getLogger("rloader")
 
 AUTO = "auto"
 PREFETCH = 2  # prefetch_factor="auto", until it is measured too
-MIN_WORK_S = 0.0005  # less work per batch than this stays in the main process (processes)
+MIN_WORK_S = 0.00015  # less work per batch than this stays in the main process (processes;
+# a pool no faster than the main process goes back to it: ``NO_GAIN``)
 MIN_THREAD_WORK_S = 0.0001  # ... (threads: no start-up, no copy)
 MIN_WAIT_SHARE = 0.05  # ... or less than this share of the consumer's loop
 GROW_WAIT_SHARE = 0.05  # a pool grows when the consumer waits more than this share
@@ -137,7 +143,10 @@ MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) a
 OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
 # a pool no faster (the machine's load, not the pool, may be what slowed it)
 NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least this long (the
-# load is counted in 10 ms ticks); shorter ones (an epoch's last) judge without the load
+# load is counted in 10 ms ticks); an epoch's last window judges if shorter only when it is
+# the pool's first (its whole life)
+BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of the main
+# process's work is read as its descheduling, not as waiting work
 
 
 class AutoWorkers(int):
@@ -337,9 +346,11 @@ def worker_cap(w: Window) -> int:
     """The most workers of ``w.kind`` the cores and the budget allow."""
     cores = w.cores
     share = w.cpu_s / w.work_s if w.cpu_s is not None and w.work_s > 0 else None
-    if share is not None and share < WAITING_SHARE:
-        # work that mostly waits; (above this, a low share may only be a busy machine's
-        # descheduling, and the work is taken as needing its cores)
+    busy = w.others is not None and w.others >= BUSY_OTHERS
+    if share is not None and share < WAITING_SHARE and not busy:
+        # work that mostly waits; (above this, or while other processes load the machine, a
+        # low share may only be this process's descheduling, and the work is taken as
+        # needing its cores)
         per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
         cores = max(cores, int(cores / max(share, 1.0 / per_core)))
     elif w.kind == "thread":
@@ -518,6 +529,7 @@ class _Engine:
         # and whether that took all it drew (else an error ended the taking: the rest follows).
         self.drained: Optional[collections.deque] = None
         self.exhausted = False
+        self.first_window = True  # its windows this epoch have not ended yet (``_last_window``)
 
     def next(self):
         """Its next batch: the drained ones first."""
@@ -747,6 +759,7 @@ class AutoIter:
         engine.warm = True  # its workers run, and _reset sent the first tasks
         engine.start_s = None  # (no start to measure)
         engine.drained, engine.exhausted = None, False  # (the last engine is never drained)
+        engine.first_window = True
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
         self._engines.append(engine)
@@ -843,7 +856,7 @@ class AutoIter:
             return None
         wall0, machine0, own0 = self._w_load
         wall, machine, own = self._load(engine)
-        if machine is None or machine0 is None or wall - wall0 < NO_GAIN_WINDOW_S / 2:
+        if machine is None or machine0 is None or wall - wall0 < 0.8 * MIN_WINDOW_S:
             return None  # (too few ticks to tell)
         return max(0.0, (machine - machine0) - (own - own0)) / (wall - wall0)
 
@@ -1034,6 +1047,7 @@ class AutoIter:
             self._direction = direction
         if decision is not None and decision.no_gain and self._no_gain(engine, window):
             decision = None  # the pool is kept to the epoch's end; processes follow
+        engine.first_window = False  # (a new window begins, or a new engine)
         if self._iterable:  # the count is for the next epoch
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
@@ -1118,8 +1132,11 @@ class AutoIter:
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
             return
-        if decision.no_gain and self._no_gain(engine, window):
-            return  # the next epoch: as many processes
+        if decision.no_gain:
+            if not engine.first_window and clock() - self._w_started < NO_GAIN_WINDOW_S:
+                return  # a short tail after earlier windows: too little evidence
+            if self._no_gain(engine, window):
+                return  # the next epoch: as many processes
         if decision.workers > engine.workers and not self._persistent:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
             wait = window.wait_s / window.batches
