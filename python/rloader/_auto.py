@@ -41,7 +41,9 @@ change.
   [3, 224, 224] × 64), unless the epoch is too short to leave a window after them.
   Back to the main process: a pool at its cap whose consumer still waits and whose loop per
   batch is above ``NO_GAIN`` × the main process's (its transport costs what it moves off,
-  its threads take turns on the GIL, or it shares the cores with the consumer). Not while
+  its threads take turns on the GIL, or it shares the cores with the consumer); not a pool
+  of processes whose work per batch is above ``WARM_WORK`` × the main process's (they are
+  still copying the pages they touch after the fork, or are descheduled). Not while
   other processes used more than ``OTHERS_MAX`` cores during the window (``machine_cpu``
   less ``loader_cpu``, from /proc's 10 ms ticks, so such a window goes on for
   ``NO_GAIN_WINDOW_S``): the machine's load, not the pool, may have slowed it (2 processes
@@ -70,9 +72,10 @@ change.
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
   the next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool
-  found no faster than the main process (above) whose work holds its CPU (share at least
-  ``WAITING_SHARE``) serves to the epoch's end and the next epoch's pool is one of processes,
-  if an epoch could win their start back (else back to the main process; ``_no_gain``). (A
+  not below ``THREAD_GAIN`` × the main process's loop (above) whose work holds its CPU
+  (share at least ``WAITING_SHARE``) serves to the epoch's end and the next epoch's pool is
+  one of processes, if an epoch could win their start back (``_processes_next``); else it
+  is kept if below ``NO_GAIN`` ×, or back to the main process (``_no_gain``). (A
   batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
   its work per batch is not inflated, only the throughput is not higher.) The kind changes
   only between epochs. The main process's CPU share of the work bounds how many threads the
@@ -139,6 +142,10 @@ NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of th
 RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share of the main
 # process's (the work grew), or ``no_gain_epochs`` epochs have passed (a busy machine may have
 # made it look slow): 2, then twice as many after each retry that finds it no faster again
+THREAD_GAIN = 0.8  # threads not below this share of the main process's loop: processes may
+# do better (``worker_type="auto"``)
+WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
+# judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
 OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
 # a pool no faster (the machine's load, not the pool, may be what slowed it)
@@ -379,11 +386,17 @@ def decide(w: Window) -> Optional[Decision]:
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
     quiet = w.others is None or w.others < OTHERS_MAX
-    if w.workers > 0 and w.main_loop is not None and loop > NO_GAIN * w.main_loop and quiet:
+    # (threads that do not beat the main process by a margin may be taking turns on the GIL:
+    # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster otherwise)
+    margin = THREAD_GAIN if w.kind == "thread" else NO_GAIN
+    # (processes whose work per batch is well above the main process's are still copying the
+    # pages they touch after the fork, or are descheduled: not judged yet)
+    warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
+    if w.workers > 0 and w.main_loop is not None and loop > margin * w.main_loop and quiet:
         # The consumer waits on a pool that may not grow and is no faster than the main
         # process was (its transport costs what it saves, its workers take turns on the GIL,
         # or they share the cores with the consumer): back to the main process.
-        if wait > GROW_WAIT_SHARE * loop and w.workers >= cap:
+        if wait > GROW_WAIT_SHARE * loop and w.workers >= cap and not warming:
             return Decision(
                 0,
                 f"no faster than the main process (loop {loop * 1e3:.2f} ms a batch against "
@@ -883,11 +896,30 @@ class AutoIter:
         learned = self._learned
         if self._stats.next_kind == "process" and engine.kind == "thread":
             return True  # (decided at an earlier window)
-        retried = engine.kind in learned.no_gain
         loop = (window.wait_s + window.user_s) / max(window.batches, 1)
-        learned.no_gain[engine.kind] = (loop, learned.epochs)
-        held = learned.no_gain_epochs.get(engine.kind)
-        learned.no_gain_epochs[engine.kind] = 2 * held if retried and held else 2
+        if not self._processes_next(engine, window):
+            if window.main_loop is not None and loop <= NO_GAIN * window.main_loop:
+                return True  # threads somewhat faster than the main process: kept
+            retried = engine.kind in learned.no_gain
+            learned.no_gain[engine.kind] = (loop, learned.epochs)
+            held = learned.no_gain_epochs.get(engine.kind)
+            learned.no_gain_epochs[engine.kind] = 2 * held if retried and held else 2
+            return False
+        learned.no_gain["thread"] = (loop, learned.epochs)
+        self._stats.next_kind = "process"  # (``_end_epoch`` makes it the loader's kind)
+        log.debug(
+            "rloader auto: processes from the next epoch: %d threads were no faster than the "
+            "main process (%.2f ms a batch)",
+            engine.workers,
+            (window.main_loop or 0) * 1e3,
+        )
+        return True
+
+    def _processes_next(self, engine: _Engine, window: Window) -> bool:
+        """Whether threads no faster than the main process make way for processes: under
+        ``worker_type="auto"``, for work that holds its CPU, if a whole epoch could win their
+        start back and processes were not found no faster themselves."""
+        learned = self._learned
         if (
             self._kind_fixed is not None
             or engine.kind != "thread"
@@ -899,16 +931,7 @@ class AutoIter:
             return False
         workers = max(engine.workers, 2)
         saved = (window.epoch_batches or 0) * learned.base_work * (1 - 1 / workers)
-        if saved < workers * self._start_cost("process"):
-            return False
-        self._stats.next_kind = "process"  # (``_end_epoch`` makes it the loader's kind)
-        log.debug(
-            "rloader auto: processes from the next epoch: %d threads were no faster than the "
-            "main process (%.2f ms a batch)",
-            engine.workers,
-            (window.main_loop or 0) * 1e3,
-        )
-        return True
+        return saved >= workers * self._start_cost("process")
 
     def _no_gain_loop(self, kind: str) -> Optional[float]:
         """The loop per batch of a pool of ``kind`` found no faster, while that holds."""
