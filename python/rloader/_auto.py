@@ -63,7 +63,8 @@ change.
   PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
   per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
-  pool whose start the rest of the epoch would not win back). A start per worker is measured
+  pool whose start the rest of the epoch would not win back; from the next epoch on, if a
+  whole epoch would, or ``PAYBACK_EPOCHS`` epochs for persistent workers). A start per worker is measured
   (``_measure_start``: the pool's creation, which the consumer waits for, and the consumer's
   waits for its first round), per kind; before a measurement it is estimated
   (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of this
@@ -72,10 +73,13 @@ change.
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
   the next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool
-  not below ``THREAD_GAIN`` × the main process's loop (above) whose work holds its CPU
-  (share at least ``WAITING_SHARE``) serves to the epoch's end and the next epoch's pool is
-  one of processes, if an epoch could win their start back (``_processes_next``); else it
-  is kept if below ``NO_GAIN`` ×, or back to the main process (``_no_gain``). (A
+  short of ``THREAD_EFFICIENCY`` of the speedup its number (up to the cores) promises over
+  the main process's loop, whose work holds its CPU (share at least ``WAITING_SHARE``),
+  serves to the epoch's end and the next epoch's pool is one of processes
+  (``_processes_next``); else it is kept if below ``NO_GAIN`` × the main process's loop, or
+  back to the main process (``_no_gain``). Either way to processes only if they could win
+  their start back (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if
+  persistent). (A
   batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
   its work per batch is not inflated, only the throughput is not higher.) The kind changes
   only between epochs. The main process's CPU share of the work bounds how many threads the
@@ -142,8 +146,10 @@ NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of th
 RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share of the main
 # process's (the work grew), or ``no_gain_epochs`` epochs have passed (a busy machine may have
 # made it look slow): 2, then twice as many after each retry that finds it no faster again
-THREAD_GAIN = 0.8  # threads not below this share of the main process's loop: processes may
-# do better (``worker_type="auto"``)
+THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speedup their number
+# (up to the cores) promises over the main process may be taking turns on the GIL: processes
+# may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
+PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
 WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
 # judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
@@ -386,13 +392,17 @@ def decide(w: Window) -> Optional[Decision]:
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
     quiet = w.others is None or w.others < OTHERS_MAX
-    # (threads that do not beat the main process by a margin may be taking turns on the GIL:
-    # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster otherwise)
-    margin = THREAD_GAIN if w.kind == "thread" else NO_GAIN
+    slow = w.main_loop is not None and loop > NO_GAIN * w.main_loop
+    if w.kind == "thread" and w.main_loop is not None and w.main_work is not None:
+        # (threads short of the speedup their number promises may be taking turns on the GIL:
+        # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster than
+        # the main process otherwise)
+        ideal = max(w.main_loop - w.main_work, w.main_work / max(1, min(w.workers, w.cores)))
+        slow = loop * THREAD_EFFICIENCY > ideal
     # (processes whose work per batch is well above the main process's are still copying the
     # pages they touch after the fork, or are descheduled: not judged yet)
     warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
-    if w.workers > 0 and w.main_loop is not None and loop > margin * w.main_loop and quiet:
+    if w.workers > 0 and w.main_loop is not None and slow and quiet:
         # The consumer waits on a pool that may not grow and is no faster than the main
         # process was (its transport costs what it saves, its workers take turns on the GIL,
         # or they share the cores with the consumer): back to the main process.
@@ -440,7 +450,7 @@ def decide(w: Window) -> Optional[Decision]:
             # From the next epoch on, if a whole epoch wins its start back (or the pool is
             # started once: persistent workers).
             whole = (w.epoch_batches or 0) * wait * (1 - max(w.workers, 1) / wanted_later)
-            if w.persistent or whole >= wanted_later * cost:
+            if whole * (PAYBACK_EPOCHS if w.persistent else 1) >= wanted_later * cost:
                 return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
             return None
         if target <= w.workers:
@@ -929,8 +939,18 @@ class AutoIter:
             or not learned.base_work
         ):
             return False
+        return self._processes_affordable(engine)
+
+    def _processes_affordable(self, engine: _Engine) -> bool:
+        """Whether as many processes as ``engine`` has threads could win their start back:
+        in an epoch, or ``PAYBACK_EPOCHS`` if persistent (the main process's work per batch,
+        spread over them, is what they could save)."""
+        learned = self._learned
+        if not learned.base_work:
+            return False
         workers = max(engine.workers, 2)
-        saved = (window.epoch_batches or 0) * learned.base_work * (1 - 1 / workers)
+        saved = (self._epoch_batches() or 0) * learned.base_work * (1 - 1 / workers)
+        saved *= PAYBACK_EPOCHS if self._persistent else 1
         return saved >= workers * self._start_cost("process")
 
     def _no_gain_loop(self, kind: str) -> Optional[float]:
@@ -1004,7 +1024,11 @@ class AutoIter:
         engine = self._engines[-1] if self._engines else None
         if self._kind_fixed is not None or engine is None or engine.kind != "thread":
             return
-        if engine.workers >= 2 and (self._inflation or 0) > GIL_SHARE * engine.workers:
+        if (
+            engine.workers >= 2
+            and (self._inflation or 0) > GIL_SHARE * engine.workers
+            and self._processes_affordable(engine)
+        ):
             self._learned.kind = "process"
             self._stats.next_kind = "process"
             log.debug(
@@ -1160,13 +1184,16 @@ class AutoIter:
                 return  # a short tail after earlier windows: too little evidence
             if self._no_gain(engine, window):
                 return  # the next epoch: as many processes
-        if decision.workers > engine.workers and not self._persistent:
+        if decision.workers > engine.workers:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
+            # (a persistent one: ``PAYBACK_EPOCHS``)
             wait = window.wait_s / window.batches
             whole = (
                 (window.epoch_batches or 0) * wait * (1 - max(engine.workers, 1) / decision.workers)
             )
-            if whole < decision.workers * (window.start_s or 0.0):
+            if whole * (PAYBACK_EPOCHS if self._persistent else 1) < decision.workers * (
+                window.start_s or 0.0
+            ):
                 return
         self._learned.deferred = None
         self._learned.workers = decision.workers
