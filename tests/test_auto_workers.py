@@ -812,3 +812,21 @@ def test_an_epochs_short_last_window_does_not_judge_a_pool_no_faster(quick, monk
         clock.now += 0.001
     assert chosen(loader) == [0, 4]
     assert loader.stats()["auto"]["next_num_workers"] is None
+
+
+def test_the_loaders_own_bookkeeping_is_in_the_consumers_loop(quick, monkeypatch):
+    # Deciding takes the consumer's time too (reading /proc, and taking the GIL back from busy
+    # thread workers after each read): 0.5 s of it per batch here, against a 1 ms step.
+    clock = fake_clock(monkeypatch)
+    windows = recorded_windows(monkeypatch)
+    real = _auto.AutoIter._decide
+
+    def slow_decide(self):
+        clock.now += 0.5
+        real(self)
+
+    monkeypatch.setattr(_auto.AutoIter, "_decide", slow_decide)
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(loader, clock)
+    w = windows[0]
+    assert w.user_s / w.batches > 0.3  # (the step alone: 1 ms)

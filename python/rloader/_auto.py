@@ -25,7 +25,10 @@ change.
   ``base_seed + i``, runs ``worker_init_fn(i)``, and ``get_worker_info()`` says that pool's
   ``num_workers``. A worker's dataset copy lives as long as its pool.
 - Decisions (``decide``, a pure function of a ``Window`` of measurements): the consumer's time
-  per batch outside ``next()`` (``user``) and inside it (``wait``), the loader's work per batch
+  per batch outside ``next()`` (``user``, with this iterator's own bookkeeping: ``_decide``
+  reads /proc, and with busy thread workers each read gives the GIL away for up to the switch
+  interval: uncounted, 2 pure-Python threads measured 0.42 ms a batch and ran at 0.67) and
+  inside it (``wait``), the loader's work per batch
   (fetch + collate + pin, summed over workers: ``work``), and in the main process the CPU time
   of that work (``cpu``). In process: workers once the work per batch is worth moving (at least
   ``MIN_WORK_S`` and ``MIN_WAIT_SHARE`` of the consumer's loop), as many as ``work / user``
@@ -864,6 +867,8 @@ class AutoIter:
         self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
         self._w_started = clock()
         self._w_load = None
+        self._w_hold_s = 0.0  # a window that goes on is looked at again after this long
+        self._w_hold_batches = 0  # ... and this many batches
         if self._engines:
             engine = self._engines[-1]
             engine.window_start = _stages(engine.it._stats.as_dict())
@@ -1077,20 +1082,21 @@ class AutoIter:
             self._window_reset()
             return
         minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch)
-        if self._w_batches < minimum or clock() - self._w_started < MIN_WINDOW_S:
+        now = clock()
+        if self._w_batches < max(minimum, self._w_hold_batches) or now - self._w_started < max(
+            MIN_WINDOW_S, self._w_hold_s
+        ):
             return
         window = self._window(engine)
         decision = decide(window)
-        if (
-            decision is not None
-            and decision.no_gain
-            and clock() - self._w_started < NO_GAIN_WINDOW_S
-        ):
-            return  # the window goes on: a pool judged no faster wants more evidence
+        if decision is not None and decision.no_gain and now - self._w_started < NO_GAIN_WINDOW_S:
+            self._w_hold_s = NO_GAIN_WINDOW_S  # the window goes on: a pool judged no faster
+            return  # wants more evidence
         if decision is not None and not decision.deferred and not self._iterable:
             direction = 1 if decision.workers > engine.workers else -1
             if direction == -self._direction and self._w_batches < 2 * minimum:
-                return  # turning back needs twice the evidence (hysteresis): the window goes on
+                self._w_hold_batches = 2 * minimum  # turning back needs twice the evidence
+                return  # (hysteresis): the window goes on
             self._direction = direction
         if decision is not None and decision.no_gain and self._no_gain(engine, window):
             decision = None  # the pool is kept to the epoch's end; processes follow
@@ -1136,7 +1142,13 @@ class AutoIter:
             if self._closed or not self._engines:
                 self._finished = True
                 raise StopIteration
+            decided = clock()
             self._decide()
+            if self._w_started < decided:
+                # (the consumer waits for this bookkeeping too, and for the GIL it takes back
+                # from busy thread workers after each read of /proc: its own time, a pool's
+                # loop is measured with it; not where a window began in it)
+                self._w_user += clock() - decided
             engine = self._engines[0]
             in_process = engine.workers == 0
             if in_process:
