@@ -67,11 +67,11 @@ change.
   per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
   pool whose start the rest of the epoch would not win back; from the next epoch on, if a
-  whole epoch would, or ``PAYBACK_EPOCHS`` epochs for persistent workers). A start per worker is measured
-  (``_measure_start``: the pool's creation, which the consumer waits for, and the consumer's
-  waits for its first round), per kind; before a measurement it is estimated
-  (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of this
-  process's RSS, which fork's page tables grow with; ``THREAD_START_S``).
+  whole epoch would, or ``PAYBACK_EPOCHS`` epochs for persistent workers). A start per
+  worker is measured (``_measure_start``: the pool's creation, which the consumer waits for,
+  and the consumer's waits for its first round), per kind; before a measurement it is
+  estimated (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of
+  this process's RSS, which fork's page tables grow with; ``THREAD_START_S``).
 - Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
