@@ -1,4 +1,4 @@
-"""num_workers="auto" against fixed settings, on the workloads of issue #25 that need no data.
+"""num_workers="auto" against fixed settings, on the workloads of issue #25.
 
 For each workload, one loader per setting is built and iterated for --epochs epochs (a training
 loop that builds its DataLoader once). The table gives samples/s of the first epoch and of the
@@ -11,36 +11,79 @@ later ones (their median), for:
 
 Targets (issue #25): from the second epoch, auto ≥ 0.9× the best fixed setting; in the first
 epoch, ≥ 0.95× torch's ``num_workers=0``. The ``step`` workload adds a 20 ms training step per
-batch (consumer-bound): auto should end on few workers at the best fixed throughput.
+batch (consumer-bound): auto should end on few workers at the best fixed throughput. Each auto
+row gives its epochs' samples/s one by one too (auto explores in its first epochs).
+
+``imagefolder`` and ``tokens`` are the pipelines of benches/real_pipelines.py (its data, made
+once into ``.bench-data/``, or ``--data-dir``): torchvision ``ImageFolder`` with the ImageNet
+training transforms, batch 64; nanoGPT token windows from an ``np.memmap``, batch 32; both
+shuffled. Set ``OMP_WAIT_POLICY=PASSIVE`` on a busy machine (see real_pipelines.py).
+
+``--budget``: the memory budget row. A dataset that sleeps 1 ms per sample (work that wants
+many workers) and whose every worker holds a 128 MiB buffer of its own; auto (processes) runs
+with ``RLOADER_AUTO_MAX_MEMORY`` set below what 4 workers take (measured on a fixed 4-worker
+loader first), and the peak of its workers' summed PSS (read every 20 ms) is set against it.
 
     python benches/auto_workers.py            # every workload
     python benches/auto_workers.py --quick    # smaller, for a smoke test
     python benches/auto_workers.py --only sleep --settings 0p,2p,8t,32t
+    python benches/auto_workers.py --only none --budget
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import threading
 import time
+from pathlib import Path
 
+import numpy as np
+import torch
 import torch.utils.data as tud
 from side_by_side import BusyDataset, ImageArrayDataset, ImageLabelDataset, SleepyDataset
 
 import rloader
+from rloader import _auto
+
+
+def image_folder(n: int, data_dir: Path, quick: bool):
+    from real_pipelines import imagenet_train_transform, jpeg_folder
+    from torchvision import datasets as tv_datasets
+
+    folder = jpeg_folder(data_dir, quick) / "train"
+    return tv_datasets.ImageFolder(str(folder), transform=imagenet_train_transform())
+
+
+def token_windows(n: int, data_dir: Path, quick: bool):
+    from real_pipelines import TokenWindows, token_file
+
+    return TokenWindows(token_file(data_dir, quick), n)
+
+
+def in_memory(make):
+    return lambda n, data_dir, quick: make(n)
+
 
 WORKLOADS = {
-    # name: (dataset, samples (full, quick), batch size, training step in seconds)
+    # name: (dataset(n, data dir, quick), samples (full, quick; None: the data's), batch size,
+    # training step in seconds, shuffle, settings (None: --settings))
     # (the datasets of benches/side_by_side.py: ~50 us of pure Python; 1 ms sleep; in-memory
-    # (float32[3, 32, 32], int) pairs; in-memory uint8 [3, 224, 224] arrays)
-    "pure-python": (BusyDataset, (8192, 2048), 32, 0.0),
-    "sleep": (SleepyDataset, (4096, 1024), 32, 0.0),
-    "tensors": (ImageLabelDataset, (131072, 32768), 256, 0.0),
-    "uint8": (ImageArrayDataset, (2048, 512), 64, 0.0),
-    "step": (ImageLabelDataset, (32768, 8192), 256, 0.02),
+    # (float32[3, 32, 32], int) pairs; in-memory uint8 [3, 224, 224] arrays; and two pipelines
+    # of benches/real_pipelines.py)
+    "pure-python": (in_memory(BusyDataset), (8192, 2048), 32, 0.0, False, None),
+    "sleep": (in_memory(SleepyDataset), (4096, 1024), 32, 0.0, False, None),
+    "tensors": (in_memory(ImageLabelDataset), (131072, 32768), 256, 0.0, False, None),
+    "uint8": (in_memory(ImageArrayDataset), (2048, 512), 64, 0.0, False, None),
+    "step": (in_memory(ImageLabelDataset), (32768, 8192), 256, 0.02, False, None),
+    # (JPEG decoding: ~300 images/s a core, so an epoch in the main process takes 5 s)
+    "imagefolder": (image_folder, (None, None), 64, 0.0, True, "0p,1p,2p,4p,2t,4t,8t"),
+    "tokens": (token_windows, (32768, 4096), 32, 0.0, True, None),
 }
 
 SETTINGS = "0p,1p,2p,4p,2t,4t,8t,16t,32t"
+WORKER_BUFFER = 128 << 20  # the --budget dataset's buffer per worker
 
 
 def parse_setting(text: str) -> tuple[int, str]:
@@ -68,9 +111,84 @@ def measure(name: str, label: str, loader, n: int, epochs: int, step: float) -> 
     stats = loader.stats() if type(loader) is rloader.DataLoader else None
     if stats is not None and "auto" in stats:
         auto = stats["auto"]
-        note = f"ended on {auto['num_workers']} {auto['worker_type']}"
+        note = f"ended on {auto['num_workers']} {auto['worker_type']}; epochs/s: " + " ".join(
+            f"{n / t:.0f}" for t in times
+        )
     print(f"{name:12} {label:14} {first:10.0f} {later:10.0f}  {note}", flush=True)
     return first, later
+
+
+class WorkerBuffer(SleepyDataset):
+    """Sleeps 1 ms per sample; each worker process holds a buffer of its own (a per-worker
+    cache, a decoder's state), written once so its pages are the worker's."""
+
+    buffer = None
+
+    def __getitem__(self, i: int) -> int:
+        if tud.get_worker_info() is not None and WorkerBuffer.buffer is None:
+            WorkerBuffer.buffer = np.ones(WORKER_BUFFER, np.uint8)
+        return super().__getitem__(i)
+
+
+def children() -> list:
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return pids
+
+
+class PeakPss:
+    """The peak of this process's children's summed PSS, read every 20 ms on a thread."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            total = sum(_auto.process_memory(pid) or 0 for pid in children())
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def budget_row(quick: bool, epochs: int) -> None:
+    n = 1024 if quick else 4096
+    dataset = WorkerBuffer(n)
+    print(f"\nbudget: {n} samples sleeping 1 ms, batch 32, {WORKER_BUFFER >> 20} MiB per worker")
+    meter = PeakPss()
+    fixed = rloader.DataLoader(dataset, batch_size=32, num_workers=4, persistent_workers=True)
+    run(fixed, 2, 0.0)
+    four = meter.stop()
+    del fixed
+    budget = int(four * 0.75)
+    os.environ[_auto.MEMORY_ENV] = str(budget)
+    try:
+        meter = PeakPss()
+        loader = rloader.DataLoader(
+            dataset, batch_size=32, num_workers="auto", persistent_workers=True
+        )
+        times = run(loader, epochs, 0.0)
+        peak = meter.stop()
+    finally:
+        del os.environ[_auto.MEMORY_ENV]
+    chosen = sorted({d["num_workers"] for d in loader.stats()["auto"]["decisions"]})
+    print(
+        f"fixed 4 processes: peak PSS {four / 2**20:.0f} MiB; auto with {_auto.MEMORY_ENV}="
+        f"{budget / 2**20:.0f} MiB (0.75x): peak PSS {peak / 2**20:.0f} MiB "
+        f"({peak / budget:.2f}x the budget; target <= 1), pools of {chosen} workers in the "
+        f"last epoch, ended on {loader.stats()['auto']['num_workers']}; epochs/s: "
+        + " ".join(f"{n / t:.0f}" for t in times)
+    )
 
 
 def main() -> None:
@@ -78,7 +196,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--only", default=",".join(WORKLOADS))
-    parser.add_argument("--settings", default=SETTINGS)
+    parser.add_argument("--settings", default=None, help=f"default: {SETTINGS}")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default: .bench-data/")
+    parser.add_argument("--budget", action="store_true", help="the memory budget row too")
     parser.add_argument(
         "--no-persistent",
         dest="persistent",
@@ -86,50 +206,65 @@ def main() -> None:
         help="fixed and auto loaders without persistent_workers (each epoch starts its pools)",
     )
     args = parser.parse_args()
-    settings = [parse_setting(s) for s in args.settings.split(",")]
+    from real_pipelines import DEFAULT_DATA_DIR
+
+    data_dir = args.data_dir or DEFAULT_DATA_DIR
     print(
         f"cores usable: {rloader._auto.usable_cores()}, epochs: {args.epochs}, "
         f"persistent_workers: {args.persistent}"
     )
     header = f"{'workload':12} {'setting':14} {'epoch 1/s':>10} {'later/s':>10}  note"
-    for name in args.only.split(","):
-        make, sizes, batch_size, step = WORKLOADS[name]
+    for name in [w for w in args.only.split(",") if w != "none"]:
+        make, sizes, batch_size, step, shuffle, own_settings = WORKLOADS[name]
+        settings_text = args.settings or own_settings or SETTINGS
+        settings = [parse_setting(s) for s in settings_text.split(",")]
         n = sizes[1] if args.quick else sizes[0]
-        dataset = make(n)
+        dataset = make(n, data_dir, args.quick)
+        n = len(dataset)
         print(f"\n{header}")
 
         def row(label, loader, epochs=args.epochs, n=n, step=step, name=name):
             return measure(name, label, loader, n, epochs, step)
 
-        torch_first, _ = row("torch nw=0", tud.DataLoader(dataset, batch_size=batch_size), 1)
+        def loader_of(dataset=dataset, batch_size=batch_size, shuffle=shuffle, **kw):
+            # (each loader shuffles with its own generator, seeded alike)
+            generator = torch.Generator().manual_seed(0) if shuffle else None
+            return rloader.DataLoader(
+                dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kw
+            )
+
+        torch_loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+        torch_first, _ = row("torch nw=0", torch_loader, 1)
         best = ("", 0.0)
+        best_of = {}  # kind: (setting, later)
         for nw, kind in settings:
-            loader = rloader.DataLoader(
-                dataset,
-                batch_size=batch_size,
-                num_workers=nw,
-                worker_type=kind,
-                persistent_workers=args.persistent and nw > 0,
+            loader = loader_of(
+                num_workers=nw, worker_type=kind, persistent_workers=args.persistent and nw > 0
             )
             _, later = row(f"{nw} {kind}", loader)
             if later > best[1]:
                 best = (f"{nw} {kind}", later)
+            for k in {kind, "process"} if nw == 0 else {kind}:
+                if later > best_of.get(k, ("", 0.0))[1]:
+                    best_of[k] = (f"{nw} {kind}", later)
             del loader
         for label, kind in (("auto", "process"), ("auto/auto", "auto")):
-            loader = rloader.DataLoader(
-                dataset,
-                batch_size=batch_size,
-                num_workers="auto",
-                worker_type=kind,
-                persistent_workers=args.persistent,
+            loader = loader_of(
+                num_workers="auto", worker_type=kind, persistent_workers=args.persistent
             )
             first, later = row(label, loader)
+            own = ""
+            if kind == "process" and "process" in best_of:
+                setting, rate = best_of["process"]
+                own = f", {later / rate:.2f}× the best process setting ({setting})"
             print(
                 f"{'':12} {'':14} {'':>10} {'':>10}  first epoch {first / torch_first:.2f}× "
                 f"torch nw=0 (target ≥ 0.95), later {later / best[1]:.2f}× best fixed "
-                f"({best[0]}; target ≥ 0.9)"
+                f"({best[0]}; target ≥ 0.9){own}"
             )
             del loader
+    if args.budget:
+        budget_row(args.quick, args.epochs)
 
 
 if __name__ == "__main__":

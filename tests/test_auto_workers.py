@@ -44,8 +44,10 @@ class FakeClock:
 
 @pytest.fixture
 def quick(monkeypatch):
-    """Decisions after every MIN_WINDOW batches, whatever the wall time."""
+    """Decisions after every MIN_WINDOW batches, whatever the wall time (from the first)."""
     monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
+    monkeypatch.setattr(_auto, "machine_cpu", lambda: None)  # the machine's load: unknown
     monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
 
 
@@ -144,7 +146,9 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
 
 def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
-    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e6)  # no pool pays for itself in an epoch
+    # the rest of the epoch does not win 4 starts back (0.66 s), 4 whole epochs do (2.9 s)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 0.5)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 0)
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
     )
@@ -180,7 +184,11 @@ def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch
     assert chosen(loader) == [0]
 
 
-def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
+@pytest.mark.parametrize("slow_step, shrunk", [(0.1, 1), (10.0, 0)])
+def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch, slow_step, shrunk):
+    # Once the pool is large, the training step becomes the bottleneck: the pool shrinks to
+    # one worker; or, when the main process's 10 ms of work per batch would be under 5 % of
+    # the step, to none (the main process).
     clock = fake_clock(monkeypatch)
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     got = []
@@ -188,11 +196,11 @@ def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch):
     for b in loader:
         got.append(b.tolist())
         if loader.stats()["auto"]["num_workers"] == 4:
-            step = 10.0  # once the pool is large, the training step becomes the bottleneck
+            step = slow_step
         clock.now += step
     assert got == batches(rloader.DataLoader(Ints(), batch_size=1))[0]
     assert chosen(loader)[:2] == [0, 4]
-    assert chosen(loader)[2] == 1, loader.stats()["auto"]["decisions"]
+    assert chosen(loader)[2] == shrunk, loader.stats()["auto"]["decisions"]
     assert "idle" in loader.stats()["auto"]["decisions"][2]["reason"]
 
 
@@ -246,9 +254,9 @@ def test_an_iterable_dataset_keeps_one_count_per_epoch(quick, monkeypatch):
     assert counts[1] >= 1 and counts[2] == counts[1]
 
 
-@pytest.mark.parametrize("gil_bound", [True, False])
+@pytest.mark.parametrize("gil_bound, affordable", [(True, True), (False, True), (True, False)])
 def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
-    quick, monkeypatch, gil_bound
+    quick, monkeypatch, gil_bound, affordable
 ):
     ticks = iter(range(10**9))
     monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
@@ -256,11 +264,14 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
     monkeypatch.setattr(_auto, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
     # any measured slowdown of the threads' work reads as the GIL, or none does
     monkeypatch.setattr(_auto, "GIL_SHARE", 0.0 if gil_bound else 1e12)
+    # (processes whose start an epoch would not win back stay threads)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3 if affordable else 1e9)
     loader = loader_of("auto", 11, worker_type="auto")
     got = batches(loader, epochs=2)
     assert got == batches(loader_of(0, 11), epochs=2)
     kinds = [d["worker_type"] for d in loader.stats()["auto"]["decisions"]]
-    assert kinds == (["process"] if gil_bound else ["thread"])  # epoch 2 starts on its kind
+    moved = gil_bound and affordable
+    assert kinds == (["process"] if moved else ["thread"])  # epoch 2 starts on its kind
     assert loader.stats()["auto"]["num_workers"] == 2
 
 
@@ -316,17 +327,19 @@ def test_persistent_workers_keep_the_last_pool(quick, monkeypatch, tmp_path):
     assert first + second == batches(make(2), epochs=3)
 
 
+def outcomes(loader):
+    """Each batch of an epoch, or the last line of the error raised in its place."""
+    out, it = [], iter(loader)
+    for _ in range(len(loader)):
+        try:
+            out.append(next(it).tolist())
+        except ValueError as e:
+            out.append(str(e).splitlines()[-1])
+    return out
+
+
 def test_errors_are_a_fixed_loaders(quick, monkeypatch):
     scripted(monkeypatch, [2])
-
-    def outcomes(loader):
-        out, it = [], iter(loader)
-        for _ in range(len(loader)):
-            try:
-                out.append(next(it).tolist())
-            except ValueError as e:
-                out.append(str(e).splitlines()[-1])
-        return out
 
     auto = outcomes(rloader.DataLoader(Ints(fail_at=30), batch_size=2, num_workers="auto"))
     fixed = outcomes(rloader.DataLoader(Ints(fail_at=30), batch_size=2, num_workers=2))
@@ -440,13 +453,15 @@ def test_decide():
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
     assert _auto.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
     # ... and in the first epoch by what starting the pool costs against what the rest of the
-    # epoch would save: then from the next epoch on, if a whole epoch saves more (or the pool
-    # is started once: persistent workers), else not at all
-    late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20)
+    # epoch would save: then from the next epoch on, if a whole epoch saves more, else not at
+    # all
+    late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, start_s=0.05)
     assert _auto.decide(late._replace(epoch_batches=1000)).deferred
-    assert _auto.decide(late._replace(persistent=True)).deferred
+    # (a persistent pool, started once: if ``PAYBACK_EPOCHS`` whole epochs win it back)
+    assert _auto.decide(late._replace(epoch_batches=20, persistent=True)).deferred
+    assert _auto.decide(late._replace(epoch_batches=20)) is None
     assert _auto.decide(late._replace(epoch_batches=40)) is None
-    later = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, first_epoch=False)
+    later = late._replace(first_epoch=False)
     assert not _auto.decide(later).deferred
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
     # little work, or little waiting: stays
@@ -462,9 +477,31 @@ def test_decide():
     # memory measured over the budget shrinks the pool
     over = window(workers=4, wait_s=0.5, user_s=0.1, work_s=1.0, budget=2 << 20)
     assert _auto.decide(over).workers == 2
+    # a pool at its cap whose consumer waits, no faster than the main process was: back to it
+    slow = window(workers=8, wait_s=0.2, user_s=0.01, work_s=1.0, main_loop=0.02)
+    assert _auto.decide(slow) == (0, _auto.decide(slow).reason, False, True)
+    assert _auto.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
+    assert _auto.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
+    # ... not while its workers take well over the main process's work per batch (processes
+    # copying the pages they touch after the fork)
+    assert _auto.decide(slow._replace(main_work=0.05)) is None  # 100 ms a batch against 50
+    assert _auto.decide(slow._replace(main_work=0.08)).no_gain
+    # threads are flagged short of 3/4 of the speedup their number promises: 8 threads on 8
+    # cores, 100 ms of work a batch in the main process: 12.5 ms ideally, 21 ms measured
+    # (``AutoIter._no_gain`` may keep them)
+    threads = slow._replace(kind="thread", main_loop=0.1, main_work=0.1)
+    assert _auto.decide(threads).no_gain
+    assert _auto.decide(threads._replace(main_loop=0.2, main_work=0.2)) is None  # 25 ms ideally
+    # ... and the main process starts no such pool until it would be clearly faster
+    busy = window(wait_s=0.1, user_s=0.01, work_s=0.1)  # 11 ms a batch
+    assert _auto.decide(busy._replace(no_gain=0.0105)) is None
+    assert _auto.decide(busy._replace(no_gain=0.005)).workers > 0
     # threads whose work mostly waits may outnumber the cores
     io = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.01, kind="thread", cores=2)
     assert _auto.decide(io).workers == 2 * _auto.THREADS_PER_CORE
+    # ... unless other processes kept the machine busy meanwhile: then the low CPU share may
+    # be this process's descheduling
+    assert _auto.decide(io._replace(others=1.0)).workers == 2
 
 
 def test_spawned_workers_under_auto(quick, monkeypatch):
@@ -522,3 +559,274 @@ def test_a_dropped_persistent_loader_stops_its_workers_at_once(quick, monkeypatc
         assert pool.stopped
     finally:
         gc.enable()
+
+
+def test_the_main_process_engine_recycles_the_loaders_batch_memory(monkeypatch):
+    # The in-process engine collates into the loader's recycled memory (its record's
+    # BatchBuffers), as a fixed num_workers=0 loader does, not into new memory each epoch
+    # (which cost uint8 [3, 224, 224] batches of 64 half their speed).
+    from rloader._loader_record import record_of
+
+    monkeypatch.setattr(_auto, "decide", lambda window: None)  # the main process throughout
+    loader = rloader.DataLoader(Ints(), batch_size=4, num_workers="auto")
+    first = batches(loader)
+    buffers = record_of(loader).buffers
+    assert buffers is not None
+    assert batches(loader) == first == batches(rloader.DataLoader(Ints(), batch_size=4))
+    assert record_of(loader).buffers is buffers
+    assert chosen(loader) == [0]
+
+
+class SlowEngine:
+    """An engine whose batches from workers each take ``cost`` of the fake clock to arrive
+    (the clock stands still while the consumer really waits)."""
+
+    def __init__(self, it, clock, cost):
+        self.it, self.clock, self.cost = it, clock, cost
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self.it)
+        self.clock.now += self.cost() if callable(self.cost) else self.cost
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self.it, name)
+
+
+def slow_pools(monkeypatch, clock, cost, creation=0.0):
+    """Pools whose batches each keep the consumer waiting ``cost`` (or ``cost()``); starting
+    one takes ``creation`` per worker (of the fake clock)."""
+    from rloader import dataloader
+
+    real = dataloader._engine
+
+    def engine(view, keys, base_seed, kind):
+        it = real(view, keys, base_seed, kind)
+        if view.num_workers == 0:
+            return it
+        clock.now += creation * view.num_workers
+        return SlowEngine(it, clock, cost)
+
+    monkeypatch.setattr(dataloader, "_engine", engine)
+
+
+def recorded_windows(monkeypatch):
+    windows = []
+    real = _auto.decide
+
+    def decide(window):
+        windows.append(window)
+        return real(window)
+
+    monkeypatch.setattr(_auto, "decide", decide)
+    return windows
+
+
+def stepped(loader, clock, step=0.001):
+    out = []
+    for b in loader:
+        out.append(b.tolist())
+        clock.now += step
+    return out
+
+
+def test_a_pool_no_faster_than_the_main_process_goes_back_and_is_retried_later(quick, monkeypatch):
+    # The main process: 20 ms of work and a 1 ms step per batch. A pool of 4 keeps the
+    # consumer waiting 20 ms a batch: no faster (its transport costs what it saves).
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.02)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [0, 4, 0]
+    assert "no faster than the main process" in loader.stats()["auto"]["decisions"][2]["reason"]
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [0]  # remembered: no pool of that kind
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [0, 4, 0]  # two epochs later, retried (a busy machine passes)
+    for _ in range(3):
+        stepped(loader, clock)
+        assert chosen(loader) == [0]  # ... then held twice as long
+    stepped(loader, clock)
+    assert chosen(loader) == [0, 4, 0]
+
+
+@pytest.mark.parametrize("affordable", [True, False])
+@pytest.mark.parametrize("pool_wait", [0.02, 0.018])
+def test_threads_no_faster_than_the_main_process_make_way_for_processes(
+    quick, monkeypatch, affordable, pool_wait
+):
+    # worker_type="auto": threads whose CPU-bound work goes no faster than in the main process
+    # (the GIL), or not by a fifth, are kept to the epoch's end, and the next epoch starts
+    # processes; unless starting processes costs more than an epoch could save: then back to
+    # the main process, or, threads somewhat faster (19 ms a batch against 21), kept.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, pool_wait)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 0)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 0.01 if affordable else 1e3)
+    loader = rloader.DataLoader(
+        Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto", worker_type="auto"
+    )
+    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert stepped(loader, clock) == expected
+    kinds = [(d["num_workers"], d["worker_type"]) for d in loader.stats()["auto"]["decisions"]]
+    kept = not affordable and pool_wait < 0.02
+    if affordable or kept:
+        assert kinds == [(0, "main"), (4, "thread")]
+    else:
+        assert kinds == [(0, "main"), (4, "thread"), (0, "main")]
+    assert loader.stats()["auto"]["next_worker_type"] == ("process" if affordable else None)
+    assert stepped(loader, clock) == expected
+    kinds = [(d["num_workers"], d["worker_type"]) for d in loader.stats()["auto"]["decisions"]]
+    assert kinds[0] == ((4, "process") if affordable else (4, "thread") if kept else (0, "main"))
+
+
+def test_the_start_of_a_pool_is_measured(quick, monkeypatch):
+    # Creating the pool takes 0.5 s per worker (fake clock): what the loader's later decisions
+    # count per worker started, not the estimate.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.0, creation=0.5)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 1 << 30)
+    windows = recorded_windows(monkeypatch)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(loader, clock)
+    assert chosen(loader)[:2] == [0, 4]
+    assert windows[0].start_s == _auto.start_cost("process", 1 << 30)
+    assert windows[-1].workers > 0 and windows[-1].start_s == pytest.approx(0.5)
+    # the estimate before a measurement grows with the process's size (fork's page tables)
+    assert _auto.start_cost("process", 4 << 30) > _auto.start_cost("process", 1 << 30)
+    assert _auto.start_cost("thread", 4 << 30) == _auto.THREAD_START_S
+
+
+def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
+    # Its first batches fill new batch memory (2 ms each for uint8 [3, 224, 224] × 64, against
+    # 0.3 ms later): the first window starts after them.
+    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 2)
+    clock = fake_clock(monkeypatch)
+    windows = recorded_windows(monkeypatch)
+
+    class Cold(Ints):
+        def __getitem__(self, i):
+            if i < 4:  # the first two batches of two
+                clock.now += 1.0
+            return super().__getitem__(i)
+
+    loader = rloader.DataLoader(Cold(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(loader, clock)
+    first = windows[0]
+    assert first.workers == 0
+    assert first.wait_s / first.batches == pytest.approx(0.02)
+    # ... unless the epoch is too short to leave a window after them
+    windows.clear()
+    short = rloader.DataLoader(Cold(n=10, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(short, clock)
+    assert windows[0].batches == 4 and windows[0].wait_s > 2.0  # (the first two: 1 s each)
+
+
+def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monkeypatch):
+    # As in the test above, but other processes keep 2 cores busy meanwhile: the pool may be
+    # slow because of them; it is kept.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.02)
+    monkeypatch.setattr(_auto, "machine_cpu", lambda: 2 * clock.now)
+    monkeypatch.setattr(_auto, "loader_cpu", lambda pids: 0.0)
+    windows = recorded_windows(monkeypatch)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    assert stepped(loader, clock) == batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert chosen(loader) == [0, 4]
+    assert windows[-1].others == pytest.approx(2.0)
+
+
+def tight_budget(monkeypatch):
+    """A budget of 300 MiB, each worker process 100 MiB: pools of 2 and 3 do not fit together."""
+    monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
+    monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)
+    monkeypatch.setattr(_auto, "own_memory", lambda: 100 << 20)
+
+
+def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quick, monkeypatch):
+    from rloader import dataloader
+
+    scripted(monkeypatch, [2, None, 3])
+    tight_budget(monkeypatch)
+    pools = []  # each pool's worker pids, and whether the earlier pools' were alive at its start
+    real = dataloader._engine
+
+    def engine(view, keys, base_seed, kind):
+        alive = [os.path.exists(f"/proc/{pid}") for pids in pools for pid in pids]
+        it = real(view, keys, base_seed, kind)
+        pools.append(_auto.worker_pids(it))
+        engine.alive.append(alive)
+        return it
+
+    engine.alive = []
+    monkeypatch.setattr(dataloader, "_engine", engine)
+    loader = loader_of("auto", 3)
+    it = iter(loader)
+    head = []
+    while len(chosen(loader)) < 3:
+        head.append(next(it).tolist())
+    head.append(next(it).tolist())  # a batch the old pool had in flight (drained)
+    assert chosen(loader) == [0, 2, 3]
+    assert engine.alive == [[], [], [False, False]]  # the pool of 2 had stopped
+    state = pickle.loads(pickle.dumps(loader.state_dict()))  # (counts what was handed out)
+    rest = [b.tolist() for b in it]
+    whole = batches(loader_of(0, 3))[0]
+    assert head + rest == whole
+    resumed = loader_of("auto", 3)
+    resumed.load_state_dict(state)
+    assert head + batches(resumed)[0] == whole
+
+
+def test_an_error_in_the_batches_of_a_drained_pool_is_a_fixed_loaders(quick, monkeypatch):
+    scripted(monkeypatch, [2, None, 3])
+    tight_budget(monkeypatch)
+    dry = rloader.DataLoader(Ints(), batch_size=2, num_workers="auto")
+    batches(dry)
+    switch = dry.stats()["auto"]["decisions"][2]["batch"]
+    fail_at = 2 * switch + 2  # in the batch after the first one the old pool had in flight
+
+    scripted(monkeypatch, [2, None, 3])  # (the same decisions again)
+    auto_loader = rloader.DataLoader(Ints(fail_at=fail_at), batch_size=2, num_workers="auto")
+    auto = outcomes(auto_loader)
+    assert chosen(auto_loader) == [0, 2, 3]
+    fixed = outcomes(rloader.DataLoader(Ints(fail_at=fail_at), batch_size=2, num_workers=2))
+    assert auto == fixed
+    assert f"ValueError: bad sample {fail_at}" in auto[switch + 1]
+
+
+def test_an_epochs_short_last_window_does_not_judge_a_pool_no_faster(quick, monkeypatch):
+    # The pool is faster than the main process (6 ms a batch against 21) until the epoch's
+    # last 5 batches, which take 51 ms: the last window after earlier ones is a short tail, too
+    # little evidence to send the next epoch back to the main process.
+    monkeypatch.setattr(_auto, "NO_GAIN_WINDOW_S", 1.0)
+    clock = fake_clock(monkeypatch)
+    taken = []
+    slow_pools(monkeypatch, clock, lambda: 0.05 if len(taken) >= 195 else 0.005)
+    loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    for b in loader:
+        taken.append(b)
+        clock.now += 0.001
+    assert chosen(loader) == [0, 4]
+    assert loader.stats()["auto"]["next_num_workers"] is None
+
+
+def test_the_loaders_own_bookkeeping_is_in_the_consumers_loop(quick, monkeypatch):
+    # Deciding takes the consumer's time too (reading /proc, and taking the GIL back from busy
+    # thread workers after each read): 0.5 s of it per batch here, against a 1 ms step.
+    clock = fake_clock(monkeypatch)
+    windows = recorded_windows(monkeypatch)
+    real = _auto.AutoIter._decide
+
+    def slow_decide(self):
+        clock.now += 0.5
+        real(self)
+
+    monkeypatch.setattr(_auto.AutoIter, "_decide", slow_decide)
+    loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    stepped(loader, clock)
+    w = windows[0]
+    assert w.user_s / w.batches > 0.3  # (the step alone: 1 ms)

@@ -14,12 +14,21 @@ change.
   in-flight batches come first, then the new one's, which were drawn after them. So the batches,
   their order and contents are those of any fixed loader over the same sampler stream, with
   every engine's batches handed out in order (``in_order=False`` is not used under auto).
+  Where the old pool and the new one together would exceed the memory budget, the old one is
+  drained first (``_drain``: its in-flight batches are taken into ``_Engine.drained`` and
+  its workers stopped before the new pool starts), so the budget holds during the switch
+  too; the batches are handed out from there in order, and an error among them is raised
+  in its place (then the old pool's workers, not stopped, serve the rest). ``_progress``
+  counts what the consumer was handed, not what was drained (``state_dict()``).
 - Seeds. The base seed is drawn once per iterator (a fixed loader's draw) and every pool of the
   iterator starts its workers with it: worker ``i`` of any pool gets torch's seed
   ``base_seed + i``, runs ``worker_init_fn(i)``, and ``get_worker_info()`` says that pool's
   ``num_workers``. A worker's dataset copy lives as long as its pool.
 - Decisions (``decide``, a pure function of a ``Window`` of measurements): the consumer's time
-  per batch outside ``next()`` (``user``) and inside it (``wait``), the loader's work per batch
+  per batch outside ``next()`` (``user``, with this iterator's own bookkeeping: ``_decide``
+  reads /proc, and with busy thread workers each read gives the GIL away for up to the switch
+  interval: uncounted, 2 pure-Python threads measured 0.42 ms a batch and ran at 0.67) and
+  inside it (``wait``), the loader's work per batch
   (fetch + collate + pin, summed over workers: ``work``), and in the main process the CPU time
   of that work (``cpu``). In process: workers once the work per batch is worth moving (at least
   ``MIN_WORK_S`` and ``MIN_WAIT_SHARE`` of the consumer's loop), as many as ``work / user``
@@ -30,18 +39,52 @@ change.
   pool has handed out its first round of batches and the old one has drained, so start-up
   does not read as waiting; turning back (a shrink after a growth in the epoch, or the other
   way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
-  measured before the next). Bounds: the usable cores
-  (``os.sched_getaffinity``; threads that mostly wait may outnumber them), the memory budget
+  measured before the next). The main process's windows start after its first
+  ``MAIN_WARM_BATCHES`` batches (they fill new batch memory: 2-3 ms against 0.3 ms for uint8
+  [3, 224, 224] × 64), unless the epoch is too short to leave a window after them.
+  Back to the main process: a pool at its cap whose consumer still waits and whose loop per
+  batch is above ``NO_GAIN`` × the main process's (its transport costs what it moves off,
+  its threads take turns on the GIL, or it shares the cores with the consumer); not a pool
+  of processes whose work per batch is above ``WARM_WORK`` × the main process's (they are
+  still copying the pages they touch after the fork, or are descheduled). Not while
+  other processes used more than ``OTHERS_MAX`` cores during the window (``machine_cpu``
+  less ``loader_cpu``, from /proc's 10 ms ticks, so such a window goes on for
+  ``NO_GAIN_WINDOW_S``): the machine's load, not the pool, may have slowed it (2 processes
+  of pure Python measured no faster than the main process while another program kept a core
+  busy). Remembered for its kind (``_no_gain``): the main process starts none again until
+  it would be clearly faster (``RETRY_SHARE``) or for 2 epochs, then 4, 8 (a busy machine
+  may have made it look slow). An epoch's last window judges so only if it covers the pool's
+  whole epoch or ``NO_GAIN_WINDOW_S`` (not a short tail after earlier windows). A pool whose
+  consumer never waits shrinks to none when the main process's work per batch is under
+  ``MIN_WAIT_SHARE`` of the loop.
+  Bounds: the usable cores
+  (``os.sched_getaffinity``; threads that mostly wait may outnumber them, unless other
+  processes used ``BUSY_OTHERS`` cores during the window: then a low CPU share may be this
+  process's descheduling: 10 threads for token windows from a memmap, 0.2 ms of work a
+  batch, while another program ran), the memory budget
   (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
   PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
   per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
-  pool whose start — ``PROCESS_START_S`` or ``THREAD_START_S`` per worker — the rest of the
-  epoch would not win back).
+  pool whose start the rest of the epoch would not win back; from the next epoch on, if a
+  whole epoch would, or ``PAYBACK_EPOCHS`` epochs for persistent workers). A start per
+  worker is measured (``_measure_start``: the pool's creation, which the consumer waits for,
+  and the consumer's waits for its first round), per kind; before a measurement it is
+  estimated (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of
+  this process's RSS, which fork's page tables grow with; ``THREAD_START_S``).
 - Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
-  the next epoch's pools are processes (``_gil_check``, at the epoch's end): the kind changes
+  the next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool
+  short of ``THREAD_EFFICIENCY`` of the speedup its number (up to the cores) promises over
+  the main process's loop, whose work holds its CPU (share at least ``WAITING_SHARE``),
+  serves to the epoch's end and the next epoch's pool is one of processes
+  (``_processes_next``); else it is kept if below ``NO_GAIN`` × the main process's loop, or
+  back to the main process (``_no_gain``). Either way to processes only if they could win
+  their start back (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if
+  persistent). (A
+  batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
+  its work per batch is not inflated, only the throughput is not higher.) The kind changes
   only between epochs. The main process's CPU share of the work bounds how many threads the
   cores carry (threads that mostly wait may outnumber them).
 - Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
@@ -56,6 +99,7 @@ change.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -78,7 +122,8 @@ log = logging.getLogger("rloader")
 
 AUTO = "auto"
 PREFETCH = 2  # prefetch_factor="auto", until it is measured too
-MIN_WORK_S = 0.0005  # less work per batch than this stays in the main process (processes)
+MIN_WORK_S = 0.00015  # less work per batch than this stays in the main process (processes;
+# a pool no faster than the main process goes back to it: ``NO_GAIN``)
 MIN_THREAD_WORK_S = 0.0001  # ... (threads: no start-up, no copy)
 MIN_WAIT_SHARE = 0.05  # ... or less than this share of the consumer's loop
 GROW_WAIT_SHARE = 0.05  # a pool grows when the consumer waits more than this share
@@ -95,8 +140,29 @@ MIN_WINDOW_S = 0.05  # ... and seconds
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
-PROCESS_START_S = 0.05  # what starting one worker process costs the consumer, about
+PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
+PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
+# (fork copies its page tables; 2 workers took 40 ms at 0.6 GiB, 228 ms at 5.3 GiB)
 THREAD_START_S = 0.002  # ... one worker thread
+NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
+# process's is not worth it: back to the main process
+RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share of the main
+# process's (the work grew), or ``no_gain_epochs`` epochs have passed (a busy machine may have
+# made it look slow): 2, then twice as many after each retry that finds it no faster again
+THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speedup their number
+# (up to the cores) promises over the main process may be taking turns on the GIL: processes
+# may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
+PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
+WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
+# judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
+MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
+OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
+# a pool no faster (the machine's load, not the pool, may be what slowed it)
+NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least this long (the
+# load is counted in 10 ms ticks); an epoch's last window judges if shorter only when it is
+# the pool's first (its whole life)
+BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of the main
+# process's work is read as its descheduling, not as waiting work
 
 
 class AutoWorkers(int):
@@ -172,6 +238,34 @@ def memory_budget() -> int:
             ) from None
     available = _proc_kb("/proc/meminfo", "MemAvailable:")
     return (available or (8 << 30)) // 2
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_cpu() -> Optional[float]:
+    """CPU seconds all of the machine's processes have used, summed over its cores (/proc/stat:
+    all but idle and iowait; steal, a VM's time taken by others, counts as used)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+
+
+def loader_cpu(pids: list) -> float:
+    """CPU seconds this process (all its threads) and its worker processes ``pids`` have used."""
+    times = os.times()
+    total = times.user + times.system
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def worker_pids(it) -> list:
@@ -250,21 +344,29 @@ class Window(NamedTuple):
     first_epoch: bool = True  # the loader's first: a pool started now pays for itself in it
     epoch_batches: Optional[int] = None  # batches in an epoch (None: unknown)
     persistent: bool = False  # a pool, once started, serves the later epochs too
+    main_loop: Optional[float] = None  # the consumer's loop per batch in the main process
+    main_work: Optional[float] = None  # the work per batch in the main process
+    no_gain: Optional[float] = None  # a pool of this kind's loop per batch, found no faster
+    start_s: Optional[float] = None  # starting one worker of this kind (None: the estimate)
+    others: Optional[float] = None  # cores other processes used meanwhile (None: unknown)
 
 
 class Decision(NamedTuple):
     workers: int
     reason: str
     deferred: bool = False  # worth it, but from the next epoch's start on
+    no_gain: bool = False  # back to the main process: the pool was no faster
 
 
 def worker_cap(w: Window) -> int:
     """The most workers of ``w.kind`` the cores and the budget allow."""
     cores = w.cores
     share = w.cpu_s / w.work_s if w.cpu_s is not None and w.work_s > 0 else None
-    if share is not None and share < WAITING_SHARE:
-        # work that mostly waits; (above this, a low share may only be a busy machine's
-        # descheduling, and the work is taken as needing its cores)
+    busy = w.others is not None and w.others >= BUSY_OTHERS
+    if share is not None and share < WAITING_SHARE and not busy:
+        # work that mostly waits; (above this, or while other processes load the machine, a
+        # low share may only be this process's descheduling, and the work is taken as
+        # needing its cores)
         per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
         cores = max(cores, int(cores / max(share, 1.0 / per_core)))
     elif w.kind == "thread":
@@ -273,10 +375,13 @@ def worker_cap(w: Window) -> int:
     return max(0, min(cores, by_memory))
 
 
-def start_cost(kind: str) -> float:
-    """Seconds the consumer loses per worker started (a first estimate: the process's start
-    and its first batch; a thread's is small)."""
-    return THREAD_START_S if kind == "thread" else PROCESS_START_S
+def start_cost(kind: str, rss: Optional[int] = None) -> float:
+    """Seconds the consumer loses per worker started, before a start is measured: a thread's
+    is small; a process's grows with this process's resident size ``rss`` (fork copies its
+    page tables, and the child's first touches copy pages)."""
+    if kind == "thread":
+        return THREAD_START_S
+    return PROCESS_START_S + PROCESS_START_PER_GIB * (rss or 0) / (1 << 30)
 
 
 def decide(w: Window) -> Optional[Decision]:
@@ -289,6 +394,28 @@ def decide(w: Window) -> Optional[Decision]:
     numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
+    quiet = w.others is None or w.others < OTHERS_MAX
+    slow = w.main_loop is not None and loop > NO_GAIN * w.main_loop
+    if w.kind == "thread" and w.main_loop is not None and w.main_work is not None:
+        # (threads short of the speedup their number promises may be taking turns on the GIL:
+        # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster than
+        # the main process otherwise)
+        ideal = max(w.main_loop - w.main_work, w.main_work / max(1, min(w.workers, w.cores)))
+        slow = loop * THREAD_EFFICIENCY > ideal
+    # (processes whose work per batch is well above the main process's are still copying the
+    # pages they touch after the fork, or are descheduled: not judged yet)
+    warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
+    if w.workers > 0 and w.main_loop is not None and slow and quiet:
+        # The consumer waits on a pool that may not grow and is no faster than the main
+        # process was (its transport costs what it saves, its workers take turns on the GIL,
+        # or they share the cores with the consumer): back to the main process.
+        if wait > GROW_WAIT_SHARE * loop and w.workers >= cap and not warming:
+            return Decision(
+                0,
+                f"no faster than the main process (loop {loop * 1e3:.2f} ms a batch against "
+                f"{w.main_loop * 1e3:.2f} ms; {numbers})",
+                no_gain=True,
+            )
     wanted = w.workers
     if user > 0:
         wanted = math.ceil(work / user * HEADROOM)
@@ -298,16 +425,21 @@ def decide(w: Window) -> Optional[Decision]:
         min_work = MIN_THREAD_WORK_S if w.kind == "thread" else MIN_WORK_S
         if work < min_work or loop <= 0 or wait < MIN_WAIT_SHARE * loop or cap < 1:
             return None
+        if w.no_gain is not None and w.no_gain > RETRY_SHARE * loop:
+            return None  # a pool of this kind was no faster, and the work has not grown since
         target, why = max(1, min(wanted, cap)), "the consumer waits on the main process"
     elif wait > GROW_WAIT_SHARE * loop and work > 0:
         target = min(max(wanted, w.workers + 1), 2 * w.workers, cap)
         why = "the consumer waits"
     elif wait < SHRINK_WAIT_SHARE * loop and wanted <= SHRINK_RATIO * w.workers:
         target, why = max(1, wanted), "the workers idle"
+        if w.main_work is not None and w.main_work < MIN_WAIT_SHARE * (user + w.main_work):
+            # the main process would cost the consumer less than it takes to start a pool
+            target, why = 0, "the workers idle; the main process's work is a small share"
     else:
         return None
     reason = f"{why} ({numbers}, cap {cap})"
-    if target == w.workers or target <= 0:
+    if target == w.workers or (target <= 0 and w.workers == 0):
         return None
     if w.remaining is not None and target > w.workers:
         wanted_later = target  # what a whole epoch asks for
@@ -316,12 +448,12 @@ def decide(w: Window) -> Optional[Decision]:
         # In the first epoch the time its rest would save must pay for starting the pool
         # (later epochs start on it at once, as a fixed loader starts its own).
         gain = w.remaining * wait * (1 - max(w.workers, 1) / max(target, 1))
-        cost = start_cost(w.kind)
+        cost = start_cost(w.kind) if w.start_s is None else w.start_s
         if w.first_epoch and (target <= w.workers or gain < target * cost):
             # From the next epoch on, if a whole epoch wins its start back (or the pool is
             # started once: persistent workers).
             whole = (w.epoch_batches or 0) * wait * (1 - max(w.workers, 1) / wanted_later)
-            if w.persistent or whole >= wanted_later * cost:
+            if whole * (PAYBACK_EPOCHS if w.persistent else 1) >= wanted_later * cost:
                 return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
             return None
         if target <= w.workers:
@@ -340,6 +472,10 @@ class Learned:
         self.kind: Optional[str] = None
         self.cpu_share: Optional[float] = None
         self.base_work: Optional[float] = None  # seconds of work per batch in the main process
+        self.main_loop: Optional[float] = None  # the consumer's loop per batch there
+        self.no_gain: dict = {}  # kind: (a pool's loop per batch, found no faster; epochs)
+        self.no_gain_epochs: dict = {}  # kind: epochs a no_gain entry holds
+        self.start_s: dict = {}  # kind: measured seconds to start one worker of that kind
         self.per_worker: Optional[int] = None
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
         self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
@@ -413,7 +549,29 @@ class _Engine:
         self.stages = _stages(it._stats.as_dict())  # at the start: subtracted from later reads
         self.window_start = dict(self.stages)
         self.memory_due = 0.0  # when its workers' memory is read next (clock())
-        self.warm = workers == 0  # has handed out its first round (``AutoIter._decide``)
+        self.warm = False  # has handed out its first round (``AutoIter._decide``)
+        self.start_s: Optional[float] = None  # its start, while measured (``AutoIter._next``)
+        # Its in-flight batches, taken before its workers were stopped (``AutoIter._drain``),
+        # and whether that took all it drew (else an error ended the taking: the rest follows).
+        self.drained: Optional[collections.deque] = None
+        self.exhausted = False
+        self.first_window = True  # its windows this epoch have not ended yet (``_last_window``)
+
+    def next(self):
+        """Its next batch: the drained ones first."""
+        if self.drained:
+            item = self.drained.popleft()
+            if isinstance(item, _Raised):
+                raise item.error
+            return item
+        if self.exhausted:
+            raise StopIteration
+        return next(self.it)
+
+    @property
+    def handed(self) -> int:
+        """Batches it has handed out to the consumer."""
+        return self.it._progress[0] - len(self.drained or ())
 
     def stop(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
@@ -428,6 +586,10 @@ class _Engine:
     def stopped(self) -> bool:
         pool = getattr(self.it, "_rloader_pool", None)
         return bool(getattr(pool, "stopped", False))
+
+
+class _Raised(NamedTuple):
+    error: BaseException
 
 
 _STAGES = ("fetch_s", "collate_s", "transport_s", "pin_s")
@@ -541,7 +703,7 @@ class AutoIter:
 
     @property
     def _progress(self) -> tuple:
-        taken = self._taken_done + sum(e.it._progress[0] for e in self._engines)
+        taken = self._taken_done + sum(e.handed for e in self._engines)
         return taken, self._finished
 
     def __iter__(self) -> "AutoIter":
@@ -621,6 +783,9 @@ class AutoIter:
         engine.it._reset(segment, reported_len)
         engine.segment = segment
         engine.warm = True  # its workers run, and _reset sent the first tasks
+        engine.start_s = None  # (no start to measure)
+        engine.drained, engine.exhausted = None, False  # (the last engine is never drained)
+        engine.first_window = True
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
         self._engines.append(engine)
@@ -646,6 +811,10 @@ class AutoIter:
             self._engines[-1].segment.closed = True
         segment = None if self._iterable else _Segment(self._source)
         kind = self._kind() if workers > 0 else "main"  # (the main process)
+        old = self._engines[-1] if self._engines else None
+        if old is not None and old.workers and workers and old.drained is None:
+            if (old.workers + workers) * self._per_worker(kind) > self._budget:
+                self._drain(old)  # the two pools together would exceed the memory budget
         view = _EngineView(
             loader,
             num_workers=workers,
@@ -657,12 +826,17 @@ class AutoIter:
         )
         from . import dataloader  # (imports this module)
 
+        created = clock()
         with warnings.catch_warnings():
             if not self._first_engine:  # torch's warnings (pin_memory's) once per epoch
                 warnings.simplefilter("ignore")
             it = dataloader._engine(view, segment, self._base_seed, kind)
         self._first_engine = False
         engine = _Engine(it, workers, kind, segment)
+        if workers > 0:
+            # its start, measured: this (the consumer waits for the pool's creation), then
+            # the consumer's waits for its first round of batches (``_next``)
+            engine.start_s = clock() - created
         self._engines.append(engine)
         self._stats.live.append(engine)
         self._learned.workers = workers
@@ -692,9 +866,108 @@ class AutoIter:
         self._w_batches = 0
         self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
         self._w_started = clock()
+        self._w_load = None
+        self._w_hold_s = 0.0  # a window that goes on is looked at again after this long
+        self._w_hold_batches = 0  # ... and this many batches
         if self._engines:
             engine = self._engines[-1]
             engine.window_start = _stages(engine.it._stats.as_dict())
+            self._w_load = self._load(engine)
+
+    def _load(self, engine: _Engine) -> tuple:
+        """(wall, the machine's CPU, this loader's CPU) now (``Window.others``)."""
+        return clock(), machine_cpu(), loader_cpu(worker_pids(engine.it))
+
+    def _others(self, engine: _Engine) -> Optional[float]:
+        """Cores other processes used since the window began (None: unknown)."""
+        if self._w_load is None:
+            return None
+        wall0, machine0, own0 = self._w_load
+        wall, machine, own = self._load(engine)
+        if machine is None or machine0 is None or wall - wall0 < 0.8 * MIN_WINDOW_S:
+            return None  # (too few ticks to tell)
+        return max(0.0, (machine - machine0) - (own - own0)) / (wall - wall0)
+
+    def _warm_batches(self, engine: _Engine) -> int:
+        if engine.workers:
+            return engine.workers * self._prefetch
+        epoch = self._epoch_batches()
+        if epoch is not None and epoch < MIN_WINDOW + MAIN_WARM_BATCHES:
+            return 0  # an epoch too short for both: its window counts every batch
+        return MAIN_WARM_BATCHES
+
+    def _start_cost(self, kind: str) -> float:
+        """Seconds to start one worker of ``kind``: the loader's last measured start, else the
+        estimate (``start_cost``)."""
+        measured = self._learned.start_s.get(kind)
+        return measured if measured is not None else start_cost(kind, own_memory())
+
+    def _no_gain(self, engine: _Engine, window: Window) -> bool:
+        """``engine``'s pool was no faster than the main process: remembered for its kind (the
+        main process starts none again for a while: ``RETRY_SHARE``).
+        Under ``worker_type="auto"``, threads whose work holds its CPU make way for processes
+        from the next epoch, if a whole epoch could win their start back; then the threads
+        (as fast as the main process) serve to the epoch's end: True."""
+        learned = self._learned
+        if self._stats.next_kind == "process" and engine.kind == "thread":
+            return True  # (decided at an earlier window)
+        loop = (window.wait_s + window.user_s) / max(window.batches, 1)
+        if not self._processes_next(engine, window):
+            if window.main_loop is not None and loop <= NO_GAIN * window.main_loop:
+                return True  # threads somewhat faster than the main process: kept
+            retried = engine.kind in learned.no_gain
+            learned.no_gain[engine.kind] = (loop, learned.epochs)
+            held = learned.no_gain_epochs.get(engine.kind)
+            learned.no_gain_epochs[engine.kind] = 2 * held if retried and held else 2
+            return False
+        learned.no_gain["thread"] = (loop, learned.epochs)
+        self._stats.next_kind = "process"  # (``_end_epoch`` makes it the loader's kind)
+        log.debug(
+            "rloader auto: processes from the next epoch: %d threads were no faster than the "
+            "main process (%.2f ms a batch)",
+            engine.workers,
+            (window.main_loop or 0) * 1e3,
+        )
+        return True
+
+    def _processes_next(self, engine: _Engine, window: Window) -> bool:
+        """Whether threads no faster than the main process make way for processes: under
+        ``worker_type="auto"``, for work that holds its CPU, if a whole epoch could win their
+        start back and processes were not found no faster themselves."""
+        learned = self._learned
+        if (
+            self._kind_fixed is not None
+            or engine.kind != "thread"
+            or self._no_gain_loop("process") is not None
+            or learned.cpu_share is None
+            or learned.cpu_share < WAITING_SHARE
+            or not learned.base_work
+        ):
+            return False
+        return self._processes_affordable(engine)
+
+    def _processes_affordable(self, engine: _Engine) -> bool:
+        """Whether as many processes as ``engine`` has threads could win their start back:
+        in an epoch, or ``PAYBACK_EPOCHS`` if persistent (the main process's work per batch,
+        spread over them, is what they could save)."""
+        learned = self._learned
+        if not learned.base_work:
+            return False
+        workers = max(engine.workers, 2)
+        saved = (self._epoch_batches() or 0) * learned.base_work * (1 - 1 / workers)
+        saved *= PAYBACK_EPOCHS if self._persistent else 1
+        return saved >= workers * self._start_cost("process")
+
+    def _no_gain_loop(self, kind: str) -> Optional[float]:
+        """The loop per batch of a pool of ``kind`` found no faster, while that holds."""
+        learned = self._learned
+        entry = learned.no_gain.get(kind)
+        if entry is None:
+            return None
+        loop, epoch = entry
+        if learned.epochs - epoch >= learned.no_gain_epochs.get(kind, 1):
+            return None
+        return loop
 
     def _window(self, engine: _Engine) -> Window:
         """The current window's measurements (tests replace this)."""
@@ -705,6 +978,7 @@ class AutoIter:
                 learned.cpu_share = cpu / work
             if self._w_batches:
                 learned.base_work = work / self._w_batches
+                learned.main_loop = (self._w_wait + self._w_user) / self._w_batches
         else:
             now = _stages(engine.it._stats.as_dict())
             work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
@@ -739,6 +1013,11 @@ class AutoIter:
             first_epoch=learned.epochs == 0,
             epoch_batches=self._epoch_batches(),
             persistent=self._persistent,
+            main_loop=learned.main_loop,
+            main_work=learned.base_work,
+            no_gain=self._no_gain_loop(kind),
+            start_s=self._start_cost(kind),
+            others=self._others(engine),
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
@@ -750,7 +1029,11 @@ class AutoIter:
         engine = self._engines[-1] if self._engines else None
         if self._kind_fixed is not None or engine is None or engine.kind != "thread":
             return
-        if engine.workers >= 2 and (self._inflation or 0) > GIL_SHARE * engine.workers:
+        if (
+            engine.workers >= 2
+            and (self._inflation or 0) > GIL_SHARE * engine.workers
+            and self._processes_affordable(engine)
+        ):
             self._learned.kind = "process"
             self._stats.next_kind = "process"
             log.debug(
@@ -791,22 +1074,33 @@ class AutoIter:
             return
         if not engine.warm:
             # A new pool's start (and the old one's last batches) would read as waiting: its
-            # windows begin once it has handed out its first round of prefetched batches.
-            if len(self._engines) > 1 or engine.it._progress[0] < engine.workers * self._prefetch:
+            # windows begin once it has handed out its first round of prefetched batches. The
+            # main process's first batches fill new batch memory: its windows begin after them.
+            if len(self._engines) > 1 or engine.it._progress[0] < self._warm_batches(engine):
                 return
             engine.warm = True
             self._window_reset()
             return
         minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch)
-        if self._w_batches < minimum or clock() - self._w_started < MIN_WINDOW_S:
+        now = clock()
+        if self._w_batches < max(minimum, self._w_hold_batches) or now - self._w_started < max(
+            MIN_WINDOW_S, self._w_hold_s
+        ):
             return
         window = self._window(engine)
         decision = decide(window)
+        if decision is not None and decision.no_gain and now - self._w_started < NO_GAIN_WINDOW_S:
+            self._w_hold_s = NO_GAIN_WINDOW_S  # the window goes on: a pool judged no faster
+            return  # wants more evidence
         if decision is not None and not decision.deferred and not self._iterable:
             direction = 1 if decision.workers > engine.workers else -1
             if direction == -self._direction and self._w_batches < 2 * minimum:
-                return  # turning back needs twice the evidence (hysteresis): the window goes on
+                self._w_hold_batches = 2 * minimum  # turning back needs twice the evidence
+                return  # (hysteresis): the window goes on
             self._direction = direction
+        if decision is not None and decision.no_gain and self._no_gain(engine, window):
+            decision = None  # the pool is kept to the epoch's end; processes follow
+        engine.first_window = False  # (a new window begins, or a new engine)
         if self._iterable:  # the count is for the next epoch
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
@@ -848,7 +1142,13 @@ class AutoIter:
             if self._closed or not self._engines:
                 self._finished = True
                 raise StopIteration
+            decided = clock()
             self._decide()
+            if self._w_started < decided:
+                # (the consumer waits for this bookkeeping too, and for the GIL it takes back
+                # from busy thread workers after each read of /proc: its own time, a pool's
+                # loop is measured with it; not where a window began in it)
+                self._w_user += clock() - decided
             engine = self._engines[0]
             in_process = engine.workers == 0
             if in_process:
@@ -857,7 +1157,7 @@ class AutoIter:
             try:
                 # (only this is the consumer's wait for data to a decision: this iterator's own
                 # bookkeeping, a switch, a retired pool's stop are not what a pool can change)
-                batch = next(engine.it)
+                batch = engine.next()
             except StopIteration:
                 if len(self._engines) > 1 or (engine.segment is not None and engine.segment.closed):
                     self._retire(engine)
@@ -870,7 +1170,16 @@ class AutoIter:
                 if in_process:
                     self._w_cpu += cpu_clock() - cpu0
                     self._w_work += waited
+                elif engine.start_s is not None:
+                    self._measure_start(engine, waited)
             return batch
+
+    def _measure_start(self, engine: _Engine, waited: float) -> None:
+        """A new pool's start: its creation and the consumer's waits for its first round."""
+        engine.start_s += waited
+        if engine.it._progress[0] >= self._warm_batches(engine):
+            self._learned.start_s[engine.kind] = engine.start_s / engine.workers
+            engine.start_s = None
 
     def _last_window(self) -> None:
         """The epoch's last window, even if short (an epoch shorter than a window would never
@@ -882,17 +1191,44 @@ class AutoIter:
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
             return
-        if decision.workers > engine.workers and not self._persistent:
+        if decision.no_gain:
+            if not engine.first_window and clock() - self._w_started < NO_GAIN_WINDOW_S:
+                return  # a short tail after earlier windows: too little evidence
+            if self._no_gain(engine, window):
+                return  # the next epoch: as many processes
+        if decision.workers > engine.workers:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
+            # (a persistent one: ``PAYBACK_EPOCHS``)
             wait = window.wait_s / window.batches
             whole = (
                 (window.epoch_batches or 0) * wait * (1 - max(engine.workers, 1) / decision.workers)
             )
-            if whole < decision.workers * start_cost(window.kind):
+            if whole * (PAYBACK_EPOCHS if self._persistent else 1) < decision.workers * (
+                window.start_s or 0.0
+            ):
                 return
         self._learned.deferred = None
         self._learned.workers = decision.workers
         self._stats.next_workers = decision.workers
+
+    def _drain(self, engine: _Engine) -> None:
+        """Takes the in-flight batches of ``engine`` (its segment closed: it draws nothing more)
+        and stops its workers, so that they are gone before the next pool starts; the batches
+        are handed out from ``engine.drained`` in order. An error while taking them is kept in
+        its place, raised when the consumer reaches it, and the engine's workers serve the
+        rest, as before (they are not stopped)."""
+        items: collections.deque = collections.deque()
+        engine.drained = items
+        while True:
+            try:
+                items.append(next(engine.it))
+            except StopIteration:
+                break
+            except Exception as error:
+                items.append(_Raised(error))
+                return
+        engine.exhausted = True
+        engine.stop()
 
     def _retire(self, engine: _Engine) -> None:
         """An engine whose segment was closed has handed out all it drew."""
@@ -901,7 +1237,7 @@ class AutoIter:
         now = _stages(engine.it._stats.as_dict())
         for k in _STAGES:
             self._stats.done[k] += now[k] - engine.stages[k]
-        self._taken_done += engine.it._progress[0]
+        self._taken_done += engine.handed
         engine.stop()
 
     def _end_epoch(self) -> None:
@@ -918,9 +1254,13 @@ class AutoIter:
         self._gil_check()
         if self._iterable and self._engines and self._w_batches:
             engine = self._engines[-1]
-            window = self._window(engine)
-            decision = decide(window._replace(remaining=None))
+            window = self._window(engine)._replace(remaining=None)
+            decision = decide(window)
+            if decision is not None and decision.no_gain and self._no_gain(engine, window):
+                decision = None  # as many processes
             self._learned.wanted = decision.workers if decision else engine.workers
+        if self._stats.next_kind is not None:
+            learned.kind = self._stats.next_kind
         if not self._persistent:
             for engine in self._engines:
                 engine.stop()

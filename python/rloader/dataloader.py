@@ -398,7 +398,7 @@ def _batch_buffers(loader: DataLoader, pin) -> _rloader.BatchBuffers:
     registered with the driver, so a batch is pinned where it was collated (NOTE [Pinned
     blocks]); a loader whose ``pin_memory`` changed gets new memory."""
     pinning = _cuda_host.slot_pinning() if pin is not None else None
-    record = record_of(loader)
+    record = record_of(getattr(loader, "_rloader_owner", loader))  # an auto engine's: its loader
     buffers = record.buffers
     if buffers is None or buffers._pinned != (pinning is not None):
         buffers = record.buffers = _rloader.BatchBuffers()
