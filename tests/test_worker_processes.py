@@ -13,6 +13,7 @@ import random
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -516,3 +517,32 @@ def test_ctrl_c_while_workers_are_joined_still_stops_every_worker():
         _process_pool._stop_processes(procs)
     assert all(proc._closed for proc in procs)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)  # killed and reaped
+
+
+class _HoldsALambda(tud.Dataset):
+    """Cannot be pickled for a spawned worker: it holds a lambda."""
+
+    def __init__(self) -> None:
+        self.transform = lambda x: x
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return self.transform(i)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_dataset_that_will_not_pickle_for_a_worker_fails_as_torchs(context):
+    # The pickling error, and the warning the installed torch gives with it (newer ones say
+    # to try the fork start method; older ones say nothing).
+    seen = {}
+    for lib in (tud, rloader):
+        loader = lib.DataLoader(_HoldsALambda(), num_workers=1, multiprocessing_context=context)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(Exception) as err:
+                next(iter(loader))
+        texts = [str(w.message) for w in caught if "pickle" in str(w.message)]
+        seen[lib] = (type(err.value), texts)
+    assert seen[rloader] == seen[tud]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Optional
 
 import torch
 import torch.utils.data as tud
@@ -42,6 +43,34 @@ def _subset_requires_getitems() -> bool:
 
 
 SUBSET_REQUIRES_GETITEMS = _subset_requires_getitems()
+
+
+@functools.lru_cache(maxsize=None)
+def worker_pickle_warning() -> Optional[str]:
+    """The UserWarning torch gives when a worker process's arguments do not pickle (under
+    spawn or forkserver, Python 3.14's default), read from the installed torch's source, which
+    newer versions have and older ones lack: None where it gives none. Asked on that error's
+    path only."""
+    import ast
+    import inspect
+
+    from torch.utils.data import dataloader
+
+    try:
+        tree = ast.parse(inspect.getsource(dataloader._MultiProcessingDataLoaderIter))
+    except (OSError, TypeError, SyntaxError, AttributeError):
+        return None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "warn"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("Got pickle error")
+        ):
+            return node.args[0].value
+    return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import warnings
 import weakref
 from typing import Optional
 
@@ -248,7 +249,13 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
                 dataset_ended=dataset_states[worker_id][1],
             )
             proc = context.Process(target=_worker_main, args=(spec,), daemon=True)
-            proc.start()
+            try:
+                proc.start()
+            except (TypeError, AttributeError, pickle.PicklingError):
+                text = _compat.worker_pickle_warning()  # torch's words, where it has them
+                if text is not None:
+                    warnings.warn(text, stacklevel=2)
+                raise
             pool.procs.append(proc)
     except BaseException:
         finalizer()
