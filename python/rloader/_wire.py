@@ -113,12 +113,13 @@ class _BatchPickler(pickle.Pickler):
                 data = obj.reshape(-1).view(torch.uint8).numpy()
             return _rebuild_tensor, (pickle.PickleBuffer(data), obj.dtype, shape)
         stride = obj.stride()
-        if obj.numel() == 0:
-            first, end = offset, offset
-        else:
-            first = offset
-            end = offset + 1 + sum(st * (n - 1) for st, n in zip(stride, shape))
-        span = (end - first) * itemsize
+        # The elements it reaches: from its offset (strides are never negative) to its last.
+        end = (
+            offset + 1 + sum(st * (n - 1) for st, n in zip(stride, shape))
+            if obj.numel()
+            else offset
+        )
+        span = (end - offset) * itemsize
         whole = torch.empty((0,), dtype=torch.uint8).set_(storage)
         if nbytes <= span + _STORAGE_SLACK:
             key = (storage.data_ptr(), nbytes)
@@ -126,7 +127,7 @@ class _BatchPickler(pickle.Pickler):
             if shared is None:
                 shared = self._storages[key] = _Storage(whole.numpy())
             return _rebuild_strided, (shared, obj.dtype, shape, stride, offset)
-        part = _Storage(whole[first * itemsize : end * itemsize].numpy())
+        part = _Storage(whole[offset * itemsize : end * itemsize].numpy())
         return _rebuild_strided, (part, obj.dtype, shape, stride, 0)
 
 

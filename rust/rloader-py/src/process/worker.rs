@@ -231,15 +231,14 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
                 let state = state.cast::<PyBytes>()?.as_bytes();
                 send(&[&wire::header(kind::ENDED, worker_id, task), state])?
             }
-            Err(e) if !e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
-                // SystemExit (a library's sys.exit), KeyboardInterrupt: not an error of the
-                // batch but the end of this process, as in torch's workers (whose loop catches
-                // Exception only): the main process reports the worker's death and exit code.
-                slots::with_arena(|a| a.finish(false));
-                return Err(e);
-            }
             Err(e) => {
                 slots::with_arena(|a| a.finish(false));
+                if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+                    // SystemExit (a library's sys.exit), KeyboardInterrupt: not an error of
+                    // the batch but the end of this process, as in torch's workers (whose loop
+                    // catches Exception only): the main process reports the worker's death.
+                    return Err(e);
+                }
                 let wrapped = hooks.call_method1("dump_error", (e.value(py), e.traceback(py)))?;
                 send(&[
                     &wire::header(kind::ERROR, worker_id, task),
