@@ -34,7 +34,13 @@
 //! Pinned pools keep up to twice as many free blocks as were ever out at once (torch's
 //! pinned-memory allocator keeps every block it made), and round block sizes up to size
 //! classes (`block_len`), so batches of varying sizes share blocks: registering is far dearer
-//! than reusing.
+//! than reusing. A pinned pool's blocks are shared mappings (`MAP_SHARED`), not private
+//! ones: at `fork()` Linux copies at once every private page that may be pinned for the
+//! device (instead of sharing it copy-on-write), so registered private blocks would cost each
+//! worker process started later a copy of all of them (on a 16-core GPU host, ~220 ms a fork
+//! with ~1 GB of blocks), while shared pages are never copied. A forked child sees the same
+//! bytes (it never writes a batch it inherited; the main process reuses a block only once its
+//! batches are gone there).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -68,11 +74,13 @@ pub enum Release {
     Never,
 }
 
-/// One anonymous private mapping of whole pages, unmapped on drop (unregistered first if it is
-/// registered).
+/// One anonymous mapping of whole pages, private or (pinned pools) shared, unmapped on drop
+/// (unregistered first if it is registered).
 pub struct Block {
     ptr: NonNull<u8>,
     len: usize,
+    /// A shared mapping (NOTE [Pinned blocks]): the only kind a pinned pool registers.
+    shared: bool,
     /// Some while registered with this driver.
     pinned: Option<Arc<dyn Pinning>>,
 }
@@ -83,14 +91,19 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    fn map(len: usize) -> std::io::Result<Block> {
+    fn map(len: usize, shared: bool) -> std::io::Result<Block> {
+        let kind = if shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        };
         // SAFETY: a fresh anonymous mapping, touching no existing memory.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                kind | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
@@ -102,6 +115,7 @@ impl Block {
         Ok(Block {
             ptr,
             len,
+            shared,
             pinned: None,
         })
     }
@@ -223,10 +237,12 @@ impl BatchMemory {
             let mut free = lock(&self.free);
             let pinning = free.pinning.clone();
             let len = block_len(len, pinning.is_some());
+            // (a pinned pool's blocks are shared; one mapped before `set_pinning` is not used)
+            let fits = |b: &Block| b.len == len && b.shared == pinning.is_some();
             let ready = free
                 .blocks
                 .iter()
-                .rposition(|(b, fence)| b.len == len && fence.is_none());
+                .rposition(|(b, fence)| fits(b) && fence.is_none());
             match ready {
                 // (`remove`, not `swap_remove`: the list stays oldest first, for eviction)
                 Some(i) => (Some(free.blocks.remove(i).0), Vec::new(), pinning, len),
@@ -236,7 +252,7 @@ impl BatchMemory {
                     let fenced: Vec<(usize, Arc<dyn Fence>)> = free
                         .blocks
                         .iter()
-                        .filter(|(b, _)| b.len == len)
+                        .filter(|(b, _)| fits(b))
                         .filter_map(|(b, f)| Some((b.ptr.as_ptr() as usize, f.clone()?)))
                         .collect();
                     (None, fenced, pinning, len)
@@ -248,10 +264,10 @@ impl BatchMemory {
             None => self.first_done(fenced),
         };
         if block.is_none() {
-            block = Some(Block::map(len)?);
+            block = Some(Block::map(len, pinning.is_some())?);
         }
         let mut block = block.expect("a block was found or mapped");
-        if let (Some(pinning), None) = (&pinning, &block.pinned) {
+        if let (Some(pinning), None, true) = (&pinning, &block.pinned, block.shared) {
             if pinning.register(block.ptr.as_ptr() as usize, block.len) {
                 block.pinned = Some(pinning.clone());
             }
@@ -500,6 +516,59 @@ mod tests {
 
     fn log(driver: &FakeDriver) -> Vec<String> {
         std::mem::take(&mut *driver.log.lock().unwrap())
+    }
+
+    /// What a forked child that writes `byte` into the block's first byte leaves there for
+    /// this process.
+    fn after_child_writes(block: &PooledBlock, byte: u8) -> u8 {
+        let ptr = block.as_ptr();
+        // SAFETY: the child only writes one byte of a block it inherited and exits at once
+        // (no allocation, no lock: safe in a child of a multi-threaded process).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            unsafe {
+                ptr.write_volatile(byte);
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        // SAFETY: the block is ours and at least one byte long.
+        unsafe { ptr.read_volatile() }
+    }
+
+    #[test]
+    fn pinned_blocks_are_shared_with_forked_children_and_plain_ones_are_copied_on_write() {
+        // Linux copies a child's private pages pinned for the device at fork(): a pinned
+        // pool's blocks are shared mappings, which it never copies (NOTE [Pinned blocks]).
+        let (pool, _driver) = pinned_pool(4);
+        let pinned = pool.take(10_000).unwrap();
+        assert!(pinned.is_pinned());
+        assert_eq!(after_child_writes(&pinned, 0xAB), 0xAB, "a shared mapping");
+        let plain = BatchMemory::new(4).take(10_000).unwrap();
+        // SAFETY: the block is ours and at least one byte long.
+        unsafe { plain.as_ptr().write(1) };
+        assert_eq!(after_child_writes(&plain, 0xAB), 1, "a private mapping");
+    }
+
+    #[test]
+    fn a_pinned_pool_leaves_blocks_mapped_before_it_pinned_unregistered() {
+        let pool = BatchMemory::new(4);
+        let private = pool.take(64 << 10).unwrap();
+        let private_ptr = private.as_ptr();
+        drop(private);
+        let driver = Arc::new(FakeDriver::default());
+        assert!(pool.set_pinning(Arc::new(Driver(driver.clone()))));
+        let block = pool.take(64 << 10).unwrap();
+        assert_ne!(
+            block.as_ptr(),
+            private_ptr,
+            "a private block is never registered"
+        );
+        assert!(block.is_pinned());
     }
 
     #[test]
