@@ -14,7 +14,7 @@ import torch
 import torch.utils.data as tud
 
 import rloader
-from rloader import _auto
+from rloader import _auto, _process_pool
 
 N = 96
 
@@ -752,13 +752,22 @@ def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quic
 
     scripted(monkeypatch, [2, None, 3])
     tight_budget(monkeypatch)
-    pools = []  # each pool's worker pids, and whether the earlier pools' were alive at its start
+    # Each pool's worker pids as they start (NOTE [Staged start]), and whether the earlier
+    # pools' were alive when the next pool started.
+    pids_of: dict = {}
+    real_start = _process_pool._Starter.start_next
+
+    def start_next(starter):
+        took = real_start(starter)
+        pids_of.setdefault(id(starter.pool), set()).update(p.pid for p in starter.pool.procs)
+        return took
+
+    monkeypatch.setattr(_process_pool._Starter, "start_next", start_next)
     real = dataloader._engine
 
     def engine(view, keys, base_seed, kind):
-        alive = [os.path.exists(f"/proc/{pid}") for pids in pools for pid in pids]
+        alive = [os.path.exists(f"/proc/{pid}") for pids in pids_of.values() for pid in pids]
         it = real(view, keys, base_seed, kind)
-        pools.append(_auto.worker_pids(it))
         engine.alive.append(alive)
         return it
 

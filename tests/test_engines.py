@@ -354,7 +354,8 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt(engine, pin, persistent
         rloader._pin_policy.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
         it = iter(rloader.DataLoader(Squares(100), batch_size=1, pin_memory={pin},
                                      **{engine.kwargs(4, persistent_workers=persistent)!r}))
-        next(it)
+        for _ in range(4):  # a batch from each worker: all are started (NOTE [Staged start])
+            next(it)
         import time
         expected = {4 if engine.name == "thread" else 0}
         deadline = time.monotonic() + 60  # a thread has its name once it runs: on a loaded

@@ -326,6 +326,14 @@ class CountedStream(tud.IterableDataset):
             yield torch.tensor([i])
 
 
+def start_every_worker(it) -> None:
+    """Starts the workers an rloader iterator has not started yet (NOTE [Staged start]: they
+    start as their batches are awaited), as torch starts all of them in ``iter()``."""
+    starter = getattr(it, "_starter", None)
+    if starter is not None:
+        starter.start_all()
+
+
 def test_an_iterable_datasets_workers_run_as_far_ahead_as_with_torch(pinning):
     # Its tasks are "next batch" tokens, drawn on the main thread as torch puts its indices.
     import multiprocessing
@@ -341,6 +349,7 @@ def test_an_iterable_datasets_workers_run_as_far_ahead_as_with_torch(pinning):
                 **kwargs,
             )
         )
+        start_every_worker(it)  # how far ahead they run, once running
         row = []
         for _ in range(4):
             threading.Event().wait(0.5)  # the workers fill what they may meanwhile
@@ -445,6 +454,7 @@ def test_out_of_order_tokens_no_worker_may_take_are_dropped_as_torch_drops_them(
                 **kwargs,
             )
         )
+        start_every_worker(it)  # how far ahead they run, once running
         row = []
         while True:
             threading.Event().wait(0.3)  # the workers fill what they may meanwhile

@@ -366,7 +366,7 @@ def test_workers_exit_when_the_main_process_dies(context):
         from _datasets import Squares
         it = iter(rloader.DataLoader(Squares(100), batch_size=1, num_workers=2,
                                      multiprocessing_context="{context}"))
-        next(it)
+        next(it), next(it)  # (worker 1 starts when its first batch is awaited)
         print(" ".join(str(p.pid) for p in it._rloader_pool.procs), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -546,3 +546,91 @@ def test_a_dataset_that_will_not_pickle_for_a_worker_fails_as_torchs(context):
         texts = [str(w.message) for w in caught if "pickle" in str(w.message)]
         seen[lib] = (type(err.value), texts)
     assert seen[rloader] == seen[tud]
+
+
+# ---------------------------------------------------------------- staged start
+
+
+class SentFirstBatch(tud.Dataset):
+    """Squares whose worker 0 sets ``sent`` on reading its second batch's first index: by then
+    it has sent its first batch (a worker answers its tasks one after the other)."""
+
+    def __init__(self, sent, second_batch_start: int) -> None:
+        self.sent, self.second_batch_start = sent, second_batch_start
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> int:
+        info = tud.get_worker_info()
+        if info is not None and info.id == 0 and i == self.second_batch_start:
+            self.sent.set()
+        return i * i
+
+
+def start_holding(sent):
+    """A fork context whose worker 0's start returns only once that worker has sent its first
+    batch: a start slower than the first batch, and no clock to depend on."""
+    base = multiprocessing.get_context("fork")
+
+    class Process(base.Process):  # type: ignore[name-defined,misc]
+        def start(self):
+            first = self._args[0]["worker_id"] == 0  # (start() drops _args)
+            super().start()
+            if first:
+                sent.wait(timeout=120)  # bounded: a failure fails the test, not hangs it
+
+    class Context(type(base)):
+        pass
+
+    Context.Process = Process
+    return Context()
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("pin", [False, True])
+def test_the_first_batch_does_not_wait_for_every_worker_to_start(pin, monkeypatch):
+    # NOTE [Staged start]: worker 0 is started in iter(), the others as their batches are
+    # awaited (or once the started ones had a start's time to answer). torch starts all four
+    # in iter(), so its first batch waits for four starts.
+    if pin:  # stood in for as in test_pin_thread.py: the main thread starts, the pin thread waits
+        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+    sent = multiprocessing.get_context("fork").Event()
+    dataset = SentFirstBatch(sent, second_batch_start=4 * 2)  # batch 4: worker 0's second
+    loader = rloader.DataLoader(
+        dataset,
+        batch_size=2,
+        num_workers=4,
+        pin_memory=pin,
+        multiprocessing_context=start_holding(sent),
+    )
+    it = iter(loader)
+    first = next(it)
+    assert len(it._rloader_pool.procs) == 1, "the first batch waited for other workers' starts"
+    rest = list(it)
+    assert len(it._rloader_pool.procs) == 4
+    assert same([first, *rest], list(tud.DataLoader(dataset, batch_size=2, num_workers=4)))
+
+
+def count_init(counter) -> None:
+    with counter.get_lock():
+        counter.value += 1
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_every_worker_runs_its_init_even_when_the_epoch_needs_fewer(persistent):
+    # One batch for four workers: torch starts all four, each runs worker_init_fn.
+    counter = multiprocessing.get_context("fork").Value("i", 0)
+    loader = rloader.DataLoader(
+        Squares(2),
+        batch_size=2,
+        num_workers=4,
+        persistent_workers=persistent,
+        worker_init_fn=lambda _: count_init(counter),
+        multiprocessing_context="fork",
+    )
+    assert same(list(loader), list(tud.DataLoader(Squares(2), batch_size=2)))
+    if persistent:
+        loader._iterator._shutdown_workers()  # (the others were joined at the epoch's end)
+    assert counter.value == 4

@@ -57,8 +57,15 @@ class PinnedBatches:
         drawn: int = 0,
         new_feed=None,
         reported_len=None,
+        stage=(None, 0.0, 0),
     ) -> None:
         self._source = source
+        # NOTE [Staged start] (process/pool.rs), from this thread: the pin thread waits for
+        # the answers, and the main thread starts the workers not started yet (the pool's
+        # ``_Starter``; the grace the first wait gives the started ones; the worker whose
+        # batch comes first).
+        self._starter, self._grace, self._first_worker = stage
+        self._grace_until: "float | None" = None
         # For (dataset, len(loader)) when that was asked of an IterableDataset's loader: torch
         # warns for each batch beyond it.
         self._len_warning = _len_warning(reported_len)
@@ -128,6 +135,8 @@ class PinnedBatches:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
+            if self._starter is not None and self._starter.pending:
+                wait = self._start_workers(wait)
             try:
                 kind, value, tag = self._queue.get(timeout=wait).pop()
             except queue.Empty:
@@ -165,6 +174,28 @@ class PinnedBatches:
             self._ended = self._finished = True
             raise StopIteration
 
+    def _start_workers(self, wait: float) -> float:
+        """Starts the next worker if the batch awaited is a worker's not started yet, or once
+        the started ones had their grace; returns how long to wait for the queue now."""
+        starter = self._starter
+        if starter.pool.stopped:
+            return wait
+        started = len(starter.pool.procs)
+        # Tasks go round the workers in order: the batch awaited is this worker's (but for
+        # iterable datasets whose workers ended: then the grace decides).
+        awaited = (self._first_worker + self._taken) % (started + len(starter.pending))
+        now = time.monotonic()
+        if self._grace_until is None:
+            self._grace_until = now + self._grace
+        if awaited < started and now < self._grace_until:
+            return min(wait, self._grace_until - now)
+        try:
+            starter.start_next()
+        except BaseException:
+            self._shutdown_workers()
+            raise
+        return 0.0  # the queue is looked at between two starts
+
     @property
     def _progress(self) -> tuple:
         """(batches handed out this epoch, whether it ended), as ``PoolIter._progress``."""
@@ -179,6 +210,8 @@ class PinnedBatches:
         """A new epoch on persistent workers."""
         self._len_warning = _len_warning(reported_len)
         self._halt()
+        if self._starter is not None:
+            self._starter.start_all()  # the old epoch's answers are drained below
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
         self._taken, self._finished = 0, False
         if self._new_feed is not None:  # keys is None for an iterable dataset: tokens

@@ -22,6 +22,10 @@ atexit hook). It asks each worker to stop, waits up to ``_JOIN_TIMEOUT`` seconds
 terminates and kills stragglers, and only then hands the region back to the loader. Workers
 also exit on their own when the main process dies: the kernel
 signals them (PR_SET_PDEATHSIG) and their wait loop checks the parent every 100 ms.
+
+Workers are started one by one: worker 0 in ``iter()``, the others from the waits for their
+answers (``_Starter``; NOTE [Staged start] in process/pool.rs says when), so the first
+batch does not wait for every worker's start.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import time
 import warnings
 import weakref
 from typing import Optional
@@ -118,6 +123,40 @@ class _Pool:
         loader = self.loader()
         if loader is not None:
             record_of(loader).region = self.region
+
+
+class _Starter:
+    """The workers of a pool not started yet, and how to start them (NOTE [Staged start] in
+    process/pool.rs). Held by the iterator alone (the Rust ``PoolIter``, or ``PinnedBatches``),
+    never by the pool, which the iterator's finalizer holds: the specs hold the dataset, which
+    may refer back to the loader and its iterator, and such a cycle must stay collectable."""
+
+    def __init__(self, pool: _Pool, context, specs: list) -> None:
+        self.pool, self.context, self.pending = pool, context, specs
+
+    def start_next(self) -> float:
+        """Starts the next worker not started yet; returns the seconds its start took."""
+        if self.pool.stopped:  # workers not started are not started now
+            self.pending = []
+        if not self.pending:
+            return 0.0
+        spec = self.pending.pop(0)
+        started = time.perf_counter()
+        proc = self.context.Process(target=_worker_main, args=(spec,), daemon=True)
+        try:
+            proc.start()
+        except (TypeError, AttributeError, pickle.PicklingError):
+            text = _compat.worker_pickle_warning()  # torch's words, where it has them
+            if text is not None:
+                warnings.warn(text, stacklevel=2)
+            raise
+        self.pool.procs.append(proc)
+        return time.perf_counter() - started
+
+    def start_all(self) -> None:
+        """Starts every worker not started yet."""
+        while self.pending and not self.pool.stopped:
+            self.start_next()
 
 
 def _stop_processes(procs: list) -> None:
@@ -228,9 +267,11 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
     no_autoreaping()
     # From here on workers may exist: make sure they go, whatever happens.
     finalizer = weakref.finalize(it, pool.shutdown)
-    try:
-        for worker_id in range(loader.num_workers):
-            spec = dict(
+    starter = _Starter(
+        pool,
+        context,
+        [
+            dict(
                 region_fd=_RegionFd(region.fd),
                 worker_id=worker_id,
                 num_workers=loader.num_workers,
@@ -248,18 +289,25 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
                 dataset_state=dataset_states[worker_id][0],
                 dataset_ended=dataset_states[worker_id][1],
             )
-            proc = context.Process(target=_worker_main, args=(spec,), daemon=True)
-            try:
-                proc.start()
-            except (TypeError, AttributeError, pickle.PicklingError):
-                text = _compat.worker_pickle_warning()  # torch's words, where it has them
-                if text is not None:
-                    warnings.warn(text, stacklevel=2)
-                raise
-            pool.procs.append(proc)
+            for worker_id in range(loader.num_workers)
+        ],
+    )
+    try:
+        # Worker 0 now, the others from the waits for answers (NOTE [Staged start]).
+        grace = starter.start_next()
     except BaseException:
         finalizer()
         raise
+    if pin is None:
+        it._stage(starter, grace)
+    elif drawn < loader.num_workers:
+        # Fewer tasks than workers: some would owe nothing, and the pin thread may end the
+        # epoch before the main thread starts them (every worker runs, as torch's do).
+        try:
+            starter.start_all()
+        except BaseException:
+            finalizer()
+            raise
     if pin is not None:
         pinning = _cuda_host.slot_pinning()
         if pinning is not None:  # batches are pinned where the workers write them
@@ -273,6 +321,7 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
             drawn,
             new_feed,
             _reported_len(loader),
+            stage=(starter, grace, first_worker),
         )
     return it
 

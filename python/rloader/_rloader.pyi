@@ -90,6 +90,13 @@ class _PoolHooks(Protocol):
     def shutdown(self) -> None:
         """Stops the workers (idempotent; NOTE [Worker shutdown])."""
 
+class _Starter(Protocol):
+    """``rloader._process_pool._Starter``: the workers of a pool not started yet."""
+
+    pending: list[Any]
+    def start_next(self) -> float:
+        """Starts the next one (NOTE [Staged start]); returns the seconds it took."""
+
 class _WorkerHooks(Protocol):
     """``rloader._worker_process._WorkerHooks``: what ``worker_loop`` (process/worker.rs) asks of
     Python in a worker process."""
@@ -348,6 +355,7 @@ class PoolIter:
     ) -> None: ...
     def _shutdown_workers(self) -> None: ...
     def _prefill(self) -> None: ...
+    def _stage(self, starter: _Starter, grace: float) -> None: ...
     def _poll(self, wait: float) -> tuple[str, Any, tuple[int, int, Any] | None]: ...
 
 # handout/handouts.rs

@@ -233,6 +233,17 @@ impl<T> Scheduler<T> {
         self.active.get(worker).copied().unwrap_or(false)
     }
 
+    /// The worker whose answer is handed out next, in order: the one that holds the oldest
+    /// task not handed out, if it has not answered it (None out of order, where any answer
+    /// may be next, and when no task waits for an answer).
+    pub fn awaited_worker(&self) -> Option<usize> {
+        if !self.in_order {
+            return None;
+        }
+        let (_, first) = self.tasks.first_key_value()?;
+        first.result.is_none().then_some(first.worker)
+    }
+
     /// Unanswered tasks.
     pub fn outstanding(&self) -> usize {
         self.outstanding
@@ -291,6 +302,32 @@ impl<T> Scheduler<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_awaited_worker_is_the_one_holding_the_oldest_task() {
+        let mut s: Scheduler<u32> = Scheduler::new(3, 2, true);
+        assert_eq!(s.awaited_worker(), None, "no task yet");
+        let tasks: Vec<_> = (0..6).map(|_| s.assign().unwrap()).collect();
+        assert_eq!(tasks[..3], [(0, 0), (1, 1), (2, 2)]);
+        assert_eq!(s.awaited_worker(), Some(0));
+        s.on_result(1, 10); // worker 1 answers early: worker 0 is still awaited
+        assert_eq!(s.awaited_worker(), Some(0));
+        s.on_result(0, 9);
+        assert_eq!(
+            s.awaited_worker(),
+            None,
+            "the oldest task is answered: hand it out"
+        );
+        assert_eq!(s.next(), Next::Ready(9));
+        assert_eq!(s.next(), Next::Ready(10));
+        assert_eq!(s.awaited_worker(), Some(2));
+        let unordered: Scheduler<u32> = Scheduler::new(3, 2, false);
+        assert_eq!(
+            unordered.awaited_worker(),
+            None,
+            "out of order any answer may come next"
+        );
+    }
 
     /// Runs an epoch with instant workers that answer in the given arrival order permutation
     /// and returns the order in which results were handed out.

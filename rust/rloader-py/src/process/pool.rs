@@ -93,6 +93,14 @@ pub struct PoolIter {
     worker_states: bool,
     /// Batches arriving in slots are pinned there (`_pin_slots`, NOTE [Pinned slots]).
     pinned: Option<Arc<PinnedSlots>>,
+    /// Workers not started yet, started from this iterator's waits by `starter` (NOTE
+    /// [Staged start]; `rloader._process_pool._Starter`).
+    unstarted: usize,
+    starter: Option<Py<PyAny>>,
+    /// How long a wait lets the workers already started answer before it starts the next
+    /// (once per pool), and until when it does now.
+    grace: Duration,
+    grace_until: Option<Instant>,
 }
 
 /// Which task a batch (or error) handed out answered, the worker that made it, and with
@@ -159,7 +167,22 @@ impl PoolIter {
             hand_out: hand_out.state(py, num_workers, stats)?,
             worker_states,
             pinned: None,
+            unstarted: 0,
+            starter: None,
+            grace: Duration::ZERO,
+            grace_until: None,
         })
+    }
+
+    /// `starter.start_next()` starts the workers in `starter.pending`, the last ones, in
+    /// order, from this iterator's waits (NOTE [Staged start]); `grace`: seconds the first wait
+    /// lets the workers already started answer first (what starting one took).
+    fn _stage(&mut self, starter: Bound<'_, PyAny>, grace: f64) -> PyResult<()> {
+        let unstarted = starter.getattr("pending")?.len()?;
+        self.unstarted = unstarted.min(self.to_workers.len());
+        self.starter = Some(starter.unbind());
+        self.grace = Duration::try_from_secs_f64(grace).unwrap_or(Duration::ZERO);
+        Ok(())
     }
 
     /// From now on, batches that arrive in slots are pinned there: each slot registered with
@@ -282,6 +305,7 @@ impl PoolIter {
         }
         visit.call(&self.pool_region)?;
         visit.call(&self.hooks)?;
+        visit.call(&self.starter)?;
         self.hand_out.traverse(&visit, &self.scheduler)
     }
 
@@ -290,6 +314,8 @@ impl PoolIter {
             self.keys = None;
         }
         self.rloader_pool = None;
+        self.starter = None;
+        self.unstarted = 0;
         self.hand_out.clear();
         // Nothing more is sent or handed out (its finalizer still stops the workers).
         self.stopped = true;
@@ -376,6 +402,10 @@ impl PoolIter {
                 }
                 Next::Ready(Answer::Failed(err)) => return Ok(Arrival::Error(err, origin(None))),
                 Next::Done => {
+                    // Every worker runs, as torch's all do, if only its worker_init_fn.
+                    while self.unstarted > 0 {
+                        self.start_next(py)?;
+                    }
                     if !self.persistent {
                         self.shutdown(py)?;
                     }
@@ -491,6 +521,7 @@ impl PoolIter {
                 // a streamed task goes on to it slice by slice, its liveness checked between.
                 let streamed = Ring::frame_len(HEADER + body.len()) > ring.capacity();
                 let reading = workers_started
+                    && w < self.to_workers.len() - self.unstarted
                     && streamed
                     && self.scheduler.unanswered(w) == self.unsent[w].len();
                 // Otherwise one try, without waiting.
@@ -574,12 +605,72 @@ impl PoolIter {
             if until.is_some_and(|until| Instant::now() >= until) {
                 return Ok(false);
             }
+            let mut slice_end = deadline;
+            if self.unstarted > 0 {
+                match self.start_now() {
+                    None => {
+                        self.start_next(py)?;
+                        continue; // (and look for answers between two starts)
+                    }
+                    Some(grace_until) => {
+                        slice_end = Some(slice_end.map_or(grace_until, |d| d.min(grace_until)));
+                    }
+                }
+            }
             let bell = &self.doorbell;
-            let rang = wait::slice(py, deadline, |len| bell.wait(seen, len))?;
+            let rang = wait::slice(py, slice_end, |len| bell.wait(seen, len))?;
             if !rang && self.check_workers(py)? {
                 return Ok(true);
             }
         }
+    }
+
+    /// NOTE [Staged start]: starting a worker process costs the main process time that grows
+    /// with its memory (fork copies its page tables: tens of milliseconds in a process with a
+    /// CUDA context, more with memory pinned privately), and torch starts every worker in
+    /// `iter()`, so its first batch waits for all of them. Here `iter()` starts worker 0, which
+    /// finds its first tasks waiting (`_prefill`), and the others are started from the waits
+    /// for answers, in order, one at a time, with the answers taken in between: a batch that
+    /// is ready is handed out before the next start. A wait starts the next worker at once when
+    /// the answer it waits for is owed by a worker not started yet (or no started worker owes
+    /// any), and otherwise after letting the started ones answer for `grace` (what starting
+    /// worker 0 took), once per pool; from then on back to back. So the first batch comes
+    /// after one start instead of `num_workers`, and the pool is fully started at most one
+    /// start's time later than torch's would be. The epoch's end starts any left (every
+    /// worker runs, if only its `worker_init_fn`); stopping the pool starts none. Tasks are
+    /// assigned to workers not started yet as to the others (their rings hold them), so which
+    /// worker makes which batch is torch's. With `pin_memory`, the pin thread waits here, and
+    /// the main thread starts the workers instead (`PinnedBatches`), from its own waits:
+    /// `_stage` is then not called and this iterator starts none.
+    ///
+    /// None: start the next worker now; else wait no later than the instant returned.
+    fn start_now(&mut self) -> Option<Instant> {
+        let started = self.to_workers.len() - self.unstarted;
+        let answer_coming = match self.scheduler.awaited_worker() {
+            Some(w) => w < started,
+            None => (0..started).any(|w| self.scheduler.owes(w)),
+        };
+        if !answer_coming {
+            return None;
+        }
+        let until = *self
+            .grace_until
+            .get_or_insert_with(|| Instant::now() + self.grace);
+        (Instant::now() < until).then_some(until)
+    }
+
+    /// Starts the next worker (the starter's `start_next`); a failure stops the pool.
+    fn start_next(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.unstarted = self.unstarted.saturating_sub(1);
+        let Some(starter) = &self.starter else {
+            self.unstarted = 0;
+            return Ok(());
+        };
+        if let Err(err) = starter.bind(py).call_method0("start_next") {
+            self.shutdown(py)?;
+            return Err(err);
+        }
+        Ok(())
     }
 
     /// Takes in every whole answer waiting from worker `w`; true if there was one.
@@ -714,7 +805,9 @@ impl PoolIter {
             return Ok(());
         }
         self.stopped = true;
-        // `_Pool.shutdown` closes the rings (so the workers leave), then joins the workers.
+        self.unstarted = 0;
+        self.starter = None; // (its workers are not started now)
+                             // `_Pool.shutdown` closes the rings (so the workers leave), then joins the workers.
         self.hooks.bind(py).call_method0("shutdown")?;
         Ok(())
     }
