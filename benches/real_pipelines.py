@@ -182,9 +182,12 @@ def _write_jpeg(job) -> int:
     return len(data)
 
 
-def jpeg_folder(root: Path, quick: bool) -> Path:
-    """``train/class_NN/img_NNNNNN.jpg``: image i is in class i mod classes."""
+def jpeg_folder(root: Path, quick: bool, images: Optional[int] = None) -> Path:
+    """``train/class_NN/img_NNNNNN.jpg``: image i is in class i mod classes (``images`` of
+    them, or the size's default)."""
     p = image_params(quick)
+    if images is not None:
+        p["images"] = images
 
     def make(folder: Path) -> None:
         for c in range(p["classes"]):
