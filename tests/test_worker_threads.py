@@ -445,3 +445,62 @@ def test_async_timeout_and_no_threads_left_behind():
         next(it)
         del it
     assert no_worker_threads_within()
+
+
+# ---------------------------------------------------------------- the first batch (NOTE [Thread start])
+
+
+class WhoBegan(tud.Dataset):
+    """Squares that note which workers have begun, and which had when worker 0 fetched the last
+    sample of its first batch. (Thread workers share these lists: their copies are shallow.)"""
+
+    def __init__(self, n: int, batch_size: int, wait_for_another: bool = False) -> None:
+        self.n, self.batch_size = n, batch_size
+        self.began: list = []
+        self.at_first_batch: list = []
+        self.another = threading.Event()
+        self.waited: list = []
+        self.wait_for_another = wait_for_another
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        wid = tud.get_worker_info().id
+        if wid not in self.began:
+            self.began.append(wid)
+        if wid != 0:
+            self.another.set()
+        elif i == 0 and self.wait_for_another:  # bounded: a failure fails, it does not hang
+            self.waited.append(self.another.wait(timeout=60))
+        if wid == 0 and i == self.batch_size - 1 and not self.at_first_batch:
+            self.at_first_batch.append(sorted(self.began))
+        return i * i
+
+
+def test_the_first_batch_is_made_by_worker_0_alone():
+    dataset = WhoBegan(64, batch_size=4)
+    loader = rloader.DataLoader(dataset, batch_size=4, num_workers=4, worker_type="thread")
+    it = iter(loader)
+    it._first_batch_grace = 3600.0  # (no clock: the others wait for the first batch)
+    assert same(next(it), torch.tensor([0, 1, 4, 9]))
+    assert dataset.at_first_batch == [[0]]
+    assert same([*it], [torch.tensor([i * i for i in range(b, b + 4)]) for b in range(4, 64, 4)])
+    assert sorted(dataset.began) == [0, 1, 2, 3]
+
+
+def test_a_slow_first_batch_lets_the_other_workers_start():
+    # Worker 0's first sample waits for another worker to begin: only the grace lets one.
+    dataset = WhoBegan(64, batch_size=4, wait_for_another=True)
+    loader = rloader.DataLoader(dataset, batch_size=4, num_workers=2, worker_type="thread")
+    expected = [torch.tensor([i * i for i in range(b, b + 4)]) for b in range(0, 64, 4)]
+    assert same(list(loader), expected)
+    assert dataset.waited == [True]
+
+
+def test_an_iterator_dropped_before_its_first_batch_leaves_no_thread():
+    loader = rloader.DataLoader(Squares(64), batch_size=4, num_workers=4, worker_type="thread")
+    it = iter(loader)
+    del it
+    gc.collect()
+    assert no_worker_threads_within()

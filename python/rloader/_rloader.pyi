@@ -428,6 +428,7 @@ class ThreadIter:
 
     # rloader._threads.start_threads sets it (its ThreadPool); None until then.
     _rloader_pool: ThreadPool | None
+    _first_batch_grace: float
     def __new__(
         cls,
         *,

@@ -16,6 +16,10 @@ use crate::handout::{iterator_methods, Answer, HandOutOptions, HandOutState};
 use crate::sampling::{KeyBatch, SamplerKeys};
 use crate::wait;
 
+/// How long a wait for the first batch keeps the other worker threads from starting (NOTE
+/// [Thread start] in mod.rs).
+const FIRST_BATCH_GRACE_S: f64 = 0.005;
+
 /// The iterator `iter(DataLoader(..., num_workers>0, worker_type="thread"))` returns.
 // No instance `dict`: PyO3 allocates one after the object is tracked by the garbage collector
 // and before its fields are written, and a collection landing on that allocation ran
@@ -41,6 +45,10 @@ pub struct ThreadIter {
     /// What was handed out this epoch, by which worker (NOTE [Resume]: exact with
     /// in_order=False), and the pool's `Stats`.
     hand_out: HandOutState,
+    /// How long a wait for worker 0's first batch keeps the others at the gate, in seconds
+    /// (NOTE [Thread start] in mod.rs; tests set it).
+    #[pyo3(get, set, name = "_first_batch_grace")]
+    first_batch_grace: f64,
 }
 
 iterator_methods!(ThreadIter);
@@ -77,6 +85,7 @@ impl ThreadIter {
             restarted: 0,
             cleared: false,
             hand_out: hand_out.state(py, size, stats)?,
+            first_batch_grace: FIRST_BATCH_GRACE_S,
         })
     }
 
@@ -159,6 +168,7 @@ impl ThreadIter {
             }
             Some(answer) => answer,
         };
+        slf.pool.get().open_gate(); // a batch is out: every thread may start
         let (worker, task) = slf.scheduler.last_handed_out().unwrap_or_default();
         slf.hand_out.record(py, task, worker, None);
         let batch = answer.into_batch(py)?;
@@ -214,6 +224,26 @@ impl ThreadIter {
     fn wait_for_reports(&mut self, py: Python<'_>, started: Instant) -> PyResult<()> {
         let deadline = self.timeout.and_then(|limit| started.checked_add(limit));
         let pool = self.pool.get();
+        if !pool.gate_open() {
+            // NOTE [Thread start]: worker 0 alone, while the answer awaited is its own, for
+            // at most the grace.
+            let own = match self.scheduler.awaited_worker() {
+                Some(w) => w == 0,
+                None => self.scheduler.owes(0),
+            };
+            if own {
+                let grace =
+                    Duration::try_from_secs_f64(self.first_batch_grace).unwrap_or(Duration::ZERO);
+                let grace = grace
+                    .min(deadline.map_or(grace, |d| d.saturating_duration_since(Instant::now())));
+                let report = py.detach(|| lock(&pool.reports).recv_timeout(grace));
+                if let Ok(report) = report {
+                    self.take(report);
+                    return Ok(());
+                }
+            }
+            pool.open_gate();
+        }
         let first = wait::until(
             py,
             deadline,

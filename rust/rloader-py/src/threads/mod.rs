@@ -26,6 +26,16 @@
 //! finishes that call and leaves on its own) or when no one is left to take its reports. Python
 //! exceptions are answers, never the end of a thread; a thread that ends while it owes an
 //! answer is a fault (a panic), reported as `PoolError::ThreadExited`.
+//!
+//! NOTE [Thread start]: the threads of a pool take turns on the GIL, so a first batch made
+//! while every other thread makes its own comes after all of theirs (8 threads, (float32[3,
+//! 32, 32], int) × 256: 11 ms against 1.6 ms for one thread, on 2 cores). So the threads of a
+//! pool but worker 0 (which gets the first task) wait at a [`Gate`] before they attach to the
+//! interpreter: the iterator opens it once it has handed a batch out, when the answer it waits
+//! for is another worker's, or when a wait for worker 0 has lasted `FIRST_BATCH_GRACE_S` (a slow
+//! first batch lets the others start). Stopping the pool opens it too: a thread that finds the
+//! pool stopped at the gate leaves without running anything of the user's. An async
+//! dataset's threads (whose event loops take tasks as they are sent) are not held.
 
 mod iter;
 mod pool;
@@ -35,7 +45,7 @@ pub use iter::ThreadIter;
 pub use pool::{PoolStopper, ThreadPool};
 pub use worker::Reporter;
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 
@@ -78,4 +88,33 @@ pub struct FromWorker {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Where a pool's threads but worker 0 wait until the first batch is out (NOTE [Thread start]).
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    pub fn open(&self) {
+        let mut open = lock(&self.open);
+        if !*open {
+            *open = true;
+            self.opened.notify_all();
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        *lock(&self.open)
+    }
+
+    /// Blocks until the gate is open.
+    pub fn wait(&self) {
+        let mut open = lock(&self.open);
+        while !*open {
+            open = self.opened.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }

@@ -12,7 +12,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use rloader_workers::PoolError;
 
 use super::worker::{worker_main, WorkerSetup, WorkerSlot};
-use super::{lock, FromWorker, TaskKeys, ToWorker};
+use super::{lock, FromWorker, Gate, TaskKeys, ToWorker};
 use crate::errors::to_py;
 use crate::fetch::BatchOptions;
 use crate::stats::Stats;
@@ -44,6 +44,8 @@ pub struct ThreadPool {
 struct Control {
     /// WorkerSetup with the workers (`WorkerSetup::stop`).
     stop: Arc<AtomicBool>,
+    /// Where workers but worker 0 wait to start (NOTE [Thread start] in mod.rs).
+    gate: Arc<Gate>,
     /// With an async dataset, each worker's hooks, whose `submit` hands a task to the worker's
     /// event loop (NOTE [Async datasets]).
     loops: Option<Vec<Py<PyAny>>>,
@@ -88,10 +90,12 @@ impl ThreadPool {
         }
         let stats = Py::new(py, Stats::new())?;
         let stop = Arc::new(AtomicBool::new(false));
+        let gate = Arc::new(Gate::default());
         let auto_collation = batch.get().auto_collation();
         let setup = WorkerSetup {
             stats: stats.clone_ref(py),
             stop: stop.clone(),
+            gate: gate.clone(),
             iterable,
             asynchronous,
             batch,
@@ -119,6 +123,7 @@ impl ThreadPool {
         }
         let control = Control {
             stop,
+            gate,
             loops: asynchronous.then_some(loops),
             jobs: Mutex::new(jobs),
             handles: Mutex::new(handles),
@@ -157,6 +162,7 @@ impl ThreadPool {
     /// is let go of here (NOTE [Worker slots]).
     fn __clear__(&self) {
         self.control.stop.store(true, Ordering::Release);
+        self.control.gate.open();
         lock(&self.control.jobs).clear();
         for slot in &self.slots {
             let taken = match slot.try_lock() {
@@ -193,6 +199,7 @@ impl Control {
             return;
         }
         self.stop.store(true, Ordering::Release);
+        self.gate.open(); // a thread still at the gate leaves from there
         lock(&self.jobs).clear();
         for hooks in self.loops.iter().flatten() {
             // Stops its event loop (the thread then leaves); an error is the user's to see.
@@ -245,6 +252,15 @@ impl ThreadPool {
                 .map_err(|_| to_py(PoolError::ThreadExited { worker })),
             None => Err(to_py(PoolError::Stopped)),
         }
+    }
+
+    /// Lets every worker thread start (NOTE [Thread start] in mod.rs).
+    pub(super) fn open_gate(&self) {
+        self.control.gate.open();
+    }
+
+    pub(super) fn gate_open(&self) -> bool {
+        self.control.gate.is_open()
     }
 
     /// The first worker that has ended although the pool was not stopped.

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
+use super::{lock, FromWorker, Gate, TaskKeys, ToWorker, WorkerEvent};
 use crate::fetch::{BatchOptions, Fetcher};
 use crate::handout::Answer;
 use crate::sampling::KeyBatch;
@@ -27,6 +27,8 @@ pub(super) struct WorkerSetup {
     /// Set by `ThreadPool::stop`: workers leave before their next job, and a batch being
     /// fetched is abandoned between two samples (`Fetcher::with_stop`).
     pub(super) stop: Arc<AtomicBool>,
+    /// Where workers but worker 0 wait before they start (NOTE [Thread start] in mod.rs).
+    pub(super) gate: Arc<Gate>,
 }
 
 impl WorkerSetup {
@@ -37,6 +39,7 @@ impl WorkerSetup {
             batch: self.batch.clone_ref(py),
             stats: self.stats.clone_ref(py),
             stop: self.stop.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
@@ -205,6 +208,15 @@ pub(super) fn worker_main(
 ) {
     let asynchronous = setup.asynchronous;
     let stop = setup.stop.clone();
+    if id != 0 && !asynchronous {
+        setup.gate.wait(); // (NOTE [Thread start])
+        if stop.load(Ordering::Acquire) {
+            // Stopped before it started: it leaves without running the user's code (what it
+            // holds is let go of attached, unless the interpreter is shutting down).
+            let _ = Python::try_attach(move |_py| drop((hooks, setup)));
+            return;
+        }
+    }
     crate::collate::copy_on_this_thread_only();
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
