@@ -18,6 +18,9 @@ __all__ = ["PinnedBatches"]
 # How often a waiting pin thread looks at its stop flag (torch checks every 5 s; shorter here
 # because stopping it is how an abandoned iterator shuts its workers down).
 _POLL = 0.1
+# How long the main thread waits for the pin thread between two worker starts (NOTE [Staged
+# start] in process/pool.rs).
+_START_YIELD = 0.002
 
 
 def _len_warning(reported_len) -> "_rloader.LengthWarning | None":
@@ -194,7 +197,9 @@ class PinnedBatches:
         except BaseException:
             self._shutdown_workers()
             raise
-        return 0.0  # the queue is looked at between two starts
+        # The queue is looked at between two starts, for long enough to let the pin thread
+        # have the GIL (a start holds it throughout: back to back, they would starve it).
+        return min(wait, _START_YIELD)
 
     @property
     def _progress(self) -> tuple:
