@@ -90,15 +90,25 @@ def parse_setting(text: str) -> tuple[int, str]:
     return int(text[:-1]), {"p": "process", "t": "thread"}[text[-1]]
 
 
+WHY = False  # --why: print each auto epoch's decisions
+
+
 def run(loader, epochs: int, step: float) -> list[float]:
     """Seconds per epoch."""
     times = []
-    for _ in range(epochs):
+    for e in range(epochs):
         start = time.perf_counter()
         for _batch in loader:
             if step:
                 time.sleep(step)
         times.append(time.perf_counter() - start)
+        stats = loader.stats() if WHY and type(loader) is rloader.DataLoader else None
+        if stats is not None and "auto" in stats:
+            for d in stats["auto"]["decisions"]:
+                print(
+                    f"{'':27} epoch {e + 1} batch {d['batch']} ({d['at_s']:.3f} s): "
+                    f"{d['num_workers']} {d['worker_type']}: {d['reason']}"
+                )
     return times
 
 
@@ -199,6 +209,7 @@ def main() -> None:
     parser.add_argument("--settings", default=None, help=f"default: {SETTINGS}")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: .bench-data/")
     parser.add_argument("--budget", action="store_true", help="the memory budget row too")
+    parser.add_argument("--why", action="store_true", help="print auto's decisions, each epoch")
     parser.add_argument(
         "--no-persistent",
         dest="persistent",
@@ -206,6 +217,8 @@ def main() -> None:
         help="fixed and auto loaders without persistent_workers (each epoch starts its pools)",
     )
     args = parser.parse_args()
+    global WHY
+    WHY = args.why
     from real_pipelines import DEFAULT_DATA_DIR
 
     data_dir = args.data_dir or DEFAULT_DATA_DIR

@@ -415,7 +415,7 @@ def main() -> None:
         "--sections",
         nargs="+",
         default=["first", "imagefolder", "throughput"],
-        choices=["first", "imagefolder", "throughput"],
+        choices=["first", "imagefolder", "throughput", "forks"],
     )
     parser.add_argument("--first-workers", type=int, default=8)
     parser.add_argument("--first-one", default=None, help=argparse.SUPPRESS)
