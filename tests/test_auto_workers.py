@@ -839,3 +839,9 @@ def test_the_loaders_own_bookkeeping_is_in_the_consumers_loop(quick, monkeypatch
     stepped(loader, clock)
     w = windows[0]
     assert w.user_s / w.batches > 0.3  # (the step alone: 1 ms)
+
+
+def test_the_memory_probe_reads_a_few_workers_spread_over_a_large_pool():
+    assert _auto.sampled([7, 8]) == [7, 8]
+    assert _auto.sampled(list(range(16))) == [0, 5, 10, 15]
+    assert len(_auto.sampled(list(range(5)))) == _auto.PROBED_WORKERS

@@ -237,6 +237,21 @@ def test_a_persistent_loader_in_a_reference_cycle_is_collected(engine, via):
     assert no_worker_threads_within()
 
 
+@WORKERS
+def test_a_loader_in_a_reference_cycle_is_collected_before_its_first_batch(engine):
+    # The workers not started yet (NOTE [Staged start], NOTE [Thread start]) hold the dataset
+    # where the collector sees it.
+    dataset = Squares(20)
+    loader = rloader.DataLoader(dataset, batch_size=2, **engine.kwargs(persistent_workers=True))
+    dataset.loader = loader
+    it = iter(loader)
+    procs = list(getattr(it._rloader_pool, "procs", []))
+    del it, loader, dataset
+    gc.collect()
+    assert all(p._closed for p in procs)
+    assert no_worker_threads_within()
+
+
 # ---------------------------------------------------------------- errors
 
 

@@ -568,23 +568,31 @@ class SentFirstBatch(tud.Dataset):
         return i * i
 
 
-def start_holding(sent):
-    """A fork context whose worker 0's start returns only once that worker has sent its first
-    batch: a start slower than the first batch, and no clock to depend on."""
+def fork_context(start):
+    """A fork context whose processes start through ``start(worker_id, real_start)``."""
     base = multiprocessing.get_context("fork")
 
     class Process(base.Process):  # type: ignore[name-defined,misc]
         def start(self):
-            first = self._args[0]["worker_id"] == 0  # (start() drops _args)
-            super().start()
-            if first:
-                sent.wait(timeout=120)  # bounded: a failure fails the test, not hangs it
+            start(self._args[0]["worker_id"], super().start)  # (start() drops _args)
 
     class Context(type(base)):
         pass
 
     Context.Process = Process
     return Context()
+
+
+def start_holding(sent):
+    """A fork context whose worker 0's start returns only once that worker has sent its first
+    batch: a start slower than the first batch, and no clock to depend on."""
+
+    def start(worker_id, real_start):
+        real_start()
+        if worker_id == 0:
+            sent.wait(timeout=120)  # bounded: a failure fails the test, not hangs it
+
+    return fork_context(start)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
@@ -638,3 +646,61 @@ def test_every_worker_runs_its_init_even_when_the_epoch_needs_fewer(persistent):
     if persistent:
         loader._iterator._shutdown_workers()  # (the others were joined at the epoch's end)
     assert counter.value == 4
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("pin", [False, True])
+def test_tasks_larger_than_a_ring_go_to_workers_started_late(pin, monkeypatch):
+    # 40,000 indices a task: more than a task ring holds, so each is streamed to its worker;
+    # the main process must not wait on a worker it has not started (the pin thread cannot
+    # start it) to take a streamed task in.
+    if pin:
+        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+
+    def loader():
+        return rloader.DataLoader(Ints(160_000), batch_size=40_000, num_workers=4, pin_memory=pin)
+
+    it = iter(loader())
+    del it  # (stopped before any wait: nothing may hang)
+    gc.collect()
+    ours = list(loader())
+    assert same(ours, list(tud.DataLoader(Ints(160_000), batch_size=40_000)))
+
+
+def interrupting_start(worker: int):
+    """A fork context whose start of ``worker`` raises KeyboardInterrupt once (Ctrl-C during a
+    fork), before the process exists."""
+    interrupted: list = []
+
+    def start(worker_id, real_start):
+        if worker_id == worker and not interrupted:
+            interrupted.append(worker_id)
+            raise KeyboardInterrupt
+        real_start()
+
+    return fork_context(start)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("pin", [False, True])
+def test_ctrl_c_during_a_workers_start_leaves_the_epoch_going(pin, monkeypatch):
+    if pin:
+        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+    loader = rloader.DataLoader(
+        Ints(64),
+        batch_size=4,
+        num_workers=4,
+        pin_memory=pin,
+        multiprocessing_context=interrupting_start(2),
+    )
+    it = iter(loader)
+    got, interrupts = [], 0
+    while True:
+        try:
+            got.append(next(it))
+        except KeyboardInterrupt:
+            interrupts += 1
+        except StopIteration:
+            break
+    assert interrupts == 1
+    assert same(got, list(tud.DataLoader(Ints(64), batch_size=4)))

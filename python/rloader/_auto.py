@@ -140,6 +140,7 @@ MIN_WINDOW_S = 0.05  # ... and seconds
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
+PROBED_WORKERS = 4  # ... that of at most this many of them (the largest stands for all)
 PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
 PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
 # (fork copies its page tables; 2 workers took 40 ms at 0.6 GiB, 228 ms at 5.3 GiB)
@@ -280,6 +281,17 @@ def worker_pids(it) -> list:
         return []
 
 
+def sampled(pids: list) -> list:
+    """At most ``PROBED_WORKERS`` of a pool's pids, spread over it: its workers run the same
+    code on the same dataset, and reading them all would cost a core for a while on a large
+    pool (smaps_rollup walks each process's page tables: ~11 ms for a process with torch
+    imported, more with a large dataset inherited, times 16 workers)."""
+    if len(pids) <= PROBED_WORKERS:
+        return list(pids)
+    step = (len(pids) - 1) / (PROBED_WORKERS - 1)
+    return [pids[round(i * step)] for i in range(PROBED_WORKERS)]
+
+
 class _MemoryProbe:
     """Reads worker processes' PSS on a thread of its own: smaps_rollup takes milliseconds per
     process to add up (11 ms for a process with torch imported, on the 2-core machine), which
@@ -296,7 +308,7 @@ class _MemoryProbe:
 
     def request(self, pids: list) -> None:
         with self._lock:
-            self._pids = list(pids)
+            self._pids = sampled(pids)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="rloader-auto-memory", daemon=True

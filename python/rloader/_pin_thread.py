@@ -138,8 +138,8 @@ class PinnedBatches:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
-            if self._starter is not None and self._starter.pending:
-                wait = self._start_workers(wait)
+            if self._starter is not None and self._starter.pending and self._queue.empty():
+                wait = self._start_workers(wait)  # (a batch waiting is handed out first)
             try:
                 kind, value, tag = self._queue.get(timeout=wait).pop()
             except queue.Empty:
@@ -194,6 +194,8 @@ class PinnedBatches:
             return min(wait, self._grace_until - now)
         try:
             starter.start_next()
+        except KeyboardInterrupt:
+            raise  # the iterator goes on, as after Ctrl-C in any wait
         except BaseException:
             self._shutdown_workers()
             raise
@@ -215,9 +217,15 @@ class PinnedBatches:
         """A new epoch on persistent workers."""
         self._len_warning = _len_warning(reported_len)
         self._halt()
-        if self._starter is not None:
-            self._starter.start_all()  # the old epoch's answers are drained below
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
+        if self._starter is not None:
+            try:
+                self._starter.start_all()  # the old epoch's answers are drained below
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                self._source._shutdown_workers()
+                raise
         self._taken, self._finished = 0, False
         if self._new_feed is not None:  # keys is None for an iterable dataset: tokens
             self._in_flight = 0

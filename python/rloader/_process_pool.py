@@ -33,6 +33,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import threading
 import time
 import warnings
 import weakref
@@ -78,6 +79,7 @@ class _Pool:
         self.loader = weakref.ref(loader)
         self.procs: list = []
         self.stopped = False
+        self.lock = threading.Lock()
 
     # With worker_states, what a worker's ``dumps`` sent is ``(batch, its dataset's state)``:
     # PoolIter splits the pair and keeps the state for when the batch is handed out.
@@ -110,15 +112,19 @@ class _Pool:
         return worker_death(worker_id, self.procs[worker_id].pid, code)
 
     def shutdown(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
+        # (The pin thread may stop the pool while the main thread starts a worker: the lock
+        # makes the start either join the processes stopped here or see the pool stopped.)
+        with self.lock:
+            if self.stopped:
+                return
+            self.stopped = True
+            procs = list(self.procs)
         # Closed rings tell the workers to leave (the iterator may have closed the task rings
         # already, at the end of the sampler); then they are joined.
         try:
             self.region._close_rings()
         finally:
-            _stop_processes(self.procs)  # whatever happened, the processes go
+            _stop_processes(procs)  # whatever happened, the processes go
         # Every worker is gone (joined): the region can serve the loader's next pool.
         loader = self.loader()
         if loader is not None:
@@ -135,14 +141,16 @@ class _Starter:
         self.pool, self.context, self.pending = pool, context, specs
 
     def start_next(self) -> float:
-        """Starts the next worker not started yet; returns the seconds its start took."""
+        """Starts the next worker not started yet; returns the seconds its start took. A worker
+        whose process exists is counted as started even if the start then raised (Ctrl-C
+        after the fork), so ``procs[i]`` is always worker ``i``; one the pool was stopped
+        under meanwhile is stopped too."""
         if self.pool.stopped:  # workers not started are not started now
             self.pending = []
         if not self.pending:
             return 0.0
-        spec = self.pending.pop(0)
         started = time.perf_counter()
-        proc = self.context.Process(target=_worker_main, args=(spec,), daemon=True)
+        proc = self.context.Process(target=_worker_main, args=(self.pending[0],), daemon=True)
         try:
             proc.start()
         except (TypeError, AttributeError, pickle.PicklingError):
@@ -150,7 +158,15 @@ class _Starter:
             if text is not None:
                 warnings.warn(text, stacklevel=2)
             raise
-        self.pool.procs.append(proc)
+        finally:
+            if getattr(proc, "_popen", None) is not None:  # the process exists
+                self.pending.pop(0)
+                with self.pool.lock:
+                    late = self.pool.stopped
+                    if not late:
+                        self.pool.procs.append(proc)
+                if late:
+                    _kill_process(proc)
         return time.perf_counter() - started
 
     def start_all(self) -> None:
@@ -298,9 +314,8 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
     except BaseException:
         finalizer()
         raise
-    if pin is None:
-        it._stage(starter, grace)
-    elif drawn < loader.num_workers:
+    it._stage(starter, grace, pin is None)  # with pinning, PinnedBatches starts them
+    if pin is not None and drawn < loader.num_workers:
         # Fewer tasks than workers: some would owe nothing, and the pin thread may end the
         # epoch before the main thread starts them (every worker runs, as torch's do).
         try:

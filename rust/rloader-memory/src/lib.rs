@@ -39,8 +39,9 @@
 //! device (instead of sharing it copy-on-write), so registered private blocks would cost each
 //! worker process started later a copy of all of them (on a 16-core GPU host, ~220 ms a fork
 //! with ~1 GB of blocks), while shared pages are never copied. A forked child sees the same
-//! bytes (it never writes a batch it inherited; the main process reuses a block only once its
-//! batches are gone there).
+//! bytes, so its copy of a pool never hands out the parent's blocks: every block and pool
+//! remembers the process it is for, and in another one `take` maps a fresh private block,
+//! and a dropped batch's block is only unmapped there (never returned, never unregistered).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -81,6 +82,8 @@ pub struct Block {
     len: usize,
     /// A shared mapping (NOTE [Pinned blocks]): the only kind a pinned pool registers.
     shared: bool,
+    /// The process that mapped it: a forked child neither reuses nor unregisters it.
+    process: u32,
     /// Some while registered with this driver.
     pinned: Option<Arc<dyn Pinning>>,
 }
@@ -116,6 +119,7 @@ impl Block {
             ptr,
             len,
             shared,
+            process: std::process::id(),
             pinned: None,
         })
     }
@@ -124,7 +128,9 @@ impl Block {
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(pinning) = self.pinned.take() {
-            pinning.unregister(self.ptr.as_ptr() as usize);
+            if self.process == std::process::id() {
+                pinning.unregister(self.ptr.as_ptr() as usize);
+            } // (a forked child's copy of the mapping was never registered)
         }
         // SAFETY: the mapping is ours alone (NOTE [Batch memory]) and nothing refers to it now.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -163,6 +169,8 @@ fn page_size() -> usize {
 type FreeBlock = (Block, Option<Arc<dyn Fence>>);
 
 struct Free {
+    /// The process the pool is for (a forked child has a copy of it).
+    process: u32,
     blocks: Vec<FreeBlock>,
     max_free: usize,
     pinning: Option<Arc<dyn Pinning>>,
@@ -204,6 +212,7 @@ impl BatchMemory {
     pub fn new(max_free: usize) -> Self {
         BatchMemory {
             free: Arc::new(Mutex::new(Free {
+                process: std::process::id(),
                 blocks: Vec::new(),
                 max_free,
                 pinning: None,
@@ -235,6 +244,14 @@ impl BatchMemory {
     pub fn take(&self, len: usize) -> std::io::Result<PooledBlock> {
         let (ready, fenced, pinning, len) = {
             let mut free = lock(&self.free);
+            if free.process != std::process::id() {
+                // A forked child's copy of the pool: its free blocks may be the parent's (a
+                // pinned pool's are shared with it), so it hands out fresh private blocks.
+                return Ok(PooledBlock {
+                    block: Some(Block::map(block_len(len, false), false)?),
+                    home: Weak::new(),
+                });
+            }
             let pinning = free.pinning.clone();
             let len = block_len(len, pinning.is_some());
             // (a pinned pool's blocks are shared; one mapped before `set_pinning` is not used)
@@ -344,6 +361,9 @@ impl Drop for PooledBlock {
         let Some(block) = self.block.take() else {
             return;
         };
+        if block.process != std::process::id() {
+            return; // a batch a forked child inherited: its copy of the mapping just goes
+        }
         let fence = match &block.pinned {
             None => None,
             Some(pinning) => match pinning.release() {
@@ -552,6 +572,61 @@ mod tests {
         // SAFETY: the block is ours and at least one byte long.
         unsafe { plain.as_ptr().write(1) };
         assert_eq!(after_child_writes(&plain, 0xAB), 1, "a private mapping");
+    }
+
+    #[test]
+    fn a_forked_child_takes_fresh_blocks_and_leaves_the_parents_alone() {
+        let (pool, driver) = pinned_pool(4);
+        let kept = pool.take(10_000).unwrap();
+        let free = pool.take(10_000).unwrap();
+        let (kept_ptr, free_ptr) = (kept.as_ptr(), free.as_ptr());
+        // SAFETY: the blocks are ours and at least one byte long.
+        unsafe {
+            kept_ptr.write(1);
+            free_ptr.write(2);
+        }
+        drop(free);
+        driver.fences.lock().unwrap()[0].store(true, std::sync::atomic::Ordering::SeqCst);
+        log(&driver);
+        // SAFETY: the child takes a block from its copy of the pool, writes it, drops its copy
+        // of a batch, and exits at once (only its own memory; no lock held by another thread is
+        // taken: the pool's mutex is this thread's, unlocked).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let code = match pool.take(10_000) {
+                Ok(fresh) if fresh.as_ptr() != free_ptr && !fresh.is_pinned() => {
+                    unsafe { fresh.as_ptr().write(9) };
+                    drop(fresh);
+                    drop(kept); // the parent's batch: not returned, not unregistered here
+                    0
+                }
+                _ => 1,
+            };
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(
+                free_ptr.read(),
+                2,
+                "the free block was not written by the child"
+            );
+            assert_eq!(kept_ptr.read(), 1);
+        }
+        assert_eq!(
+            pool.take(10_000).unwrap().as_ptr(),
+            free_ptr,
+            "the parent reuses it"
+        );
+        assert!(
+            log(&driver).is_empty(),
+            "nothing registered or unregistered meanwhile"
+        );
     }
 
     #[test]

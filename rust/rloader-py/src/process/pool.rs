@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyStopIteration;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
@@ -174,14 +174,19 @@ impl PoolIter {
         })
     }
 
-    /// `starter.start_next()` starts the workers in `starter.pending`, the last ones, in
-    /// order, from this iterator's waits (NOTE [Staged start]); `grace`: seconds the first wait
-    /// lets the workers already started answer first (what starting one took).
-    fn _stage(&mut self, starter: Bound<'_, PyAny>, grace: f64) -> PyResult<()> {
-        let unstarted = starter.getattr("pending")?.len()?;
-        self.unstarted = unstarted.min(self.to_workers.len());
+    /// `starter.pending` are the last workers, not started yet (NOTE [Staged start]). With
+    /// `starts`, this iterator starts them (`starter.start_next()`), in order, from its waits,
+    /// `grace` being the seconds the first wait lets the workers already started answer first
+    /// (what starting one took); without (`pin_memory`: the main thread starts them), it only
+    /// asks which are started.
+    #[pyo3(signature = (starter, grace, starts=true))]
+    fn _stage(&mut self, starter: Bound<'_, PyAny>, grace: f64, starts: bool) -> PyResult<()> {
+        if starts {
+            let unstarted = starter.getattr("pending")?.len()?;
+            self.unstarted = unstarted.min(self.to_workers.len());
+            self.grace = Duration::try_from_secs_f64(grace).unwrap_or(Duration::ZERO);
+        }
         self.starter = Some(starter.unbind());
-        self.grace = Duration::try_from_secs_f64(grace).unwrap_or(Duration::ZERO);
         Ok(())
     }
 
@@ -521,9 +526,9 @@ impl PoolIter {
                 // a streamed task goes on to it slice by slice, its liveness checked between.
                 let streamed = Ring::frame_len(HEADER + body.len()) > ring.capacity();
                 let reading = workers_started
-                    && w < self.to_workers.len() - self.unstarted
                     && streamed
-                    && self.scheduler.unanswered(w) == self.unsent[w].len();
+                    && self.scheduler.unanswered(w) == self.unsent[w].len()
+                    && w < self.started_workers(py);
                 // Otherwise one try, without waiting.
                 let deadline = (!reading).then(Instant::now);
                 let sent = wait::slice(py, deadline, |len| {
@@ -659,18 +664,40 @@ impl PoolIter {
         (Instant::now() < until).then_some(until)
     }
 
-    /// Starts the next worker (the starter's `start_next`); a failure stops the pool.
+    /// Starts the next worker (the starter's `start_next`); a failure stops the pool, but for
+    /// Ctrl-C, after which the iterator goes on as after Ctrl-C in any wait.
     fn start_next(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.unstarted = self.unstarted.saturating_sub(1);
-        let Some(starter) = &self.starter else {
+        let Some(starter) = self.starter.as_ref().map(|s| s.clone_ref(py)) else {
             self.unstarted = 0;
             return Ok(());
         };
-        if let Err(err) = starter.bind(py).call_method0("start_next") {
-            self.shutdown(py)?;
-            return Err(err);
+        let started = starter.bind(py).call_method0("start_next");
+        // (a start that raised may have started its worker: the starter knows)
+        let pending = starter.bind(py).getattr("pending").and_then(|p| p.len());
+        self.unstarted = pending.unwrap_or(0).min(self.to_workers.len());
+        match started {
+            Ok(_) => Ok(()),
+            Err(err) if err.is_instance_of::<PyKeyboardInterrupt>(py) => Err(err),
+            Err(err) => {
+                self.shutdown(py)?;
+                Err(err)
+            }
         }
-        Ok(())
+    }
+
+    /// How many workers (the first ones) are started: NOTE [Staged start].
+    fn started_workers(&self, py: Python<'_>) -> usize {
+        let n = self.to_workers.len();
+        match &self.starter {
+            _ if self.unstarted > 0 => n - self.unstarted,
+            // (`pin_memory`: the main thread starts them; asked only for tasks streamed to a
+            // worker, which are rare)
+            Some(starter) => {
+                let pending = starter.bind(py).getattr("pending").and_then(|p| p.len());
+                n.saturating_sub(pending.unwrap_or(0))
+            }
+            None => n,
+        }
     }
 
     /// Takes in every whole answer waiting from worker `w`; true if there was one.

@@ -11,7 +11,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use rloader_workers::PoolError;
 
-use super::worker::{worker_main, WorkerSetup, WorkerSlot};
+use super::worker::{worker_main, Unstarted, WorkerSetup, WorkerSlot};
 use super::{lock, FromWorker, Gate, TaskKeys, ToWorker};
 use crate::errors::to_py;
 use crate::fetch::BatchOptions;
@@ -30,6 +30,8 @@ pub struct ThreadPool {
     /// Each worker thread's state between its jobs, which the collector sees (NOTE [Worker
     /// slots] in worker.rs).
     slots: Vec<Arc<WorkerSlot>>,
+    /// Each worker's hooks and setup until it starts (NOTE [Thread start] in mod.rs).
+    unstarted: Vec<Arc<Unstarted>>,
     /// Only the main thread's iterator receives (the mutex is never contended).
     pub(super) reports: Mutex<Receiver<FromWorker>>,
     pub(super) size: usize,
@@ -95,7 +97,6 @@ impl ThreadPool {
         let setup = WorkerSetup {
             stats: stats.clone_ref(py),
             stop: stop.clone(),
-            gate: gate.clone(),
             iterable,
             asynchronous,
             batch,
@@ -106,13 +107,18 @@ impl ThreadPool {
         let mut handles = Vec::with_capacity(size);
         let slots: Vec<Arc<WorkerSlot>> = (0..size).map(|_| Arc::new(Mutex::new(None))).collect();
         let loops: Vec<Py<PyAny>> = workers.iter().map(|h| h.clone_ref(py)).collect();
+        let mut unstarted = Vec::with_capacity(size);
         for (id, hooks) in workers.into_iter().enumerate() {
             let (tx, rx) = mpsc::channel();
-            let (setup, reports) = (setup.clone_ref(py), report_tx.clone());
+            let reports = report_tx.clone();
             let slot = slots[id].clone();
+            let pending = Arc::new(Mutex::new(Some((hooks, setup.clone_ref(py)))));
+            unstarted.push(pending.clone());
+            // (NOTE [Thread start]: an async dataset's threads are not held)
+            let gated = (id != 0 && !asynchronous).then(|| gate.clone());
             let handle = thread::Builder::new()
                 .name(format!("rloader-w{id}"))
-                .spawn(move || worker_main(id, hooks, setup, rx, reports, slot))
+                .spawn(move || worker_main(id, pending, gated, rx, reports, slot))
                 .map_err(|e| {
                     pyo3::exceptions::PyRuntimeError::new_err(format!(
                         "could not start DataLoader worker thread {id}: {e}"
@@ -133,6 +139,7 @@ impl ThreadPool {
             stats,
             control: Arc::new(control),
             slots,
+            unstarted,
             reports: Mutex::new(report_rx),
             size,
             auto_collation,
@@ -155,6 +162,14 @@ impl ThreadPool {
                 }
             }
         }
+        for pending in &self.unstarted {
+            if let Ok(pending) = pending.try_lock() {
+                if let Some((hooks, setup)) = pending.as_ref() {
+                    visit.call(hooks)?;
+                    setup.traverse(&visit)?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -170,6 +185,13 @@ impl ThreadPool {
                 Err(_) => None,
             };
             drop(taken); // after the slot's lock is let go of: its drop runs Python
+        }
+        for pending in &self.unstarted {
+            let taken = match pending.try_lock() {
+                Ok(mut pending) => pending.take(),
+                Err(_) => None,
+            };
+            drop(taken);
         }
     }
 
@@ -276,7 +298,10 @@ impl ThreadPool {
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        // Without a join (a drop must not wait): the workers leave after their current task.
+        // Without a join (a drop must not wait): the workers leave after their current task,
+        // and those still at the gate from there.
+        self.control.stop.store(true, Ordering::Release);
+        self.control.gate.open();
         lock(&self.control.jobs).clear();
     }
 }

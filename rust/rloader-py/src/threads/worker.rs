@@ -27,8 +27,6 @@ pub(super) struct WorkerSetup {
     /// Set by `ThreadPool::stop`: workers leave before their next job, and a batch being
     /// fetched is abandoned between two samples (`Fetcher::with_stop`).
     pub(super) stop: Arc<AtomicBool>,
-    /// Where workers but worker 0 wait before they start (NOTE [Thread start] in mod.rs).
-    pub(super) gate: Arc<Gate>,
 }
 
 impl WorkerSetup {
@@ -39,7 +37,6 @@ impl WorkerSetup {
             batch: self.batch.clone_ref(py),
             stats: self.stats.clone_ref(py),
             stop: self.stop.clone(),
-            gate: self.gate.clone(),
         }
     }
 }
@@ -197,30 +194,43 @@ impl Worker {
     }
 }
 
-/// A worker thread's life: set up, then take jobs until the task channel closes.
+/// A worker's hooks and setup until it starts, where the garbage collector sees them (NOTE
+/// [Worker slots]: a thread waiting at the gate holds nothing of the user's itself).
+pub(super) type Unstarted = Mutex<Option<(Py<PyAny>, WorkerSetup)>>;
+
+impl WorkerSetup {
+    pub(super) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.batch)?;
+        visit.call(&self.stats)
+    }
+}
+
+/// A worker thread's life: wait at the gate unless `gated` is false (NOTE [Thread start]), set
+/// up with what `unstarted` holds, then take jobs until the task channel closes.
 pub(super) fn worker_main(
     id: usize,
-    hooks: Py<PyAny>,
-    setup: WorkerSetup,
+    unstarted: Arc<Unstarted>,
+    gate: Option<Arc<Gate>>,
     mut jobs: Receiver<ToWorker>,
     reports: Sender<FromWorker>,
     slot: Arc<WorkerSlot>,
 ) {
-    let asynchronous = setup.asynchronous;
-    let stop = setup.stop.clone();
-    if id != 0 && !asynchronous {
-        setup.gate.wait(); // (NOTE [Thread start])
-        if stop.load(Ordering::Acquire) {
-            // Stopped before it started: it leaves without running the user's code (what it
-            // holds is let go of attached, unless the interpreter is shutting down).
-            let _ = Python::try_attach(move |_py| drop((hooks, setup)));
-            return;
-        }
+    if let Some(gate) = gate {
+        gate.wait();
     }
     crate::collate::copy_on_this_thread_only();
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
     let _ = Python::try_attach(|py| {
+        // (None: the collector took them, the pool being garbage)
+        let Some((hooks, setup)) = lock(&unstarted).take() else {
+            return;
+        };
+        let asynchronous = setup.asynchronous;
+        let stop = setup.stop.clone();
+        if stop.load(Ordering::Acquire) {
+            return; // stopped before it started: it runs nothing of the user's
+        }
         let worker = match Worker::start(py, id, hooks.clone_ref(py), setup) {
             Ok(worker) => worker,
             Err(err) => {
