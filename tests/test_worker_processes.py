@@ -704,3 +704,33 @@ def test_ctrl_c_during_a_workers_start_leaves_the_epoch_going(pin, monkeypatch):
             break
     assert interrupts == 1
     assert same(got, list(tud.DataLoader(Ints(64), batch_size=4)))
+
+
+def slow_start(worker: int, seconds: float):
+    """A fork context whose start of ``worker`` takes at least ``seconds`` (a large process's
+    fork, or a spawned worker's imports)."""
+    slowed = threading.Event()  # never set: the wait is the slow start
+
+    def start(worker_id, real_start):
+        real_start()
+        if worker_id == worker:
+            slowed.wait(seconds)
+
+    return fork_context(start)
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_a_workers_start_is_not_counted_in_the_timeout(pin, monkeypatch):
+    # torch starts every worker before its timeout clock runs; here worker 1 starts from a
+    # wait (NOTE [Staged start]), and its 2 s start must not time out a 1 s timeout.
+    if pin:
+        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+    loader = rloader.DataLoader(
+        Ints(16),
+        batch_size=4,
+        num_workers=2,
+        timeout=1.0,
+        pin_memory=pin,
+        multiprocessing_context=slow_start(1, 2.0),
+    )
+    assert same(list(loader), list(tud.DataLoader(Ints(16), batch_size=4)))

@@ -139,7 +139,11 @@ class PinnedBatches:
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
             if self._starter is not None and self._starter.pending and self._queue.empty():
+                before = self._starter.pending[:1]
                 wait = self._start_workers(wait)  # (a batch waiting is handed out first)
+                if deadline is not None and self._starter.pending[:1] != before:
+                    # a start is not counted (torch's clock runs once all are started)
+                    deadline = time.monotonic() + self._timeout
             try:
                 kind, value, tag = self._queue.get(timeout=wait).pop()
             except queue.Empty:

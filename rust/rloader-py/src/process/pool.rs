@@ -101,6 +101,8 @@ pub struct PoolIter {
     /// (once per pool), and until when it does now.
     grace: Duration,
     grace_until: Option<Instant>,
+    /// When the last of them was started (`timeout` counts from there too).
+    started_one: Option<Instant>,
 }
 
 /// Which task a batch (or error) handed out answered, the worker that made it, and with
@@ -171,6 +173,7 @@ impl PoolIter {
             starter: None,
             grace: Duration::ZERO,
             grace_until: None,
+            started_one: None,
         })
     }
 
@@ -587,12 +590,15 @@ impl PoolIter {
         started: Instant,
         until: Option<Instant>,
     ) -> PyResult<bool> {
-        let timeout_at = self.timeout.and_then(|limit| started.checked_add(limit));
-        let deadline = match (timeout_at, until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         loop {
+            // `timeout` counts from the later of the wait's start and the last worker's start
+            // (torch starts them all before its clock runs: NOTE [Staged start])
+            let started = self.started_one.map_or(started, |s| s.max(started));
+            let timeout_at = self.timeout.and_then(|limit| started.checked_add(limit));
+            let deadline = match (timeout_at, until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let seen = self.doorbell.current();
             let mut got = false;
             for w in 0..self.from_workers.len() {
@@ -642,7 +648,8 @@ impl PoolIter {
     /// worker 0 took), once per pool; from then on back to back. So the first batch comes
     /// after one start instead of `num_workers`, and the pool is fully started at most one
     /// start's time later than torch's would be. The epoch's end starts any left (every
-    /// worker runs, if only its `worker_init_fn`); stopping the pool starts none. Tasks are
+    /// worker runs, if only its `worker_init_fn`); stopping the pool starts none. `timeout` does
+    /// not count a start (torch's clock runs once all are started). Tasks are
     /// assigned to workers not started yet as to the others (their rings hold them), so which
     /// worker makes which batch is torch's. With `pin_memory`, the pin thread waits here, and
     /// the main thread starts the workers instead (`PinnedBatches`), from its own waits:
@@ -672,6 +679,7 @@ impl PoolIter {
             return Ok(());
         };
         let started = starter.bind(py).call_method0("start_next");
+        self.started_one = Some(Instant::now());
         // (a start that raised may have started its worker: the starter knows)
         let pending = starter.bind(py).getattr("pending").and_then(|p| p.len());
         self.unstarted = pending.unwrap_or(0).min(self.to_workers.len());
