@@ -667,6 +667,21 @@ def test_tasks_larger_than_a_ring_go_to_workers_started_late(pin, monkeypatch):
     assert same(ours, list(tud.DataLoader(Ints(160_000), batch_size=40_000)))
 
 
+def ints_loader(monkeypatch, pin: bool, n: int, workers: int, context, **kwargs):
+    """Batches of 4 of ``Ints(n)`` from ``workers`` started through ``context``; with ``pin``,
+    pinning stood in for (as in test_pin_thread.py)."""
+    if pin:
+        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+    return rloader.DataLoader(
+        Ints(n),
+        batch_size=4,
+        num_workers=workers,
+        pin_memory=pin,
+        multiprocessing_context=context,
+        **kwargs,
+    )
+
+
 def interrupting_start(worker: int):
     """A fork context whose start of ``worker`` raises KeyboardInterrupt once (Ctrl-C during a
     fork), before the process exists."""
@@ -684,15 +699,7 @@ def interrupting_start(worker: int):
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
 @pytest.mark.parametrize("pin", [False, True])
 def test_ctrl_c_during_a_workers_start_leaves_the_epoch_going(pin, monkeypatch):
-    if pin:
-        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
-    loader = rloader.DataLoader(
-        Ints(64),
-        batch_size=4,
-        num_workers=4,
-        pin_memory=pin,
-        multiprocessing_context=interrupting_start(2),
-    )
+    loader = ints_loader(monkeypatch, pin, 64, 4, interrupting_start(2))
     it = iter(loader)
     got, interrupts = [], 0
     while True:
@@ -723,14 +730,5 @@ def slow_start(worker: int, seconds: float):
 def test_a_workers_start_is_not_counted_in_the_timeout(pin, monkeypatch):
     # torch starts every worker before its timeout clock runs; here worker 1 starts from a
     # wait (NOTE [Staged start]), and its 2 s start must not time out a 1 s timeout.
-    if pin:
-        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
-    loader = rloader.DataLoader(
-        Ints(16),
-        batch_size=4,
-        num_workers=2,
-        timeout=1.0,
-        pin_memory=pin,
-        multiprocessing_context=slow_start(1, 2.0),
-    )
+    loader = ints_loader(monkeypatch, pin, 16, 2, slow_start(1, 2.0), timeout=1.0)
     assert same(list(loader), list(tud.DataLoader(Ints(16), batch_size=4)))
