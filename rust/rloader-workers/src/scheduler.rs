@@ -244,6 +244,17 @@ impl<T> Scheduler<T> {
         first.result.is_none().then_some(first.worker)
     }
 
+    /// Whether the answer waited for may come from the first `started` workers (the others
+    /// are not started yet: NOTE [Staged start] in rloader-py's process/pool.rs, NOTE [Thread
+    /// start] in its threads/mod.rs): in order, the awaited worker is one of them; out of
+    /// order (or with no task awaited), one of them owes an answer.
+    pub fn answer_coming_from(&self, started: usize) -> bool {
+        match self.awaited_worker() {
+            Some(w) => w < started,
+            None => (0..started).any(|w| self.owes(w)),
+        }
+    }
+
     /// Unanswered tasks.
     pub fn outstanding(&self) -> usize {
         self.outstanding
@@ -327,6 +338,41 @@ mod tests {
             None,
             "out of order any answer may come next"
         );
+    }
+
+    #[test]
+    fn an_answer_is_coming_only_from_a_started_worker_that_owes_it() {
+        let mut s: Scheduler<u32> = Scheduler::new(3, 1, true);
+        assert!(!s.answer_coming_from(3), "no task: nothing is coming");
+        for _ in 0..3 {
+            s.assign().unwrap();
+        }
+        assert!(
+            s.answer_coming_from(1),
+            "worker 0's answer is awaited, and it runs"
+        );
+        assert!(!s.answer_coming_from(0));
+        s.on_result(0, 7);
+        assert_eq!(s.next(), Next::Ready(7));
+        assert!(
+            !s.answer_coming_from(1),
+            "worker 1's is awaited: it must start"
+        );
+        assert!(s.answer_coming_from(2));
+        let mut unordered: Scheduler<u32> = Scheduler::new(3, 1, false);
+        for _ in 0..3 {
+            unordered.assign().unwrap();
+        }
+        assert!(
+            unordered.answer_coming_from(1),
+            "out of order: worker 0 owes one"
+        );
+        unordered.on_result(0, 1);
+        assert!(
+            !unordered.answer_coming_from(1),
+            "worker 0 owes nothing more"
+        );
+        assert!(unordered.answer_coming_from(2));
     }
 
     /// Runs an epoch with instant workers that answer in the given arrival order permutation

@@ -658,11 +658,7 @@ impl PoolIter {
     /// None: start the next worker now; else wait no later than the instant returned.
     fn start_now(&mut self) -> Option<Instant> {
         let started = self.to_workers.len() - self.unstarted;
-        let answer_coming = match self.scheduler.awaited_worker() {
-            Some(w) => w < started,
-            None => (0..started).any(|w| self.scheduler.owes(w)),
-        };
-        if !answer_coming {
+        if !self.scheduler.answer_coming_from(started) {
             return None;
         }
         let until = *self

@@ -227,11 +227,7 @@ impl ThreadIter {
         if !pool.gate_open() {
             // NOTE [Thread start]: worker 0 alone, while the answer awaited is its own, for
             // at most the grace.
-            let own = match self.scheduler.awaited_worker() {
-                Some(w) => w == 0,
-                None => self.scheduler.owes(0),
-            };
-            if own {
+            if self.scheduler.answer_coming_from(1) {
                 let grace =
                     Duration::try_from_secs_f64(self.first_batch_grace).unwrap_or(Duration::ZERO);
                 let grace = grace
