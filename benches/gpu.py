@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.utils.data as tud
+from side_by_side import ImageLabelDataset  # (benches/ is this script's folder)
 
 import rloader
 
@@ -95,21 +96,6 @@ def epoch(loader, device: str) -> float:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start
-
-
-class Pairs(tud.Dataset):
-    """(float32[3, 32, 32], int) pairs held in memory (side_by_side.py's ImageLabelDataset)."""
-
-    def __init__(self, n: int, pool: int = 4096) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.images = torch.rand(pool, 3, 32, 32, generator=g)
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.images[i % len(self.images)], i % 10
 
 
 class Timeline(tud.Dataset):
@@ -186,7 +172,7 @@ def pinning_costs(nbytes: int) -> str:
 
 FIRST_WORKLOADS = {
     "uint8 [3,224,224]": Images,
-    "(float32[3,32,32], int)": Pairs,
+    "(float32[3,32,32], int)": ImageLabelDataset,
 }
 FIRST_KINDS = {
     "torch": (tud, {}),

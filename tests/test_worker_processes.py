@@ -633,19 +633,24 @@ def count_init(counter) -> None:
 @pytest.mark.parametrize("persistent", [False, True])
 def test_every_worker_runs_its_init_even_when_the_epoch_needs_fewer(persistent):
     # One batch for four workers: torch starts all four, each runs worker_init_fn.
-    counter = multiprocessing.get_context("fork").Value("i", 0)
-    loader = rloader.DataLoader(
-        Squares(2),
-        batch_size=2,
-        num_workers=4,
-        persistent_workers=persistent,
-        worker_init_fn=lambda _: count_init(counter),
-        multiprocessing_context="fork",
-    )
-    assert same(list(loader), list(tud.DataLoader(Squares(2), batch_size=2)))
-    if persistent:
-        loader._iterator._shutdown_workers()  # (the others were joined at the epoch's end)
-    assert counter.value == 4
+    def epoch(lib):
+        counter = multiprocessing.get_context("fork").Value("i", 0)
+        loader = lib.DataLoader(
+            Squares(2),
+            batch_size=2,
+            num_workers=4,
+            persistent_workers=persistent,
+            worker_init_fn=lambda _: count_init(counter),
+            multiprocessing_context="fork",
+        )
+        batches = list(loader)
+        if persistent:
+            loader._iterator._shutdown_workers()  # (the others were joined at the epoch's end)
+        return batches, counter.value
+
+    ours, theirs = epoch(rloader), epoch(tud)
+    assert same(ours[0], theirs[0])
+    assert ours[1] == theirs[1] == 4
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")

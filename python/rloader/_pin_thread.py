@@ -139,11 +139,17 @@ class PinnedBatches:
         while True:
             wait = _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
             if self._starter is not None and self._starter.pending and self._queue.empty():
-                before = self._starter.pending[:1]
-                wait = self._start_workers(wait)  # (a batch waiting is handed out first)
-                if deadline is not None and self._starter.pending[:1] != before:
-                    # a start is not counted (torch's clock runs once all are started)
-                    deadline = time.monotonic() + self._timeout
+                # (a batch waiting is handed out first)
+                if self._start_workers():
+                    # The queue is looked at between two starts, for long enough to let the
+                    # pin thread have the GIL (a start holds it throughout: back to back, they
+                    # would starve it). A start is not counted (torch's clock runs once all
+                    # are started).
+                    wait = min(wait, _START_YIELD)
+                    if deadline is not None:
+                        deadline = time.monotonic() + self._timeout
+                elif self._grace_until is not None:
+                    wait = min(wait, max(0.0, self._grace_until - time.monotonic()))
             try:
                 kind, value, tag = self._queue.get(timeout=wait).pop()
             except queue.Empty:
@@ -181,12 +187,12 @@ class PinnedBatches:
             self._ended = self._finished = True
             raise StopIteration
 
-    def _start_workers(self, wait: float) -> float:
+    def _start_workers(self) -> bool:
         """Starts the next worker if the batch awaited is a worker's not started yet, or once
-        the started ones had their grace; returns how long to wait for the queue now."""
+        the started ones had their grace (``_grace_until``); whether it started one."""
         starter = self._starter
         if starter.pool.stopped:
-            return wait
+            return False
         started = len(starter.pool.procs)
         # Tasks go round the workers in order: the batch awaited is this worker's (but for
         # iterable datasets whose workers ended: then the grace decides).
@@ -195,17 +201,20 @@ class PinnedBatches:
         if self._grace_until is None:
             self._grace_until = now + self._grace
         if awaited < started and now < self._grace_until:
-            return min(wait, self._grace_until - now)
+            return False
+        self._starting(starter.start_next)
+        return True
+
+    def _starting(self, start) -> None:
+        """``start()`` a worker or more; a failure stops the pool, but for Ctrl-C, after which
+        the iterator goes on as after Ctrl-C in any wait (``PoolIter.start_next`` likewise)."""
         try:
-            starter.start_next()
+            start()
         except KeyboardInterrupt:
-            raise  # the iterator goes on, as after Ctrl-C in any wait
+            raise
         except BaseException:
             self._shutdown_workers()
             raise
-        # The queue is looked at between two starts, for long enough to let the pin thread
-        # have the GIL (a start holds it throughout: back to back, they would starve it).
-        return min(wait, _START_YIELD)
 
     @property
     def _progress(self) -> tuple:
@@ -223,13 +232,7 @@ class PinnedBatches:
         self._halt()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
         if self._starter is not None:
-            try:
-                self._starter.start_all()  # the old epoch's answers are drained below
-            except KeyboardInterrupt:
-                raise
-            except BaseException:
-                self._source._shutdown_workers()
-                raise
+            self._starting(self._starter.start_all)  # the old epoch's answers are drained below
         self._taken, self._finished = 0, False
         if self._new_feed is not None:  # keys is None for an iterable dataset: tokens
             self._in_flight = 0

@@ -311,18 +311,14 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
     try:
         # Worker 0 now, the others from the waits for answers (NOTE [Staged start]).
         grace = starter.start_next()
+        if pin is not None and drawn < loader.num_workers:
+            # Fewer tasks than workers: some would owe nothing, and the pin thread may end the
+            # epoch before the main thread starts them (every worker runs, as torch's do).
+            starter.start_all()
     except BaseException:
         finalizer()
         raise
     it._stage(starter, grace, pin is None)  # with pinning, PinnedBatches starts them
-    if pin is not None and drawn < loader.num_workers:
-        # Fewer tasks than workers: some would owe nothing, and the pin thread may end the
-        # epoch before the main thread starts them (every worker runs, as torch's do).
-        try:
-            starter.start_all()
-        except BaseException:
-            finalizer()
-            raise
     if pin is not None:
         pinning = _cuda_host.slot_pinning()
         if pinning is not None:  # batches are pinned where the workers write them

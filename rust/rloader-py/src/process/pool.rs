@@ -653,7 +653,7 @@ impl PoolIter {
     /// assigned to workers not started yet as to the others (their rings hold them), so which
     /// worker makes which batch is torch's. With `pin_memory`, the pin thread waits here, and
     /// the main thread starts the workers instead (`PinnedBatches`), from its own waits:
-    /// `_stage` is then not called and this iterator starts none.
+    /// `_stage(starts=False)` then only tells this iterator which are started.
     ///
     /// None: start the next worker now; else wait no later than the instant returned.
     fn start_now(&mut self) -> Option<Instant> {
@@ -836,9 +836,10 @@ impl PoolIter {
             return Ok(());
         }
         self.stopped = true;
+        // Workers not started are not started now. `_Pool.shutdown` closes the rings (so the
+        // workers leave), then joins the workers.
         self.unstarted = 0;
-        self.starter = None; // (its workers are not started now)
-                             // `_Pool.shutdown` closes the rings (so the workers leave), then joins the workers.
+        self.starter = None;
         self.hooks.bind(py).call_method0("shutdown")?;
         Ok(())
     }

@@ -45,6 +45,7 @@ pub use iter::ThreadIter;
 pub use pool::{PoolStopper, ThreadPool};
 pub use worker::Reporter;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
@@ -91,30 +92,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Where a pool's threads but worker 0 wait until the first batch is out (NOTE [Thread start]).
+/// `opened` is set under `lock` (so a waiter cannot miss it), and read without it: the
+/// iterator asks once a batch.
 #[derive(Default)]
 pub struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
+    opened: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
 }
 
 impl Gate {
     pub fn open(&self) {
-        let mut open = lock(&self.open);
-        if !*open {
-            *open = true;
-            self.opened.notify_all();
+        if !self.is_open() {
+            let _held = lock(&self.lock);
+            self.opened.store(true, Ordering::Release);
+            self.wake.notify_all();
         }
     }
 
     pub fn is_open(&self) -> bool {
-        *lock(&self.open)
+        self.opened.load(Ordering::Acquire)
     }
 
     /// Blocks until the gate is open.
     pub fn wait(&self) {
-        let mut open = lock(&self.open);
-        while !*open {
-            open = self.opened.wait(open).unwrap_or_else(|e| e.into_inner());
+        let mut held = lock(&self.lock);
+        while !self.is_open() {
+            held = self.wake.wait(held).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
