@@ -203,8 +203,9 @@ def test_a_dead_worker_is_reported_with_sigchld_ignored_as_torch_reports_it():
     # Ignored, SIGCHLD makes the kernel reap the workers: multiprocessing then never sees them
     # end, and rloader waited forever for the batch. torch's iterator puts its own handler over
     # SIG_IGN; rloader gives SIGCHLD its default back, and says what torch says.
-    # torch's cause is its SIGCHLD handler's text, or empty when its queue's wait ran out first
-    # (a race of torch's own, which a loaded machine shows); rloader's is always the former,
+    # torch's cause is its SIGCHLD handler's text, or empty when its queue's wait ran out first;
+    # or its handler raises that text itself, in the main thread, with no cause (races of
+    # torch's own, which a loaded machine shows). rloader's error is always the first form,
     # then a hint of its own.
     killed = "DataLoader worker (pid PID) is killed by signal: Killed."
     out = run_ignoring_sigchld(
@@ -213,8 +214,12 @@ ours, ours_took = death(rloader)
 after = signal.getsignal(signal.SIGCHLD)
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 theirs, _ = death(tud)
-same = ours[0] == theirs[0] and theirs[1].strip() in ("", {killed!r})
+same = (ours[0] == theirs[0] and theirs[1].strip() in ("", {killed!r})) or (
+    theirs[0] == {killed!r} and theirs[1] == "None"
+)
 print(same, ours_took < 10, after == signal.SIG_DFL, ours[1][:{len(killed)}])
+if not same:
+    print("ours:", ours, "torch's:", theirs)  # (in the assertion's message)
 """
     )
     assert out == f"True True True {killed}"
