@@ -215,7 +215,7 @@ after = signal.getsignal(signal.SIGCHLD)
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 theirs, _ = death(tud)
 same = (ours[0] == theirs[0] and theirs[1].strip() in ("", {killed!r})) or (
-    theirs[0] == {killed!r} and theirs[1] == "None"
+    theirs[0].strip() == {killed!r} and theirs[1] == "None"
 )
 print(same, ours_took < 10, after == signal.SIG_DFL, ours[1][:{len(killed)}])
 if not same:
