@@ -6,12 +6,14 @@ later ones (their median), for:
 
 - ``torch nw=0``: torch.utils.data's default, the first-epoch target's reference;
 - each fixed rloader setting (``nw`` × ``process``/``thread``);
-- ``auto`` (``num_workers="auto"``, processes) and ``auto/auto`` (with ``worker_type="auto"``),
-  with the workers auto ended on.
+- ``auto`` (``num_workers="auto"``, processes), ``auto/auto`` (with ``worker_type="auto"``)
+  and ``auto/auto pf`` (with ``prefetch_factor="auto"`` too), with the workers auto ended on.
 
 Targets (issue #25): from the second epoch, auto ≥ 0.9× the best fixed setting; in the first
 epoch, ≥ 0.95× torch's ``num_workers=0``. The ``step`` workload adds a 20 ms training step per
-batch (consumer-bound): auto should end on few workers at the best fixed throughput. Each auto
+batch (consumer-bound): auto should end on few workers at the best fixed throughput. The
+``uneven`` workload's step is 1 ms but 30 ms every 10th batch: the fixed settings have torch's
+prefetch (2 batches per worker), ``auto/auto pf`` tunes it. Each auto
 row gives its epochs' samples/s one by one too (auto explores in its first epochs).
 
 ``imagefolder`` and ``tokens`` are the pipelines of benches/real_pipelines.py (its data, made
@@ -77,6 +79,9 @@ WORKLOADS = {
     "tensors": (in_memory(ImageLabelDataset), (131072, 32768), 256, 0.0, False, None),
     "uint8": (in_memory(ImageArrayDataset), (2048, 512), 64, 0.0, False, None),
     "step": (in_memory(ImageLabelDataset), (32768, 8192), 256, 0.02, False, None),
+    # (uneven steps: 1 ms, and 30 ms every 10th batch (logging, a checkpoint): the workers
+    # keep up on average, but a shallow prefetch runs dry after each long step)
+    "uneven": (in_memory(BusyDataset), (8192, 4096), 48, (0.001, 0.03, 10), False, None),
     # (JPEG decoding: ~300 images/s a core, so an epoch in the main process takes 5 s)
     "imagefolder": (image_folder, (None, None), 64, 0.0, True, "0p,1p,2p,4p,2t,4t,8t"),
     "tokens": (token_windows, (32768, 4096), 32, 0.0, True, None),
@@ -93,26 +98,29 @@ def parse_setting(text: str) -> tuple[int, str]:
 WHY = False  # --why: print each auto epoch's decisions
 
 
-def run(loader, epochs: int, step: float) -> list[float]:
-    """Seconds per epoch."""
+def run(loader, epochs: int, step) -> list[float]:
+    """Seconds per epoch. ``step``: the training step's seconds, or (seconds, seconds of every
+    ``every``-th, every)."""
+    fast, slow, every = step if isinstance(step, tuple) else (step, step, 1)
     times = []
     for e in range(epochs):
         start = time.perf_counter()
-        for _batch in loader:
+        for k, _batch in enumerate(loader, 1):
             if step:
-                time.sleep(step)
+                time.sleep(slow if k % every == 0 else fast)
         times.append(time.perf_counter() - start)
         stats = loader.stats() if WHY and type(loader) is rloader.DataLoader else None
         if stats is not None and "auto" in stats:
             for d in stats["auto"]["decisions"]:
                 print(
                     f"{'':27} epoch {e + 1} batch {d['batch']} ({d['at_s']:.3f} s): "
-                    f"{d['num_workers']} {d['worker_type']}: {d['reason']}"
+                    f"{d['num_workers']} {d['worker_type']} (prefetch_factor "
+                    f"{d.get('prefetch_factor')}): {d['reason']}"
                 )
     return times
 
 
-def measure(name: str, label: str, loader, n: int, epochs: int, step: float) -> tuple:
+def measure(name: str, label: str, loader, n: int, epochs: int, step) -> tuple:
     """Prints and returns (samples/s of the first epoch, median samples/s of the later ones)."""
     times = run(loader, epochs, step)
     first = n / times[0]
@@ -121,9 +129,9 @@ def measure(name: str, label: str, loader, n: int, epochs: int, step: float) -> 
     stats = loader.stats() if type(loader) is rloader.DataLoader else None
     if stats is not None and "auto" in stats:
         auto = stats["auto"]
-        note = f"ended on {auto['num_workers']} {auto['worker_type']}; epochs/s: " + " ".join(
-            f"{n / t:.0f}" for t in times
-        )
+        prefetch = f" (prefetch_factor {auto['prefetch_factor']})" if auto["num_workers"] else ""
+        note = f"ended on {auto['num_workers']} {auto['worker_type']}{prefetch}; epochs/s: "
+        note += " ".join(f"{n / t:.0f}" for t in times)
     print(f"{name:12} {label:14} {first:10.0f} {later:10.0f}  {note}", flush=True)
     return first, later
 
@@ -261,9 +269,16 @@ def main() -> None:
                 if later > best_of.get(k, ("", 0.0))[1]:
                     best_of[k] = (f"{nw} {kind}", later)
             del loader
-        for label, kind in (("auto", "process"), ("auto/auto", "auto")):
+        for label, kind, prefetch in (
+            ("auto", "process", None),
+            ("auto/auto", "auto", None),
+            ("auto/auto pf", "auto", "auto"),
+        ):
             loader = loader_of(
-                num_workers="auto", worker_type=kind, persistent_workers=args.persistent
+                num_workers="auto",
+                worker_type=kind,
+                persistent_workers=args.persistent,
+                prefetch_factor=prefetch,
             )
             first, later = row(label, loader)
             own = ""

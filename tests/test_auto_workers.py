@@ -67,9 +67,9 @@ def scripted(monkeypatch, plan):
     return calls
 
 
-def loader_of(num_workers, seed, batch_size=2, shuffle=True, **kw):
+def loader_of(num_workers, seed, batch_size=2, shuffle=True, n=N, **kw):
     return rloader.DataLoader(
-        Ints(),
+        Ints(n),
         batch_size=batch_size,
         shuffle=shuffle,
         generator=torch.Generator().manual_seed(seed),
@@ -404,6 +404,14 @@ def test_arguments():
     rebuilt = type(loader)(Ints(), num_workers=loader.num_workers)  # as frameworks rebuild
     assert isinstance(rebuilt.num_workers, _auto.AutoWorkers)
     assert rloader.DataLoader(Ints(), prefetch_factor="auto").prefetch_factor is None
+    assert rloader.DataLoader(Ints(), num_workers=1, prefetch_factor="auto").prefetch_factor == 2
+    tuned = rloader.DataLoader(Ints(), num_workers="auto", prefetch_factor="auto")
+    assert isinstance(tuned.prefetch_factor, _auto.AutoPrefetch) and tuned.prefetch_factor == 2
+    again = type(tuned)(
+        Ints(), num_workers=tuned.num_workers, prefetch_factor=tuned.prefetch_factor
+    )
+    assert isinstance(again.prefetch_factor, _auto.AutoPrefetch)
+    assert not isinstance(loader_of("auto", 1).prefetch_factor, _auto.AutoPrefetch)
     later = rloader.DataLoader(Ints(), batch_size=5)
     later.num_workers = "auto"  # set after the loader was made, as torch allows
     it = iter(later)
@@ -502,6 +510,109 @@ def test_decide():
     # ... unless other processes kept the machine busy meanwhile: then the low CPU share may
     # be this process's descheduling
     assert _auto.decide(io._replace(others=1.0)).workers == 2
+
+
+def test_decide_prefetch():
+    # the consumer waits (10 % of its loop) though 2 workers keep up on average (5 ms of work
+    # a batch for 2 workers against 4.5 ms of the consumer's): uneven batches or steps
+    uneven = window(workers=2, wait_s=0.005, user_s=0.045, work_s=0.05)
+    assert _auto.decide_prefetch(uneven)[0] == 4
+    assert _auto.decide_prefetch(uneven._replace(prefetch=4))[0] == 8
+    assert _auto.decide_prefetch(uneven._replace(prefetch=_auto.PREFETCH_MAX)) is None
+    # ... not when the workers cannot keep up (then the pool grows: ``decide``)
+    assert _auto.decide_prefetch(uneven._replace(work_s=0.09)) is None
+    # ... nor when the consumer does not wait
+    assert _auto.decide_prefetch(uneven._replace(wait_s=0.001)) is None
+    # within the budget: batches in flight take at most half of what the workers leave
+    mib = 1 << 20
+    tight = uneven._replace(budget=20 * mib, per_worker=2 * mib, batch_bytes=mib)
+    assert _auto.prefetch_room(tight) == 4  # (20 - 2 × 2) / 2 / (2 × 1)
+    assert _auto.decide_prefetch(tight._replace(prefetch=4)) is None
+    assert _auto.decide_prefetch(tight._replace(prefetch=8)) == (4, ANY_REASON)
+    assert _auto.prefetch_room(tight._replace(batch_bytes=64 * mib)) == _auto.PREFETCH
+    assert _auto.decide_prefetch(uneven._replace(workers=0)) is None
+
+
+class Counting(tud.Sampler):
+    """Counts the keys drawn from ``sampler``."""
+
+    def __init__(self, sampler):
+        self.sampler, self.drawn = sampler, 0
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __iter__(self):
+        for key in self.sampler:
+            self.drawn += 1
+            yield key
+
+
+class _Any:
+    def __eq__(self, other):
+        return isinstance(other, str)
+
+
+ANY_REASON = _Any()
+
+
+def test_batch_nbytes():
+    import numpy as np
+
+    batch = {"x": torch.zeros(4, 3), "y": [np.zeros(5, dtype=np.int64), "abc"], "n": 3}
+    assert _auto.batch_nbytes(batch) == 4 * 3 * 4 + 5 * 8 + 3
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
+    quick, monkeypatch, worker_type
+):
+    # 2 workers from the first window; then each window asks for a deeper prefetch, then a
+    # shallower one: the pool is kept, and the batches are the fixed loaders'.
+    scripted(monkeypatch, [2])
+    asked = iter([(4, "deeper"), None, (8, "deeper"), (2, "memory"), None])
+    monkeypatch.setattr(_auto, "decide_prefetch", lambda w: next(asked, None))
+    loader = loader_of("auto", 5, n=400, prefetch_factor="auto", worker_type=worker_type)
+    expected = batches(loader_of(0, 5, n=400), epochs=2)
+    assert batches(loader) == expected[:1]
+    decisions = loader.stats()["auto"]["decisions"]
+    assert [(d["num_workers"], d["prefetch_factor"]) for d in decisions] == [
+        (0, None),
+        (2, 2),
+        (2, 4),
+        (2, 8),
+        (2, 2),
+    ]
+    assert "prefetch_factor 8: deeper" in decisions[3]["reason"]
+    # in flight (drawn and not handed out) after each hand-out: 2 workers × the prefetch
+    scripted(monkeypatch, [2])
+    sampler = Counting(range(400))
+    counted = rloader.DataLoader(
+        Ints(400),
+        batch_size=2,
+        sampler=sampler,
+        num_workers="auto",
+        prefetch_factor="auto",
+        worker_type=worker_type,
+    )
+    asked = iter([(4, "deeper"), None, (8, "deeper"), (2, "memory"), None])
+    in_flight = [sampler.drawn // 2 - handed for handed, _ in enumerate(counted, 1)]
+    changes = [n for k, n in enumerate(in_flight) if k == 0 or in_flight[k - 1] != n]
+    assert changes[:4] == [0, 4, 8, 16] and in_flight[-100] == 4, in_flight
+    assert loader.stats()["auto"]["prefetch_factor"] == 2
+    # the next epoch's pool starts with the last chosen
+    asked = iter([(8, "deeper")])
+    assert batches(loader) == expected[1:]
+    assert loader.stats()["auto"]["decisions"][0]["prefetch_factor"] == 2
+    assert loader.stats()["auto"]["prefetch_factor"] == 8
+
+
+def test_a_fixed_prefetch_factor_is_not_tuned(quick, monkeypatch):
+    scripted(monkeypatch, [2])
+    monkeypatch.setattr(_auto, "decide_prefetch", lambda w: pytest.fail("tuned"))
+    loader = loader_of("auto", 5, prefetch_factor=3)
+    assert batches(loader) == batches(loader_of(0, 5))
+    assert loader.stats()["auto"]["prefetch_factor"] == 3
 
 
 def test_spawned_workers_under_auto(quick, monkeypatch):

@@ -94,7 +94,13 @@ change.
 - An ``IterableDataset`` shards by worker id and count, so its epoch keeps one engine: the first
   epoch runs in the main process (torch's default, ``num_workers=0``) and measures; each later
   epoch starts with the count the previous one asked for.
-- ``prefetch_factor="auto"`` is 2 (stage 1).
+- ``prefetch_factor="auto"`` (``_tune_prefetch``, ``decide_prefetch``): a pool whose consumer
+  waits though its workers keep up on average (uneven batches or steps) takes more batches
+  ahead, doubling up to ``PREFETCH_MAX``, before it grows; within the budget (batches in
+  flight × a batch's measured bytes). In place: the engine's scheduler changes its bound
+  (``Scheduler::set_prefetch_factor``, rloader-workers), and a process pool's region has
+  slots for ``PREFETCH_MAX`` from its start; pinned process pools keep theirs (the next pool
+  takes the new one).
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ import warnings
 import weakref
 from typing import Any, NamedTuple, Optional
 
+import torch
 from torch.utils.data.dataloader import _DatasetKind
 
 from . import _resume, _rloader
@@ -116,12 +123,15 @@ from ._loader_record import record_of
 from ._seed import draw_seed
 from .sampler import iter_keys
 
-__all__ = ["AutoWorkers", "is_auto", "start"]
+__all__ = ["AutoPrefetch", "AutoWorkers", "is_auto", "start"]
 
 log = logging.getLogger("rloader")
 
 AUTO = "auto"
-PREFETCH = 2  # prefetch_factor="auto", until it is measured too
+PREFETCH = 2  # prefetch_factor="auto": where it starts (torch's default) and its least
+PREFETCH_MAX = 8  # ... its most (a process pool's region has slots for as many)
+PREFETCH_MEMORY_SHARE = 0.5  # batches in flight may take at most this share of the budget
+# left after the workers' own memory
 MIN_WORK_S = 0.00015  # less work per batch than this stays in the main process (processes;
 # a pool no faster than the main process goes back to it: ``NO_GAIN``)
 MIN_THREAD_WORK_S = 0.0001  # ... (threads: no start-up, no copy)
@@ -181,8 +191,24 @@ class AutoWorkers(int):
     __str__ = __repr__
 
 
+class AutoPrefetch(int):
+    """``loader.prefetch_factor`` of a loader built with ``prefetch_factor="auto"`` and
+    ``num_workers="auto"``: an ``int`` (where the tuning starts, torch's default 2), so code
+    that reads it works, and a loader rebuilt from its attributes tunes it again."""
+
+    def __new__(cls) -> "AutoPrefetch":
+        return super().__new__(cls, PREFETCH)
+
+    def __repr__(self) -> str:
+        return f"AutoPrefetch({int(self)})"
+
+    __str__ = __repr__
+
+
 def is_auto(value: Any) -> bool:
-    return isinstance(value, AutoWorkers) or (isinstance(value, str) and value == AUTO)
+    return isinstance(value, (AutoWorkers, AutoPrefetch)) or (
+        isinstance(value, str) and value == AUTO
+    )
 
 
 def usable_cores() -> int:
@@ -361,6 +387,7 @@ class Window(NamedTuple):
     no_gain: Optional[float] = None  # a pool of this kind's loop per batch, found no faster
     start_s: Optional[float] = None  # starting one worker of this kind (None: the estimate)
     others: Optional[float] = None  # cores other processes used meanwhile (None: unknown)
+    batch_bytes: Optional[int] = None  # a batch's tensor and array bytes (None: not measured)
 
 
 class Decision(NamedTuple):
@@ -396,14 +423,20 @@ def start_cost(kind: str, rss: Optional[int] = None) -> float:
     return PROCESS_START_S + PROCESS_START_PER_GIB * (rss or 0) / (1 << 30)
 
 
+def per_batch(w: Window) -> tuple:
+    """``w``'s (wait, user, work) per batch, in seconds, and those numbers in words."""
+    wait, user, work = w.wait_s / w.batches, w.user_s / w.batches, w.work_s / w.batches
+    numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
+    return wait, user, work, numbers
+
+
 def decide(w: Window) -> Optional[Decision]:
     """The pool size ``w`` asks for, and why; None: keep the current one."""
     if w.batches <= 0:
         return None
-    wait, user, work = w.wait_s / w.batches, w.user_s / w.batches, w.work_s / w.batches
+    wait, user, work, numbers = per_batch(w)
     loop = wait + user
     cap = worker_cap(w)
-    numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
     quiet = w.others is None or w.others < OTHERS_MAX
@@ -473,6 +506,61 @@ def decide(w: Window) -> Optional[Decision]:
     return Decision(target, reason)
 
 
+def prefetch_room(w: Window) -> int:
+    """The most batches per worker in flight that the memory budget holds: at most
+    ``PREFETCH_MEMORY_SHARE`` of what the workers' own memory leaves (never below torch's
+    default, never above ``PREFETCH_MAX``)."""
+    if not w.batch_bytes or w.workers <= 0:
+        return PREFETCH_MAX
+    left = (w.budget - w.workers * w.per_worker) * PREFETCH_MEMORY_SHARE
+    return max(PREFETCH, min(PREFETCH_MAX, int(left // (w.workers * w.batch_bytes))))
+
+
+def decide_prefetch(w: Window) -> Optional[tuple]:
+    """``(prefetch_factor, reason)`` that ``w`` asks for under ``prefetch_factor="auto"``;
+    None: keep it. Deeper when the consumer waits though the pool keeps up on average
+    (``work / user × HEADROOM`` asks for no more workers than it has): its batches or the
+    consumer's steps are uneven, and the workers idled with their batches ready while the
+    consumer was slow, then could not catch up. More batches ahead absorb that for a
+    batch's memory each, where another worker costs a process. Shallower only for the budget."""
+    if w.workers <= 0 or w.batches <= 0:
+        return None
+    wait, user, work, numbers = per_batch(w)
+    loop = wait + user
+    room = prefetch_room(w)
+    if w.prefetch > room:
+        return room, f"memory: {w.prefetch} batches in flight per worker over the budget"
+    if (
+        w.prefetch < room
+        and user > 0
+        and wait > GROW_WAIT_SHARE * loop
+        and math.ceil(work / user * HEADROOM) <= w.workers
+    ):
+        return (
+            min(2 * w.prefetch, room),
+            f"the consumer waits though {w.workers} workers keep up on average ({numbers})",
+        )
+    return None
+
+
+def batch_nbytes(batch: Any, depth: int = 0) -> int:
+    """The bytes of a batch's tensors and arrays (what its batches in flight hold)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.nelement() * batch.element_size()
+    nbytes = getattr(batch, "nbytes", None)  # numpy arrays
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(batch, (str, bytes)):
+        return len(batch)
+    if depth >= 4:
+        return 0
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_nbytes(item, depth + 1) for item in batch[:4096])
+    return 0
+
+
 # -- the iterator ---------------------------------------------------------------------------
 
 
@@ -491,6 +579,7 @@ class Learned:
         self.per_worker: Optional[int] = None
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
         self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
+        self.prefetch: Optional[int] = None  # prefetch_factor="auto": the last chosen
         self.epochs = 0  # epochs ended
 
 
@@ -568,6 +657,7 @@ class _Engine:
         self.drained: Optional[collections.deque] = None
         self.exhausted = False
         self.first_window = True  # its windows this epoch have not ended yet (``_last_window``)
+        self.prefetch_fixed = False  # its prefetch cannot change in place (``_tune_prefetch``)
 
     def next(self):
         """Its next batch: the drained ones first."""
@@ -626,6 +716,7 @@ class AutoStats:
         self.decisions: list = []
         self.workers = 0
         self.kind = "process"
+        self.prefetch: Optional[int] = None  # the pools' prefetch_factor
         self.next_kind: Optional[str] = None  # set when the next epoch changes the kind
         self.next_workers: Optional[int] = None  # a pool the next epoch starts on (deferred)
 
@@ -640,6 +731,7 @@ class AutoStats:
         out["auto"] = dict(
             num_workers=self.workers,
             worker_type=self.kind,
+            prefetch_factor=self.prefetch,
             next_worker_type=self.next_kind,
             next_num_workers=self.next_workers,
             decisions=[dict(d) for d in self.decisions],
@@ -690,12 +782,18 @@ class AutoIter:
         self._learned = learned_of(loader)
         self._persistent = bool(loader.persistent_workers)
         self._kind_fixed = loader.worker_type if loader.worker_type != AUTO else None
-        self._prefetch = (
-            PREFETCH if loader.prefetch_factor in (None, AUTO) else loader.prefetch_factor
+        self._prefetch_auto = isinstance(loader.prefetch_factor, AutoPrefetch) or (
+            loader.prefetch_factor == AUTO
         )
+        if self._prefetch_auto:
+            self._prefetch = self._learned.prefetch or PREFETCH
+        else:
+            self._prefetch = loader.prefetch_factor or PREFETCH
+        self._batch_bytes: Optional[int] = None  # measured at each window's first batch
         self._cores = usable_cores()
         self._budget = memory_budget()
         self._stats = AutoStats()
+        self._stats.prefetch = self._prefetch
         self._engines: list = []  # in hand-out order; the last draws the keys
         self._taken_done = 0  # batches handed out by engines that have ended
         self._finished = False
@@ -831,6 +929,8 @@ class AutoIter:
             loader,
             num_workers=workers,
             prefetch_factor=self._prefetch if workers > 0 else None,
+            # (a tuned pool's region has slots for the deepest prefetch: it changes in place)
+            _rloader_layout_prefetch=PREFETCH_MAX if self._prefetch_auto else self._prefetch,
             persistent_workers=self._persistent and workers > 0,
             in_order=True,
             worker_type=kind,
@@ -865,6 +965,7 @@ class AutoIter:
             batch=taken,
             num_workers=workers,
             worker_type=kind,
+            prefetch_factor=self._prefetch if workers else None,
             reason=why,
         )
         if window is not None:
@@ -1030,6 +1131,7 @@ class AutoIter:
             no_gain=self._no_gain_loop(kind),
             start_s=self._start_cost(kind),
             others=self._others(engine),
+            batch_bytes=self._batch_bytes,
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
@@ -1100,6 +1202,8 @@ class AutoIter:
         ):
             return
         window = self._window(engine)
+        if self._prefetch_auto and self._tune_prefetch(engine, window):
+            return
         decision = decide(window)
         if decision is not None and decision.no_gain and now - self._w_started < NO_GAIN_WINDOW_S:
             self._w_hold_s = NO_GAIN_WINDOW_S  # the window goes on: a pool judged no faster
@@ -1145,6 +1249,8 @@ class AutoIter:
             now = clock()
             if handed:
                 self._handed_at = now
+                if self._w_batches == 0 and self._prefetch_auto:
+                    self._batch_bytes = batch_nbytes(batch)
                 self._w_batches += 1
 
     _handed_at: Optional[float] = None  # when next() last returned a batch
@@ -1185,6 +1291,30 @@ class AutoIter:
                 elif engine.start_s is not None:
                     self._measure_start(engine, waited)
             return batch
+
+    def _tune_prefetch(self, engine: _Engine, window: Window) -> bool:
+        """``prefetch_factor="auto"``: changes the pool's batches in flight per worker where
+        ``window`` asks (``decide_prefetch``), in place (the pool's scheduler draws more, or
+        fewer as batches are handed out); a pool that cannot (pinned worker processes, whose
+        pin thread owns the pool) keeps its own, and the next pool starts with the new one.
+        True: changed, and a new window measures it."""
+        if engine.workers == 0 or engine.prefetch_fixed:
+            return False
+        asked = decide_prefetch(window)
+        if asked is None:
+            return False
+        prefetch, why = asked
+        self._prefetch = self._learned.prefetch = prefetch
+        self._stats.prefetch = prefetch
+        setter = getattr(engine.it, "_set_prefetch_factor", None)
+        if setter is None:
+            engine.prefetch_fixed = True
+            why += "; from the next pool on"
+        else:
+            setter(prefetch)
+        self._record(engine.workers, engine.kind, f"prefetch_factor {prefetch}: {why}", window)
+        self._window_reset()
+        return True
 
     def _measure_start(self, engine: _Engine, waited: float) -> None:
         """A new pool's start: its creation and the consumer's waits for its first round."""

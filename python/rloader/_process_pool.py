@@ -241,8 +241,13 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
     owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
     record = record_of(owner)
     region, record.region = record.region, None  # this pool's until it stops
-    if region is None or not region.fits(loader.num_workers, loader.prefetch_factor):
-        region = _rloader.PoolRegion(loader.num_workers, loader.prefetch_factor)
+    # The region's slots: for the deepest prefetch an auto loader may tune to in place (not
+    # with pinning, whose key feed is sized on the prefetch: such a pool keeps its own).
+    layout = getattr(loader, "_rloader_layout_prefetch", None) or loader.prefetch_factor
+    if pin is not None:
+        layout = loader.prefetch_factor
+    if region is None or not region.fits(loader.num_workers, layout):
+        region = _rloader.PoolRegion(loader.num_workers, layout)
     try:  # the sampler's first draws may fail: then the region serves the next pool still
         new_feed = feed = None
         drawn = 0
@@ -274,6 +279,8 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
             worker_states=worker_states,
         )
         it._rloader_pool = pool  # for tests and debugging: the processes behind an iterator
+        if layout != loader.prefetch_factor:
+            it._set_prefetch_factor(loader.prefetch_factor)  # (before the first draws)
         # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
         # (torch too queues them in iter(), but only once all its workers are started).
         it._prefill()
@@ -291,7 +298,7 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
                 region_fd=_RegionFd(region.fd),
                 worker_id=worker_id,
                 num_workers=loader.num_workers,
-                prefetch_factor=loader.prefetch_factor,
+                prefetch_factor=layout,  # (the region's layout)
                 base_seed=base_seed,
                 dataset=loader.dataset,
                 iterable=iterable,

@@ -94,7 +94,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         generator: the ``torch.Generator`` the random sampler and the workers' base seed are
             drawn from (torch's global RNG when ``None``).
         prefetch_factor: batches loaded ahead per worker (default 2 with workers; must be
-            ``None`` without; ``"auto"``: 2 for now).
+            ``None`` without; ``"auto"``: tuned with ``num_workers="auto"``, from 2 up to 8
+            within its memory budget; torch's default with a fixed count).
         persistent_workers: keep the workers alive between epochs.
         pin_memory_device: deprecated in torch; the current accelerator is used.
         in_order: hand batches out in sampler order (``False``: as they are ready).
@@ -135,8 +136,12 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         if _auto.is_auto(num_workers):  # NOTE [Auto workers]
             num_workers = _auto.AutoWorkers(num_workers if isinstance(num_workers, int) else None)
         _check_worker_type(worker_type, multiprocessing_context, num_workers)
-        if prefetch_factor == _auto.AUTO:
-            prefetch_factor = None if num_workers == 0 else _auto.PREFETCH
+        if _auto.is_auto(prefetch_factor):
+            # tuned under num_workers="auto"; torch's default with a fixed count
+            if isinstance(num_workers, _auto.AutoWorkers):
+                prefetch_factor = _auto.AutoPrefetch()
+            else:
+                prefetch_factor = None if num_workers == 0 else _auto.PREFETCH
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "

@@ -17,6 +17,12 @@
 //! - when the epoch is over: every task answered and the sampler exhausted, or nothing in
 //!   flight and no draw owed (after a sampler's error), where torch ends it too.
 //!
+//! The bound may change during an epoch ([`Scheduler::set_prefetch_factor`]: the tuning of
+//! `prefetch_factor="auto"`): raised, the difference is owed at once; lowered, the draws that
+//! hand-outs would owe are withheld until the tasks drawn and not handed out are within it.
+//! Invariant: `drawn and not handed out + owed − withheld = max_in_flight` (less the tasks
+//! lost with a worker whose dataset ended, as in torch).
+//!
 //! It also says which task (and worker) each result handed out answered
 //! ([`Scheduler::last_handed_out`]): a resumable position, out of order too
 //! ([`crate::HandedOutTasks`]).
@@ -60,6 +66,8 @@ pub struct Scheduler<T> {
     held: Vec<usize>,
     /// Draws of the sampler owed before the next hand-out.
     owed: usize,
+    /// Draws that hand-outs would owe, held back after the bound was lowered (see the module).
+    withheld: usize,
     /// Assigned tasks not handed out yet (in_order: with their results once they arrive;
     /// otherwise only until answered).
     tasks: BTreeMap<u64, Task<T>>,
@@ -84,6 +92,7 @@ impl<T> Scheduler<T> {
             outstanding: 0,
             held: vec![0; num_workers],
             owed: max_in_flight,
+            withheld: 0,
             tasks: BTreeMap::new(),
             arrived: VecDeque::new(),
             last: None,
@@ -117,6 +126,41 @@ impl<T> Scheduler<T> {
 
     pub fn spend_draw(&mut self) {
         self.owed = self.owed.saturating_sub(1);
+    }
+
+    /// One more draw owed (a hand-out, a worker's end), unless one is withheld.
+    fn owe_one(&mut self) {
+        if self.withheld > 0 {
+            self.withheld -= 1;
+        } else {
+            self.owed += 1;
+        }
+    }
+
+    /// Bounds the tasks drawn and not handed out to `prefetch_factor` per worker from now on
+    /// (see the module): raising it owes the difference at once; lowering it withholds as
+    /// many draws (those owed now first).
+    pub fn set_prefetch_factor(&mut self, prefetch_factor: usize) {
+        let new = (prefetch_factor * self.active.len()).max(1);
+        let old = std::mem::replace(&mut self.max_in_flight, new);
+        if new >= old {
+            let mut more = new - old;
+            let unheld = more.min(self.withheld);
+            self.withheld -= unheld;
+            more -= unheld;
+            self.owed += more;
+        } else {
+            let mut less = old - new;
+            let unowed = less.min(self.owed);
+            self.owed -= unowed;
+            less -= unowed;
+            self.withheld += less;
+        }
+    }
+
+    /// The bound on tasks drawn and not handed out.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 
     /// Whether [`Scheduler::assign`] would find a worker for a task now.
@@ -196,7 +240,7 @@ impl<T> Scheduler<T> {
             self.tasks.remove(&task);
             self.outstanding = self.outstanding.saturating_sub(1);
         }
-        self.owed += 1;
+        self.owe_one();
         if let Some(flag) = self.active.get_mut(worker) {
             *flag = false;
         }
@@ -279,7 +323,7 @@ impl<T> Scheduler<T> {
         if let Some((worker, task, result)) = ready {
             self.last = Some((worker, task));
             self.held[worker] = self.held[worker].saturating_sub(1);
-            self.owed += 1;
+            self.owe_one();
             return Next::Ready(result);
         }
         if self.outstanding == 0 && (self.exhausted || self.draws_owed() == 0) {
@@ -303,6 +347,7 @@ impl<T> Scheduler<T> {
         self.outstanding = 0;
         self.held.iter_mut().for_each(|h| *h = 0);
         self.owed = self.max_in_flight;
+        self.withheld = 0;
         self.tasks.clear();
         self.arrived.clear();
         self.last = None;
@@ -673,5 +718,50 @@ mod tests {
         assert_eq!(first[0], (0, 0));
         // Results of worker 1 wait for task 0; the round robin goes on regardless.
         assert_eq!(s.assign(), Some((0, 4)));
+    }
+
+    /// Drives `s` as the pools do: makes the draws owed, then hands out what is ready, every
+    /// task answered at once; returns the most tasks drawn and not handed out at any time.
+    fn drive(s: &mut Scheduler<u64>, hand_outs: usize) -> usize {
+        let mut most = 0;
+        for _ in 0..hand_outs {
+            while s.draws_owed() > 0 {
+                s.spend_draw();
+                let (_, task) = s.assign().expect("a worker");
+                s.on_result(task, task);
+            }
+            most = most.max(s.tasks.len() + s.arrived.len());
+            assert!(matches!(s.next(), Next::Ready(_)));
+        }
+        most
+    }
+
+    #[test]
+    fn a_raised_prefetch_factor_is_owed_at_once_and_a_lowered_one_withheld() {
+        let mut s: Scheduler<u64> = Scheduler::new(2, 2, true);
+        assert_eq!(drive(&mut s, 3), 4);
+        s.set_prefetch_factor(5);
+        assert_eq!(s.max_in_flight(), 10);
+        assert_eq!(
+            s.draws_owed(),
+            1 + 6,
+            "the hand-out's draw and the difference"
+        );
+        assert_eq!(drive(&mut s, 5), 10);
+        s.set_prefetch_factor(1);
+        assert_eq!(s.draws_owed(), 0, "the owed draw is the first withheld");
+        // 9 in flight, bound 2: the next 7 hand-outs owe nothing, then one each.
+        for _ in 0..7 {
+            assert!(matches!(s.next(), Next::Ready(_)));
+            assert_eq!(s.draws_owed(), 0);
+        }
+        assert!(matches!(s.next(), Next::Ready(_)));
+        assert_eq!(s.draws_owed(), 1);
+        assert_eq!(drive(&mut s, 20), 2, "within the new bound");
+        s.set_prefetch_factor(3);
+        s.set_prefetch_factor(2);
+        assert_eq!(drive(&mut s, 20), 4, "up and down again: the net change");
+        s.reset();
+        assert_eq!(s.draws_owed(), 4, "a new epoch starts at the bound");
     }
 }

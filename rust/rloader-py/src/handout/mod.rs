@@ -21,7 +21,7 @@ mod options;
 pub use answer::{reraise, Answer, WorkerState};
 pub use handouts::HandOuts;
 pub use length_warning::LengthWarning;
-pub use options::HandOutOptions;
+pub use options::{set_prefetch_factor, HandOutOptions};
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -103,4 +104,21 @@ impl HandOutOptions {
     pub fn persistent(&self) -> bool {
         self.persistent
     }
+}
+
+/// `_set_prefetch_factor` of the iterators: bounds `scheduler`'s tasks drawn and not handed
+/// out to `prefetch_factor` per worker from now on (`prefetch_factor="auto"`;
+/// `Scheduler::set_prefetch_factor`): more are drawn at the next `next()`, or fewer as batches
+/// are handed out.
+pub fn set_prefetch_factor(
+    scheduler: &mut Scheduler<Answer>,
+    prefetch_factor: usize,
+) -> PyResult<()> {
+    if prefetch_factor == 0 {
+        return Err(PyValueError::new_err(
+            "prefetch_factor must be greater than 0",
+        ));
+    }
+    scheduler.set_prefetch_factor(prefetch_factor);
+    Ok(())
 }

@@ -34,7 +34,8 @@ use super::key_feed::{DrawnKeys, TaskKeySource};
 use super::region::PoolRegion;
 use crate::errors::to_py;
 use crate::handout::{
-    iterator_methods, reraise, Answer, HandOutOptions, HandOutState, WorkerState,
+    iterator_methods, reraise, set_prefetch_factor, Answer, HandOutOptions, HandOutState,
+    WorkerState,
 };
 use crate::memory::{Lease, Message, PinnedSlots};
 use crate::sampling::KeyBatch;
@@ -288,6 +289,13 @@ impl PoolIter {
         self.keys = source;
         // The epoch's first draws, in iter() as torch makes them.
         self.send_tasks(py)
+    }
+
+    /// `handout::set_prefetch_factor` (`prefetch_factor="auto"`).
+    /// Slots beyond the region's (`PoolRegion`'s `prefetch_factor`) are not there: those
+    /// batches travel inline.
+    fn _set_prefetch_factor(&mut self, prefetch_factor: usize) -> PyResult<()> {
+        set_prefetch_factor(&mut self.scheduler, prefetch_factor)
     }
 
     /// Draws the first tasks and sends them before any worker is started, so

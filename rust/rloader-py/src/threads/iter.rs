@@ -12,7 +12,7 @@ use rloader_workers::{Next, PoolError, Scheduler};
 use super::ThreadPool;
 use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
 use crate::errors::to_py;
-use crate::handout::{iterator_methods, Answer, HandOutOptions, HandOutState};
+use crate::handout::{iterator_methods, set_prefetch_factor, Answer, HandOutOptions, HandOutState};
 use crate::sampling::{KeyBatch, SamplerKeys};
 use crate::wait;
 
@@ -87,6 +87,11 @@ impl ThreadIter {
             hand_out: hand_out.state(py, size, stats)?,
             first_batch_grace: FIRST_BATCH_GRACE_S,
         })
+    }
+
+    /// `handout::set_prefetch_factor` (`prefetch_factor="auto"`).
+    fn _set_prefetch_factor(&mut self, prefetch_factor: usize) -> PyResult<()> {
+        set_prefetch_factor(&mut self.scheduler, prefetch_factor)
     }
 
     /// The epoch's first draws, in `iter()` as torch makes them.
