@@ -81,7 +81,7 @@ WORKLOADS = {
     "step": (in_memory(ImageLabelDataset), (32768, 8192), 256, 0.02, False, None),
     # (uneven steps: 1 ms, and 30 ms every 10th batch (logging, a checkpoint): the workers
     # keep up on average, but a shallow prefetch runs dry after each long step)
-    "uneven": (in_memory(BusyDataset), (8192, 4096), 48, (0.001, 0.03, 10), False, None),
+    "uneven": (in_memory(BusyDataset), (32768, 8192), 128, (0.001, 0.03, 10), False, None),
     # (JPEG decoding: ~300 images/s a core, so an epoch in the main process takes 5 s)
     "imagefolder": (image_folder, (None, None), 64, 0.0, True, "0p,1p,2p,4p,2t,4t,8t"),
     "tokens": (token_windows, (32768, 4096), 32, 0.0, True, None),

@@ -46,6 +46,7 @@ class FakeClock:
 def quick(monkeypatch):
     """Decisions after every MIN_WINDOW batches, whatever the wall time (from the first)."""
     monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(_auto, "LONG_STEPS", 0)
     monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
     monkeypatch.setattr(_auto, "machine_cpu", lambda: None)  # the machine's load: unknown
     monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
@@ -487,7 +488,7 @@ def test_decide():
     assert _auto.decide(over).workers == 2
     # a pool at its cap whose consumer waits, no faster than the main process was: back to it
     slow = window(workers=8, wait_s=0.2, user_s=0.01, work_s=1.0, main_loop=0.02)
-    assert _auto.decide(slow) == (0, _auto.decide(slow).reason, False, True)
+    assert _auto.decide(slow) == (0, _auto.decide(slow).reason, False, True, False)
     assert _auto.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
     assert _auto.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
     # ... not while its workers take well over the main process's work per batch (processes
@@ -605,6 +606,45 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
     assert batches(loader) == expected[1:]
     assert loader.stats()["auto"]["decisions"][0]["prefetch_factor"] == 2
     assert loader.stats()["auto"]["prefetch_factor"] == 8
+
+
+def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, monkeypatch):
+    # Uneven steps: windows in the consumer's long steps read as idle workers, those in its
+    # short ones as waiting. Once grown back after such a shrink, the pool stays (for
+    # FLOOR_EPOCHS epochs); a shrink for the budget still happens.
+    # per phase (a new phase with each switch): what each window asks for
+    plan = [(2, False), (1, True), (2, False), (1, True)]
+    refused = 30  # windows that ask for the idle shrink once the pool has grown back
+    calls, seen = [], []
+
+    def decide(window):
+        if not seen or seen[-1] != window.workers:
+            seen.append(window.workers)
+        phase = len(seen) - 1
+        calls.append(phase)
+        if phase == 3 and calls.count(3) > refused:
+            workers, idle = 1, False  # then: a shrink for the budget
+        else:
+            workers, idle = plan[phase] if phase < len(plan) else (None, False)
+        if workers is None or workers == window.workers:
+            return None
+        return _auto.Decision(workers, "memory" if not idle else "idle", idle=idle)
+
+    monkeypatch.setattr(_auto, "decide", decide)
+    loader = loader_of("auto", 3, n=800, persistent_workers=True)
+    assert batches(loader) == batches(loader_of(0, 3, n=800))
+    assert chosen(loader) == [0, 2, 1, 2, 1]
+    assert loader.stats()["auto"]["decisions"][-1]["reason"] == "memory"
+    assert calls.count(3) > refused  # (the idle shrinks were asked for, and refused)
+    # the next epochs: still refused, until FLOOR_EPOCHS epochs have passed
+    plan, refused, calls[:], seen[:] = [(1, True)] * 10, 10**6, [], []
+    learned = _auto.learned_of(loader)
+    learned.workers = 2
+    for epoch in range(1, _auto.FLOOR_EPOCHS):
+        batches(loader)
+        assert chosen(loader) == [2], epoch
+    batches(loader)
+    assert chosen(loader) == [2, 1]
 
 
 def test_a_fixed_prefetch_factor_is_not_tuned(quick, monkeypatch):

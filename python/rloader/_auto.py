@@ -35,11 +35,13 @@ change.
   asks (× ``HEADROOM``). In a pool: grow when the consumer waits more than ``GROW_WAIT_SHARE`` of
   its loop and the workers are busy; shrink when it (nearly) never waits and ``work / user`` asks
   for at most ``SHRINK_RATIO`` of the pool (hysteresis: the gap between the two thresholds, a
-  window of at least ``2 × workers × prefetch_factor`` batches, which starts only once a new
+  window of at least ``2 × workers × prefetch_factor`` batches and ``LONG_STEPS`` of the
+  consumer's longest step, which starts only once a new
   pool has handed out its first round of batches and the old one has drained, so start-up
-  does not read as waiting; turning back (a shrink after a growth in the epoch, or the other
-  way) needs a window twice as long; growth at most ×2 per step so the memory of each step is
-  measured before the next). The main process's windows start after its first
+  does not read as waiting; turning back (a shrink after a growth, or the other
+  way) needs a window twice as long, and a pool grown back after its workers idled is the
+  least they may shrink it to (``_floor``); growth at most ×2 per step so the memory of each
+  step is measured before the next). The main process's windows start after its first
   ``MAIN_WARM_BATCHES`` batches (they fill new batch memory: 2-3 ms against 0.3 ms for uint8
   [3, 224, 224] × 64), unless the epoch is too short to leave a window after them.
   Back to the main process: a pool at its cap whose consumer still waits and whose loop per
@@ -147,6 +149,8 @@ PROCESSES_PER_CORE = 4  # ... processes
 WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
 MIN_WINDOW = 4  # batches a decision looks at, at least
 MIN_WINDOW_S = 0.05  # ... and seconds
+LONG_STEPS = 5  # ... and this many of the consumer's longest step in the last window (uneven
+# steps, a long one every few batches: a shorter window reads as idle or waiting by phase)
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
@@ -164,6 +168,8 @@ THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speed
 # (up to the cores) promises over the main process may be taking turns on the GIL: processes
 # may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
 PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
+FLOOR_EPOCHS = 4  # a pool grown back after a shrink is the least the workers idling may
+# shrink to, for this many epochs (uneven steps: windows in the long steps read as idle)
 WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
 # judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
@@ -395,6 +401,7 @@ class Decision(NamedTuple):
     reason: str
     deferred: bool = False  # worth it, but from the next epoch's start on
     no_gain: bool = False  # back to the main process: the pool was no faster
+    idle: bool = False  # a shrink because the workers idled (``AutoIter._floor`` bounds it)
 
 
 def worker_cap(w: Window) -> int:
@@ -462,6 +469,7 @@ def decide(w: Window) -> Optional[Decision]:
                 no_gain=True,
             )
     wanted = w.workers
+    idle = False
     if user > 0:
         wanted = math.ceil(work / user * HEADROOM)
     else:
@@ -477,6 +485,7 @@ def decide(w: Window) -> Optional[Decision]:
         target = min(max(wanted, w.workers + 1), 2 * w.workers, cap)
         why = "the consumer waits"
     elif wait < SHRINK_WAIT_SHARE * loop and wanted <= SHRINK_RATIO * w.workers:
+        idle = True
         target, why = max(1, wanted), "the workers idle"
         if w.main_work is not None and w.main_work < MIN_WAIT_SHARE * (user + w.main_work):
             # the main process would cost the consumer less than it takes to start a pool
@@ -486,6 +495,8 @@ def decide(w: Window) -> Optional[Decision]:
     reason = f"{why} ({numbers}, cap {cap})"
     if target == w.workers or (target <= 0 and w.workers == 0):
         return None
+    if idle:
+        return Decision(target, reason, idle=True)
     if w.remaining is not None and target > w.workers:
         wanted_later = target  # what a whole epoch asks for
         # a new pool that would not fill twice its prefetch window is not worth starting
@@ -580,6 +591,8 @@ class Learned:
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
         self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
         self.prefetch: Optional[int] = None  # prefetch_factor="auto": the last chosen
+        self.floor: Optional[tuple] = None  # (workers, epoch): ``AutoIter._floor``
+        self.direction = 0  # of the last switch: 1 grew, -1 shrank
         self.epochs = 0  # epochs ended
 
 
@@ -850,7 +863,7 @@ class AutoIter:
         self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
         self._taken_done = 0
-        self._direction = 0  # of this epoch's last switch: 1 grew, -1 shrank
+        self._direction = self._learned.direction  # of the last switch: 1 grew, -1 shrank
         self._finished = self._finished_before = False
         self._source = None if self._iterable else _Source(keys)
         self._window_reset()
@@ -975,7 +988,14 @@ class AutoIter:
 
     # -- measuring ------------------------------------------------------------------------
 
+    _w_longest = 0.0  # the consumer's longest step in the window
+    _longest = 0.0  # ... in the last window (``LONG_STEPS``)
+    _w_batches = 0
+
     def _window_reset(self) -> None:
+        if self._w_batches:
+            self._longest = self._w_longest
+        self._w_longest = 0.0
         self._w_batches = 0
         self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
         self._w_started = clock()
@@ -1198,7 +1218,7 @@ class AutoIter:
         minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch)
         now = clock()
         if self._w_batches < max(minimum, self._w_hold_batches) or now - self._w_started < max(
-            MIN_WINDOW_S, self._w_hold_s
+            MIN_WINDOW_S, self._w_hold_s, LONG_STEPS * max(self._longest, self._w_longest)
         ):
             return
         window = self._window(engine)
@@ -1213,7 +1233,14 @@ class AutoIter:
             if direction == -self._direction and self._w_batches < 2 * minimum:
                 self._w_hold_batches = 2 * minimum  # turning back needs twice the evidence
                 return  # (hysteresis): the window goes on
-            self._direction = direction
+            if decision.idle and decision.workers < self._floor():
+                self._window_reset()  # (grown back after such a shrink before)
+                return
+            if direction == 1 and self._direction == -1:
+                # grown back after a shrink: the windows that read as idle were the consumer's
+                # long steps, not too many workers
+                self._learned.floor = (decision.workers, self._learned.epochs)
+            self._direction = self._learned.direction = direction
         if decision is not None and decision.no_gain and self._no_gain(engine, window):
             decision = None  # the pool is kept to the epoch's end; processes follow
         engine.first_window = False  # (a new window begins, or a new engine)
@@ -1236,7 +1263,9 @@ class AutoIter:
         own = self._stats.own
         called = clock()
         if self._handed_at is not None:
-            self._w_user += called - self._handed_at
+            step = called - self._handed_at
+            self._w_user += step
+            self._w_longest = max(self._w_longest, step)
             self._handed_at = None
         own.next_called()
         handed = False
@@ -1316,6 +1345,15 @@ class AutoIter:
         self._window_reset()
         return True
 
+    def _floor(self) -> int:
+        """The least the workers idling may shrink the pool to: a pool grown back after such a
+        shrink (its windows in the consumer's long steps read as idle, those in its short ones
+        as waiting), for ``FLOOR_EPOCHS`` epochs."""
+        floor = self._learned.floor
+        if floor is None or self._learned.epochs - floor[1] >= FLOOR_EPOCHS:
+            return 0
+        return floor[0]
+
     def _measure_start(self, engine: _Engine, waited: float) -> None:
         """A new pool's start: its creation and the consumer's waits for its first round."""
         engine.start_s += waited
@@ -1332,6 +1370,8 @@ class AutoIter:
         window = self._window(engine)._replace(remaining=None)
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
+            return
+        if decision.idle and decision.workers < self._floor():
             return
         if decision.no_gain:
             if not engine.first_window and clock() - self._w_started < NO_GAIN_WINDOW_S:
