@@ -47,6 +47,7 @@ def quick(monkeypatch):
     """Decisions after every MIN_WINDOW batches, whatever the wall time (from the first)."""
     monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
     monkeypatch.setattr(_auto, "LONG_STEPS", 0)
+    monkeypatch.setattr(_auto, "STEADY_GROWTH", 1)
     monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
     monkeypatch.setattr(_auto, "machine_cpu", lambda: None)  # the machine's load: unknown
     monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
@@ -274,6 +275,27 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
     moved = gil_bound and affordable
     assert kinds == (["process"] if moved else ["thread"])  # epoch 2 starts on its kind
     assert loader.stats()["auto"]["num_workers"] == 2
+
+
+@pytest.mark.parametrize("slowed", [True, False])
+def test_threads_that_slow_the_consumers_step_make_way_for_processes(quick, monkeypatch, slowed):
+    # 10 ms of work a batch and a 2 ms step beside the main process; beside 2 threads the step
+    # takes 4 ms (they take the GIL from the consumer): the next epoch starts processes.
+    clock = fake_clock(monkeypatch)
+    scripted(monkeypatch, [2])
+    monkeypatch.setattr(_auto, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3)
+    loader = rloader.DataLoader(
+        Ints(clock=clock, cost=0.005), batch_size=2, num_workers="auto", worker_type="auto"
+    )
+    got, it = [], iter(loader)
+    for b in it:
+        got.append(b.tolist())
+        beside_threads = it._stats.workers > 0
+        clock.now += 0.004 if beside_threads and slowed else 0.002
+    assert got == batches(rloader.DataLoader(Ints(), batch_size=2))[0]
+    assert it._stats.kind == "thread"
+    assert loader.stats()["auto"]["next_worker_type"] == ("process" if slowed else None)
 
 
 def _record_init(worker_id):
@@ -647,6 +669,17 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
     assert chosen(loader) == [2, 1]
 
 
+def test_windows_that_decide_nothing_grow_and_a_switch_shortens_them(quick, monkeypatch):
+    monkeypatch.setattr(_auto, "STEADY_GROWTH", 4)
+    calls = scripted(monkeypatch, [None, 2] + [None] * 6 + [1, 1])
+    loader = loader_of("auto", 3, n=800)
+    assert batches(loader) == batches(loader_of(0, 3, n=800))
+    # main: 4, then 8 batches; 2 workers: 2 × 2 × 2 = 8, then 16, 32, 32...; the shrink
+    # (turning back) holds its window to twice the shortest; then 1 worker: 4 again
+    sizes = [(w.workers, w.batches) for w in calls]
+    assert sizes[:11] == [(0, 4), (0, 8)] + [(2, 8), (2, 16)] + [(2, 32)] * 5 + [(2, 64), (1, 4)]
+
+
 def test_a_fixed_prefetch_factor_is_not_tuned(quick, monkeypatch):
     scripted(monkeypatch, [2])
     monkeypatch.setattr(_auto, "decide_prefetch", lambda w: pytest.fail("tuned"))
@@ -847,6 +880,15 @@ def test_the_start_of_a_pool_is_measured(quick, monkeypatch):
     assert chosen(loader)[:2] == [0, 4]
     assert windows[0].start_s == _auto.start_cost("process", 1 << 30)
     assert windows[-1].workers > 0 and windows[-1].start_s == pytest.approx(0.5)
+    # a measured start below the estimate: the estimate counts (the measurement ends before
+    # the workers have copied the pages they touch)
+    _auto.learned_of(loader).start_s["process"] = 0.001
+    assert loader._iterator is None  # (not persistent: an iterator of its own)
+    it = iter(loader)
+    assert it._start_cost("process") == _auto.start_cost("process", 1 << 30)
+    _auto.learned_of(loader).start_s["thread"] = 0.001
+    assert it._start_cost("thread") == 0.001
+    del it
     # the estimate before a measurement grows with the process's size (fork's page tables)
     assert _auto.start_cost("process", 4 << 30) > _auto.start_cost("process", 1 << 30)
     assert _auto.start_cost("thread", 4 << 30) == _auto.THREAD_START_S

@@ -144,11 +144,17 @@ SHRINK_RATIO = 0.75  # ... to at most this share of its workers
 HEADROOM = 1.25  # workers asked for beyond work / user
 GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their number longer
 # than in the main process alone take turns on the GIL: processes from the next epoch
+CONSUMER_GIL = 1.25  # threads beside which the consumer's own step per batch takes more than
+# this × what it took beside the main process's loading take the GIL from it: processes from
+# the next epoch (uneven steps of 1 ms and 30 ms, pure-Python samples: 1.3-1.6×)
 THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
 PROCESSES_PER_CORE = 4  # ... processes
 WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
 MIN_WINDOW = 4  # batches a decision looks at, at least
 MIN_WINDOW_S = 0.05  # ... and seconds
+STEADY_GROWTH = 16  # a window that decides nothing makes the next twice as long, up to this
+# many times the shortest (each costs the consumer's thread reads of /proc: on 2 cores shared
+# with 2 workers, its time is theirs); a switch starts short windows again
 LONG_STEPS = 5  # ... and this many of the consumer's longest step in the last window (uneven
 # steps, a long one every few batches: a shorter window reads as idle or waiting by phase)
 MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
@@ -156,8 +162,10 @@ THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
 PROBED_WORKERS = 4  # ... that of at most this many of them (the largest stands for all)
 PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
-PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
-# (fork copies its page tables; 2 workers took 40 ms at 0.6 GiB, 228 ms at 5.3 GiB)
+PROCESS_START_PER_GIB = 0.09  # is measured: this, plus this per GiB of this process's RSS
+# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB; then
+# the workers copy the pages they touch: 2 workers over 1.6 GB of in-memory tensors cost the
+# consumer ~0.43 s in all, ~90 ms per GiB of a 2.2 GiB process each, on the 2-core machine)
 THREAD_START_S = 0.002  # ... one worker thread
 NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
 # process's is not worth it: back to the main process
@@ -969,6 +977,7 @@ class AutoIter:
             self._learned.kind = kind  # chosen once: it never changes within an epoch
         self._stats.workers, self._stats.kind = workers, kind
         self._record(workers, kind, why, window)
+        self._w_scale = 1
         self._window_reset()
 
     def _record(self, workers: int, kind: str, why: str, window: Optional[Window] = None) -> None:
@@ -991,6 +1000,7 @@ class AutoIter:
     _w_longest = 0.0  # the consumer's longest step in the window
     _longest = 0.0  # ... in the last window (``LONG_STEPS``)
     _w_batches = 0
+    _w_scale = 1  # windows are this many times the shortest (``STEADY_GROWTH``)
 
     def _window_reset(self) -> None:
         if self._w_batches:
@@ -1031,9 +1041,15 @@ class AutoIter:
 
     def _start_cost(self, kind: str) -> float:
         """Seconds to start one worker of ``kind``: the loader's last measured start, else the
-        estimate (``start_cost``)."""
+        estimate (``start_cost``). For processes the larger of the two: the measured start
+        (the pool's creation and its first round) leaves out the pages the workers copy after
+        it, which the estimate stands for."""
         measured = self._learned.start_s.get(kind)
-        return measured if measured is not None else start_cost(kind, own_memory())
+        if measured is None:
+            return start_cost(kind, own_memory())
+        if kind == "process":
+            return max(measured, start_cost(kind, own_memory()))
+        return measured
 
     def _no_gain(self, engine: _Engine, window: Window) -> bool:
         """``engine``'s pool was no faster than the main process: remembered for its kind (the
@@ -1129,6 +1145,8 @@ class AutoIter:
         if kind == "thread" and engine.workers and learned.base_work and self._w_batches and busy:
             inflation = work / self._w_batches / learned.base_work
             self._inflation = inflation
+        if kind == "thread" and engine.workers and self._w_batches:
+            self._thread_user = self._w_user / self._w_batches
         return Window(
             batches=self._w_batches,
             wait_s=self._w_wait,
@@ -1155,6 +1173,7 @@ class AutoIter:
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
+    _thread_user: Optional[float] = None  # the consumer's step per batch beside threads
     _finished_before = False  # this epoch's end was counted
 
     def _gil_check(self) -> None:
@@ -1163,19 +1182,50 @@ class AutoIter:
         engine = self._engines[-1] if self._engines else None
         if self._kind_fixed is not None or engine is None or engine.kind != "thread":
             return
+        learned = self._learned
         if (
             engine.workers >= 2
             and (self._inflation or 0) > GIL_SHARE * engine.workers
             and self._processes_affordable(engine)
         ):
-            self._learned.kind = "process"
-            self._stats.next_kind = "process"
-            log.debug(
-                "rloader auto: processes from the next epoch: %d threads' work took %.2f× "
-                "the main process's per batch (the GIL)",
-                engine.workers,
-                self._inflation,
+            why = f"{engine.workers} threads' work took {self._inflation:.2f}× the main process's"
+        elif self._slows_the_consumer() and self._processes_affordable(engine):
+            why = (
+                "the consumer's step took %.2f ms a batch beside threads, %.2f ms beside the "
+                % (
+                    (self._thread_user or 0) * 1e3,
+                    (learned.main_loop - learned.base_work) * 1e3,
+                )
+                + "main process's loading"
             )
+        else:
+            return
+        learned.kind = "process"
+        self._stats.next_kind = "process"
+        log.debug("rloader auto: processes from the next epoch: %s (the GIL)", why)
+
+    def _slows_the_consumer(self) -> bool:
+        """Whether the thread workers took the GIL from the consumer: its own step per batch
+        (outside ``next()``) took ``CONSUMER_GIL`` × what it took beside the main process's
+        loading, for work that holds its CPU (work that mostly waits hands the GIL back), and
+        by at least ``MIN_WAIT_SHARE`` of its loop."""
+        learned = self._learned
+        if (
+            self._thread_user is None
+            or learned.main_loop is None
+            or learned.base_work is None
+            or learned.cpu_share is None
+            or learned.cpu_share < WAITING_SHARE
+            or self._no_gain_loop("process") is not None
+        ):
+            return False
+        main_user = learned.main_loop - learned.base_work
+        extra = self._thread_user - main_user
+        return (
+            main_user > 0
+            and self._thread_user > CONSUMER_GIL * main_user
+            and extra > MIN_WAIT_SHARE * (learned.main_loop)
+        )
 
     def _per_worker(self, kind: str) -> int:
         if kind == "thread":
@@ -1215,10 +1265,12 @@ class AutoIter:
             engine.warm = True
             self._window_reset()
             return
-        minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch)
+        minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch) * self._w_scale
         now = clock()
         if self._w_batches < max(minimum, self._w_hold_batches) or now - self._w_started < max(
-            MIN_WINDOW_S, self._w_hold_s, LONG_STEPS * max(self._longest, self._w_longest)
+            MIN_WINDOW_S * self._w_scale,
+            self._w_hold_s,
+            LONG_STEPS * max(self._longest, self._w_longest),
         ):
             return
         window = self._window(engine)
@@ -1244,6 +1296,8 @@ class AutoIter:
         if decision is not None and decision.no_gain and self._no_gain(engine, window):
             decision = None  # the pool is kept to the epoch's end; processes follow
         engine.first_window = False  # (a new window begins, or a new engine)
+        if decision is None:
+            self._w_scale = min(2 * self._w_scale, STEADY_GROWTH)  # steady: longer windows
         if self._iterable:  # the count is for the next epoch
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
@@ -1342,6 +1396,7 @@ class AutoIter:
         else:
             setter(prefetch)
         self._record(engine.workers, engine.kind, f"prefetch_factor {prefetch}: {why}", window)
+        self._w_scale = 1
         self._window_reset()
         return True
 
