@@ -73,11 +73,13 @@ WORKLOADS = {
     # training step in seconds, shuffle, settings (None: --settings))
     # (the datasets of benches/side_by_side.py: ~50 us of pure Python; 1 ms sleep; in-memory
     # (float32[3, 32, 32], int) pairs; in-memory uint8 [3, 224, 224] arrays; and two pipelines
-    # of benches/real_pipelines.py)
+    # of benches/real_pipelines.py; uint8: 8192 arrays, 1.2 GB, so that an epoch in the main
+    # process lasts ~40 ms: 2048 made 10 ms epochs, whose times a page fault or a collection
+    # moved by a third)
     "pure-python": (in_memory(BusyDataset), (8192, 2048), 32, 0.0, False, None),
     "sleep": (in_memory(SleepyDataset), (4096, 1024), 32, 0.0, False, None),
     "tensors": (in_memory(ImageLabelDataset), (131072, 32768), 256, 0.0, False, None),
-    "uint8": (in_memory(ImageArrayDataset), (2048, 512), 64, 0.0, False, None),
+    "uint8": (in_memory(ImageArrayDataset), (8192, 512), 64, 0.0, False, None),
     "step": (in_memory(ImageLabelDataset), (32768, 8192), 256, 0.02, False, None),
     # (uneven steps: 1 ms, and 30 ms every 10th batch (logging, a checkpoint): the workers
     # keep up on average, but a shallow prefetch runs dry after each long step)

@@ -48,7 +48,9 @@ change.
   batch is above ``NO_GAIN`` × the main process's (its transport costs what it moves off,
   its threads take turns on the GIL, or it shares the cores with the consumer); not a pool
   of processes whose work per batch is above ``WARM_WORK`` × the main process's (they are
-  still copying the pages they touch after the fork, or are descheduled). Not while
+  still copying the pages they touch after the fork, or are descheduled), nor one that has
+  not made an epoch's batches yet (``Window.pool_batches``: its first epoch is a start's);
+  a fresh pool that served a whole epoch is judged on it at its end (``_whole_epoch``). Not while
   other processes used more than ``OTHERS_MAX`` cores during the window (``machine_cpu``
   less ``loader_cpu``, from /proc's 10 ms ticks, so such a window goes on for
   ``NO_GAIN_WINDOW_S``): the machine's load, not the pool, may have slowed it (2 processes
@@ -402,6 +404,7 @@ class Window(NamedTuple):
     start_s: Optional[float] = None  # starting one worker of this kind (None: the estimate)
     others: Optional[float] = None  # cores other processes used meanwhile (None: unknown)
     batch_bytes: Optional[int] = None  # a batch's tensor and array bytes (None: not measured)
+    pool_batches: Optional[int] = None  # batches the pool has handed out since it started
 
 
 class Decision(NamedTuple):
@@ -465,6 +468,11 @@ def decide(w: Window) -> Optional[Decision]:
     # (processes whose work per batch is well above the main process's are still copying the
     # pages they touch after the fork, or are descheduled: not judged yet)
     warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
+    # (nor before they have made an epoch's batches: each worker maps and faults in what it
+    # reads anew, its first epoch is a start's: token windows from a memmap, 2 fresh
+    # processes 120k windows/s against the main process's 147k, then 227k)
+    if w.kind == "process" and w.epoch_batches and (w.pool_batches or 0) < w.epoch_batches:
+        warming = True
     if w.workers > 0 and w.main_loop is not None and slow and quiet:
         # The consumer waits on a pool that may not grow and is no faster than the main
         # process was (its transport costs what it saves, its workers take turns on the GIL,
@@ -679,6 +687,7 @@ class _Engine:
         self.exhausted = False
         self.first_window = True  # its windows this epoch have not ended yet (``_last_window``)
         self.prefetch_fixed = False  # its prefetch cannot change in place (``_tune_prefetch``)
+        self.lived = 0  # batches it handed out in the epochs before this one
 
     def next(self):
         """Its next batch: the drained ones first."""
@@ -872,6 +881,7 @@ class AutoIter:
         self._stats.clear()
         self._taken_done = 0
         self._direction = self._learned.direction  # of the last switch: 1 grew, -1 shrank
+        self._e_batches, self._e_wait, self._e_user = 0, 0.0, 0.0  # the epoch's (_whole_epoch)
         self._finished = self._finished_before = False
         self._source = None if self._iterable else _Source(keys)
         self._window_reset()
@@ -911,6 +921,7 @@ class AutoIter:
             self._switch(workers, "the previous epoch's choice" if workers else "start")
 
     def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
+        engine.lived += engine.handed
         engine.it._reset(segment, reported_len)
         engine.segment = segment
         engine.warm = True  # its workers run, and _reset sent the first tasks
@@ -1170,6 +1181,7 @@ class AutoIter:
             start_s=self._start_cost(kind),
             others=self._others(engine),
             batch_bytes=self._batch_bytes,
+            pool_batches=engine.lived + engine.handed if engine.workers else None,
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
@@ -1319,6 +1331,7 @@ class AutoIter:
         if self._handed_at is not None:
             step = called - self._handed_at
             self._w_user += step
+            self._e_user += step
             self._w_longest = max(self._w_longest, step)
             self._handed_at = None
         own.next_called()
@@ -1335,6 +1348,7 @@ class AutoIter:
                 if self._w_batches == 0 and self._prefetch_auto:
                     self._batch_bytes = batch_nbytes(batch)
                 self._w_batches += 1
+                self._e_batches += 1
 
     _handed_at: Optional[float] = None  # when next() last returned a batch
 
@@ -1368,6 +1382,7 @@ class AutoIter:
             finally:
                 waited = clock() - wall0
                 self._w_wait += waited
+                self._e_wait += waited
                 if in_process:
                     self._w_cpu += cpu_clock() - cpu0
                     self._w_work += waited
@@ -1420,16 +1435,20 @@ class AutoIter:
         """The epoch's last window, even if short (an epoch shorter than a window would never
         decide): what it asks for is the next epoch's start (map-style datasets)."""
         engine = self._engines[-1] if self._engines else None
-        if self._iterable or engine is None or not engine.warm or self._w_batches < MIN_WINDOW:
+        if self._iterable or engine is None or not engine.warm:
             return
-        window = self._window(engine)._replace(remaining=None)
+        whole = self._whole_epoch(engine)
+        if whole is None and self._w_batches < MIN_WINDOW:
+            return
+        window = whole or self._window(engine)._replace(remaining=None)
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
             return
         if decision.idle and decision.workers < self._floor():
             return
         if decision.no_gain:
-            if not engine.first_window and clock() - self._w_started < NO_GAIN_WINDOW_S:
+            short = clock() - self._w_started < NO_GAIN_WINDOW_S
+            if whole is None and not engine.first_window and short:
                 return  # a short tail after earlier windows: too little evidence
             if self._no_gain(engine, window):
                 return  # the next epoch: as many processes
@@ -1447,6 +1466,33 @@ class AutoIter:
         self._learned.deferred = None
         self._learned.workers = decision.workers
         self._stats.next_workers = decision.workers
+
+    def _whole_epoch(self, engine: _Engine) -> Optional[Window]:
+        """The epoch's measurements as one window, where a fresh pool of processes served all of
+        it (without persistent workers, each epoch's): its first epoch is a start's (``decide``
+        does not judge it window by window), and here it is judged whole, as each epoch will
+        cost (None otherwise)."""
+        if (
+            engine.kind != "process"
+            or not engine.workers
+            or engine.lived
+            or self._taken_done
+            or len(self._engines) != 1
+            or not self._e_batches
+        ):
+            return None
+        now = _stages(engine.it._stats.as_dict())
+        work = sum(now[k] - engine.stages[k] for k in ("fetch_s", "collate_s", "pin_s"))
+        window = self._window(engine)
+        return window._replace(
+            remaining=None,
+            batches=self._e_batches,
+            wait_s=self._e_wait,
+            user_s=self._e_user,
+            work_s=work,
+            cpu_s=None if self._learned.cpu_share is None else self._learned.cpu_share * work,
+            pool_batches=window.epoch_batches,
+        )
 
     def _drain(self, engine: _Engine) -> None:
         """Takes the in-flight batches of ``engine`` (its segment closed: it draws nothing more)
