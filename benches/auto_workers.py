@@ -11,7 +11,9 @@ later ones (their median), for:
 
 Targets (issue #25): from the second epoch, auto ≥ 0.9× the best fixed setting; in the first
 epoch, ≥ 0.95× torch's ``num_workers=0``. The ``step`` workload adds a 20 ms training step per
-batch (consumer-bound): auto should end on few workers at the best fixed throughput. The
+batch (consumer-bound): auto should end on few workers at the best fixed throughput, its peak
+PSS (this process's and its workers', read every 20 ms; ``--memory`` for every workload)
+within 1.1× the best fixed setting's. The
 ``uneven`` workload's step is 1 ms but 30 ms every 10th batch: the fixed settings have torch's
 prefetch (2 batches per worker), ``auto/auto pf`` tunes it. Each auto
 row gives its epochs' samples/s one by one too (auto explores in its first epochs).
@@ -122,9 +124,12 @@ def run(loader, epochs: int, step) -> list[float]:
     return times
 
 
-def measure(name: str, label: str, loader, n: int, epochs: int, step) -> tuple:
-    """Prints and returns (samples/s of the first epoch, median samples/s of the later ones)."""
+def measure(name: str, label: str, loader, n: int, epochs: int, step, memory=False) -> tuple:
+    """Prints and returns (samples/s of the first epoch, median samples/s of the later ones,
+    the peak PSS of this process and its workers while it ran, with ``memory``, else None)."""
+    meter = PeakPss(include_self=True) if memory else None
     times = run(loader, epochs, step)
+    peak = meter.stop() if meter is not None else None
     first = n / times[0]
     later = n / statistics.median(times[1:]) if len(times) > 1 else float("nan")
     note = ""
@@ -134,8 +139,10 @@ def measure(name: str, label: str, loader, n: int, epochs: int, step) -> tuple:
         prefetch = f" (prefetch_factor {auto['prefetch_factor']})" if auto["num_workers"] else ""
         note = f"ended on {auto['num_workers']} {auto['worker_type']}{prefetch}; epochs/s: "
         note += " ".join(f"{n / t:.0f}" for t in times)
+    if peak is not None:
+        note = f"peak PSS {peak / 2**20:.0f} MiB; " + note
     print(f"{name:12} {label:14} {first:10.0f} {later:10.0f}  {note}", flush=True)
-    return first, later
+    return first, later, peak
 
 
 class WorkerBuffer(SleepyDataset):
@@ -162,17 +169,20 @@ def children() -> list:
 
 
 class PeakPss:
-    """The peak of this process's children's summed PSS, read every 20 ms on a thread."""
+    """The peak of this process's children's summed PSS (and its own, with ``include_self``),
+    read every 20 ms on a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, include_self: bool = False) -> None:
         self.peak = 0
+        self._self = include_self
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            total = sum(_auto.process_memory(pid) or 0 for pid in children())
+            pids = children() + ([os.getpid()] if self._self else [])
+            total = sum(_auto.process_memory(pid) or 0 for pid in pids)
             self.peak = max(self.peak, total)
 
     def stop(self) -> int:
@@ -221,6 +231,9 @@ def main() -> None:
     parser.add_argument("--budget", action="store_true", help="the memory budget row too")
     parser.add_argument("--why", action="store_true", help="print auto's decisions, each epoch")
     parser.add_argument(
+        "--memory", action="store_true", help="each row's peak PSS (always for step)"
+    )
+    parser.add_argument(
         "--no-persistent",
         dest="persistent",
         action="store_false",
@@ -246,8 +259,12 @@ def main() -> None:
         n = len(dataset)
         print(f"\n{header}")
 
-        def row(label, loader, epochs=args.epochs, n=n, step=step, name=name):
-            return measure(name, label, loader, n, epochs, step)
+        # (the consumer-bound workload's target is memory too: each row's peak PSS, this
+        # process's and its workers', read every 20 ms)
+        memory = args.memory or name == "step"
+
+        def row(label, loader, epochs=args.epochs, n=n, step=step, name=name, memory=memory):
+            return measure(name, label, loader, n, epochs, step, memory)
 
         def loader_of(dataset=dataset, batch_size=batch_size, shuffle=shuffle, **kw):
             # (each loader shuffles with its own generator, seeded alike)
@@ -257,16 +274,18 @@ def main() -> None:
             )
 
         torch_loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
-        torch_first, _ = row("torch nw=0", torch_loader, 1)
+        torch_first, _, _ = row("torch nw=0", torch_loader, 1)
         best = ("", 0.0)
+        best_peak = None
         best_of = {}  # kind: (setting, later)
         for nw, kind in settings:
             loader = loader_of(
                 num_workers=nw, worker_type=kind, persistent_workers=args.persistent and nw > 0
             )
-            _, later = row(f"{nw} {kind}", loader)
+            _, later, peak = row(f"{nw} {kind}", loader)
             if later > best[1]:
                 best = (f"{nw} {kind}", later)
+                best_peak = peak
             for k in {kind, "process"} if nw == 0 else {kind}:
                 if later > best_of.get(k, ("", 0.0))[1]:
                     best_of[k] = (f"{nw} {kind}", later)
@@ -282,11 +301,13 @@ def main() -> None:
                 persistent_workers=args.persistent,
                 prefetch_factor=prefetch,
             )
-            first, later = row(label, loader)
+            first, later, peak = row(label, loader)
             own = ""
             if kind == "process" and "process" in best_of:
                 setting, rate = best_of["process"]
                 own = f", {later / rate:.2f}× the best process setting ({setting})"
+            if peak is not None and best_peak:
+                own += f"; peak PSS {peak / best_peak:.2f}× the best fixed setting's (target ≤ 1.1)"
             print(
                 f"{'':12} {'':14} {'':>10} {'':>10}  first epoch {first / torch_first:.2f}× "
                 f"torch nw=0 (target ≥ 0.95), later {later / best[1]:.2f}× best fixed "

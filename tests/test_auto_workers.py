@@ -842,6 +842,25 @@ def test_a_pool_no_faster_than_the_main_process_goes_back_and_is_retried_later(q
     assert seen[3:] == [[0, 4], [4], [0], [0], [0], [0, 4], [4], [0], [0]]
 
 
+def test_a_persistent_pools_first_epoch_is_its_start_and_not_judged(quick, monkeypatch):
+    # As above, but the pool of 4 is persistent and starts with the second epoch (the first
+    # chose it): its first epoch is not judged (its start is paid once), its second is.
+    clock = fake_clock(monkeypatch)
+    slow_pools(monkeypatch, clock, 0.02)
+    loader = rloader.DataLoader(
+        Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
+    )
+    learned = _auto.learned_of(loader)
+    learned.workers, learned.kind, learned.epochs = 4, "process", 1
+    learned.main_loop, learned.base_work, learned.cpu_share = 0.021, 0.02, 1.0
+    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [4]
+    assert stepped(loader, clock) == expected
+    assert chosen(loader) == [4, 0]
+    assert "no faster" in loader.stats()["auto"]["decisions"][1]["reason"]
+
+
 @pytest.mark.parametrize("affordable", [True, False])
 @pytest.mark.parametrize("pool_wait", [0.02, 0.018])
 def test_threads_no_faster_than_the_main_process_make_way_for_processes(

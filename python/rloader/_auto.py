@@ -1469,11 +1469,13 @@ class AutoIter:
 
     def _whole_epoch(self, engine: _Engine) -> Optional[Window]:
         """The epoch's measurements as one window, where a fresh pool of processes served all of
-        it (without persistent workers, each epoch's): its first epoch is a start's (``decide``
-        does not judge it window by window), and here it is judged whole, as each epoch will
-        cost (None otherwise)."""
+        it without persistent workers (each epoch's pool is fresh): its first epoch is a
+        start's (``decide`` does not judge it window by window), and here it is judged whole,
+        as each epoch will cost (None otherwise: a persistent pool's start is paid once, and its
+        later epochs are judged)."""
         if (
-            engine.kind != "process"
+            self._persistent
+            or engine.kind != "process"
             or not engine.workers
             or engine.lived
             or self._taken_done
