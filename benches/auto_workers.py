@@ -250,6 +250,10 @@ def main() -> None:
         f"persistent_workers: {args.persistent}"
     )
     header = f"{'workload':12} {'setting':14} {'epoch 1/s':>10} {'later/s':>10}  note"
+    if args.budget:
+        # First, while this process is small: auto's estimate of a worker's memory before it
+        # measures one is this process's RSS, which the workloads' datasets grow past the budget
+        budget_row(args.quick, args.epochs)
     for name in [w for w in args.only.split(",") if w != "none"]:
         make, sizes, batch_size, step, shuffle, own_settings = WORKLOADS[name]
         settings_text = args.settings or own_settings or SETTINGS
@@ -314,8 +318,6 @@ def main() -> None:
                 f"({best[0]}; target ≥ 0.9){own}"
             )
             del loader
-    if args.budget:
-        budget_row(args.quick, args.epochs)
 
 
 if __name__ == "__main__":

@@ -164,10 +164,11 @@ THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
 PROBED_WORKERS = 4  # ... that of at most this many of them (the largest stands for all)
 PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
-PROCESS_START_PER_GIB = 0.09  # is measured: this, plus this per GiB of this process's RSS
-# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB; then
-# the workers copy the pages they touch: 2 workers over 1.6 GB of in-memory tensors cost the
-# consumer ~0.43 s in all, ~90 ms per GiB of a 2.2 GiB process each, on the 2-core machine)
+PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
+# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB. Then
+# the workers copy the pages they touch, which the RSS does not tell: 2 workers over 131k
+# in-memory (tensor, int) pairs cost the consumer ~0.43 s, over 8192 uint8 arrays ~0.2 s.
+# 90 ms per GiB, tried, kept pools from a large process altogether and did not help either)
 THREAD_START_S = 0.002  # ... one worker thread
 NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
 # process's is not worth it: back to the main process
