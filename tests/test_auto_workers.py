@@ -596,7 +596,7 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
     # 2 workers from the first window; then each window asks for a deeper prefetch, then a
     # shallower one: the pool is kept, and the batches are the fixed loaders'.
     scripted(monkeypatch, [2])
-    asked = iter([(4, "deeper"), None, (8, "deeper"), (2, "memory"), None])
+    asked = iter([(4, "deeper"), None, (8, "deeper"), (4, "memory"), None])
     monkeypatch.setattr(_auto, "decide_prefetch", lambda w: next(asked, None))
     loader = loader_of("auto", 5, n=400, prefetch_factor="auto", worker_type=worker_type)
     expected = batches(loader_of(0, 5, n=400), epochs=2)
@@ -607,9 +607,10 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
         (2, 2),
         (2, 4),
         (2, 8),
-        (2, 2),
+        (2, 4),
     ]
     assert "prefetch_factor 8: deeper" in decisions[3]["reason"]
+    assert loader.stats()["auto"]["prefetch_factor"] == 4
     # in flight (drawn and not handed out) after each hand-out: 2 workers × the prefetch
     scripted(monkeypatch, [2])
     sampler = Counting(range(400))
@@ -625,11 +626,11 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
     in_flight = [sampler.drawn // 2 - handed for handed, _ in enumerate(counted, 1)]
     changes = [n for k, n in enumerate(in_flight) if k == 0 or in_flight[k - 1] != n]
     assert changes[:4] == [0, 4, 8, 16] and in_flight[-100] == 4, in_flight
-    assert loader.stats()["auto"]["prefetch_factor"] == 2
+    assert counted.stats()["auto"]["prefetch_factor"] == 2
     # the next epoch's pool starts with the last chosen
     asked = iter([(8, "deeper")])
     assert batches(loader) == expected[1:]
-    assert loader.stats()["auto"]["decisions"][0]["prefetch_factor"] == 2
+    assert loader.stats()["auto"]["decisions"][0]["prefetch_factor"] == 4
     assert loader.stats()["auto"]["prefetch_factor"] == 8
 
 
@@ -681,6 +682,39 @@ def test_windows_that_decide_nothing_grow_and_a_switch_shortens_them(quick, monk
     # (turning back) holds its window to twice the shortest; then 1 worker: 4 again
     sizes = [(w.workers, w.batches) for w in calls]
     assert sizes[:11] == [(0, 4), (0, 8)] + [(2, 8), (2, 16)] + [(2, 32)] * 5 + [(2, 64), (1, 4)]
+
+
+@pytest.mark.parametrize("first_shrink_idle", [False, True])
+def test_only_growth_after_an_idle_shrink_sets_a_floor_and_a_shrink_is_clamped_to_it(
+    quick, monkeypatch, first_shrink_idle
+):
+    # 4 workers, a shrink to 1 (idle or for the budget), 4 again, then the workers idle and
+    # ask for 1: after an idle shrink the pool goes no lower than 4's floor (refused: it is
+    # there); after a shrink for the budget there is no floor: 1.
+    plan = [(4, False), (1, first_shrink_idle), (4, False), (1, True)]
+    seen = []
+
+    def decide(window):
+        if not seen or seen[-1] != window.workers:
+            seen.append(window.workers)
+        phase = len(seen) - 1
+        workers, idle = plan[phase] if phase < len(plan) else (None, False)
+        if workers is None or workers == window.workers:
+            return None
+        return _auto.Decision(workers, "idle" if idle else "memory", idle=idle)
+
+    monkeypatch.setattr(_auto, "decide", decide)
+    loader = loader_of("auto", 3, n=800)
+    expected = batches(loader_of(0, 3, n=800), epochs=2)
+    assert batches(loader) == expected[:1]
+    assert chosen(loader) == ([0, 4, 1, 4] if first_shrink_idle else [0, 4, 1, 4, 1])
+    # a floor below the pool: an idle shrink stops at it
+    learned = _auto.learned_of(loader)
+    learned.floor = (2, learned.epochs, _auto.clock())
+    plan[:], seen[:] = [(4, False), (1, True)], []
+    learned.workers, learned.direction = 0, 0
+    assert batches(loader) == expected[1:]
+    assert chosen(loader) == [0, 4, 2]
 
 
 def test_a_fixed_prefetch_factor_is_not_tuned(quick, monkeypatch):

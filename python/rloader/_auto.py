@@ -40,7 +40,8 @@ change.
   pool has handed out its first round of batches and the old one has drained, so start-up
   does not read as waiting; turning back (a shrink after a growth, or the other
   way) needs a window twice as long, and a pool grown back after its workers idled is the
-  least they may shrink it to (``_floor``); growth at most ×2 per step so the memory of each
+  least they may shrink it to (``_floor``, after an idle shrink only; a shrink below it
+  stops at it); growth at most ×2 per step so the memory of each
   step is measured before the next). The main process's windows start after its first
   ``MAIN_WARM_BATCHES`` batches (they fill new batch memory: 2-3 ms against 0.3 ms for uint8
   [3, 224, 224] × 64), unless the epoch is too short to leave a window after them.
@@ -179,8 +180,12 @@ THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speed
 # (up to the cores) promises over the main process may be taking turns on the GIL: processes
 # may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
 PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
-FLOOR_EPOCHS = 4  # a pool grown back after a shrink is the least the workers idling may
-# shrink to, for this many epochs (uneven steps: windows in the long steps read as idle)
+FLOOR_EPOCHS = 4  # a pool grown back after an idle shrink is the least the workers idling
+# may shrink it to, for this many epochs (uneven steps: windows in the long steps read as
+# idle) or ``FLOOR_S`` seconds, whichever ends first (a long epoch, a loop that breaks)
+FLOOR_S = 300.0
+WARM_POOL_BATCHES = 1000  # a process pool is not judged no faster before it has made an
+# epoch's batches, or this many per worker (its workers fault in what they first read)
 WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
 # judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
@@ -472,8 +477,9 @@ def decide(w: Window) -> Optional[Decision]:
     # (nor before they have made an epoch's batches: each worker maps and faults in what it
     # reads anew, its first epoch is a start's: token windows from a memmap, 2 fresh
     # processes 120k windows/s against the main process's 147k, then 227k)
-    if w.kind == "process" and w.epoch_batches and (w.pool_batches or 0) < w.epoch_batches:
-        warming = True
+    if w.kind == "process" and w.epoch_batches:
+        if (w.pool_batches or 0) < min(w.epoch_batches, WARM_POOL_BATCHES * w.workers):
+            warming = True
     if w.workers > 0 and w.main_loop is not None and slow and quiet:
         # The consumer waits on a pool that may not grow and is no faster than the main
         # process was (its transport costs what it saves, its workers take turns on the GIL,
@@ -610,6 +616,7 @@ class Learned:
         self.prefetch: Optional[int] = None  # prefetch_factor="auto": the last chosen
         self.floor: Optional[tuple] = None  # (workers, epoch): ``AutoIter._floor``
         self.direction = 0  # of the last switch: 1 grew, -1 shrank
+        self.idle_shrink = False  # ... and whether it was a shrink because the workers idled
         self.epochs = 0  # epochs ended
 
 
@@ -687,6 +694,7 @@ class _Engine:
         self.drained: Optional[collections.deque] = None
         self.exhausted = False
         self.first_window = True  # its windows this epoch have not ended yet (``_last_window``)
+        self.prefetch = 0  # its batches in flight per worker (0: the main process)
         self.prefetch_fixed = False  # its prefetch cannot change in place (``_tune_prefetch``)
         self.lived = 0  # batches it handed out in the epochs before this one
 
@@ -824,7 +832,6 @@ class AutoIter:
         self._cores = usable_cores()
         self._budget = memory_budget()
         self._stats = AutoStats()
-        self._stats.prefetch = self._prefetch
         self._engines: list = []  # in hand-out order; the last draws the keys
         self._taken_done = 0  # batches handed out by engines that have ended
         self._finished = False
@@ -882,6 +889,7 @@ class AutoIter:
         self._stats.clear()
         self._taken_done = 0
         self._direction = self._learned.direction  # of the last switch: 1 grew, -1 shrank
+        self._handed_at = None  # (a gap between epochs is not the consumer's step)
         self._e_batches, self._e_wait, self._e_user = 0, 0.0, 0.0  # the epoch's (_whole_epoch)
         self._finished = self._finished_before = False
         self._source = None if self._iterable else _Source(keys)
@@ -896,7 +904,8 @@ class AutoIter:
             workers = learned.wanted if learned.wanted is not None else learned.workers
             if (
                 kept is not None
-                and (kept.workers, kept.kind) == (workers, self._kind())
+                and (kept.workers, kept.kind, kept.prefetch)
+                == (workers, self._kind(), self._prefetch)
                 and workers
             ):
                 self._keep(kept, None, reported_len)
@@ -909,11 +918,7 @@ class AutoIter:
         if (
             kept is not None
             and kept.workers > 0
-            and (kept.workers, kept.kind)
-            == (
-                workers,
-                self._kind(),
-            )
+            and (kept.workers, kept.kind, kept.prefetch) == (workers, self._kind(), self._prefetch)
         ):
             self._keep(kept, _Segment(self._source), reported_len)
         else:
@@ -933,6 +938,7 @@ class AutoIter:
         engine.window_start = dict(engine.stages)
         self._engines.append(engine)
         self._stats.live.append(engine)
+        self._stats.prefetch = engine.prefetch or None
         self._record(engine.workers, engine.kind, "kept (persistent workers)")
 
     def _kind(self) -> str:
@@ -978,6 +984,7 @@ class AutoIter:
             it = dataloader._engine(view, segment, self._base_seed, kind)
         self._first_engine = False
         engine = _Engine(it, workers, kind, segment)
+        engine.prefetch = self._prefetch if workers else 0
         if workers > 0:
             # its start, measured: this (the consumer waits for the pool's creation), then
             # the consumer's waits for its first round of batches (``_next``)
@@ -988,6 +995,7 @@ class AutoIter:
         if workers > 0:
             self._learned.kind = kind  # chosen once: it never changes within an epoch
         self._stats.workers, self._stats.kind = workers, kind
+        self._stats.prefetch = engine.prefetch or None
         self._record(workers, kind, why, window)
         self._w_scale = 1
         self._window_reset()
@@ -1045,7 +1053,7 @@ class AutoIter:
 
     def _warm_batches(self, engine: _Engine) -> int:
         if engine.workers:
-            return engine.workers * self._prefetch
+            return engine.workers * engine.prefetch
         epoch = self._epoch_batches()
         if epoch is not None and epoch < MIN_WINDOW + MAIN_WARM_BATCHES:
             return 0  # an epoch too short for both: its window counts every batch
@@ -1171,7 +1179,7 @@ class AutoIter:
             budget=self._budget,
             per_worker=self._per_worker(kind),
             remaining=self._remaining(),
-            prefetch=self._prefetch,
+            prefetch=engine.prefetch if engine.workers else self._prefetch,
             inflation=inflation,
             first_epoch=learned.epochs == 0,
             epoch_batches=self._epoch_batches(),
@@ -1278,7 +1286,7 @@ class AutoIter:
             engine.warm = True
             self._window_reset()
             return
-        minimum = max(MIN_WINDOW, 2 * engine.workers * self._prefetch) * self._w_scale
+        minimum = max(MIN_WINDOW, 2 * engine.workers * engine.prefetch) * self._w_scale
         now = clock()
         if self._w_batches < max(minimum, self._w_hold_batches) or now - self._w_started < max(
             MIN_WINDOW_S * self._w_scale,
@@ -1298,14 +1306,12 @@ class AutoIter:
             if direction == -self._direction and self._w_batches < 2 * minimum:
                 self._w_hold_batches = 2 * minimum  # turning back needs twice the evidence
                 return  # (hysteresis): the window goes on
-            if decision.idle and decision.workers < self._floor():
-                self._window_reset()  # (grown back after such a shrink before)
-                return
-            if direction == 1 and self._direction == -1:
-                # grown back after a shrink: the windows that read as idle were the consumer's
-                # long steps, not too many workers
-                self._learned.floor = (decision.workers, self._learned.epochs)
-            self._direction = self._learned.direction = direction
+            floor = self._floor()
+            if decision.idle and decision.workers < floor:
+                if engine.workers <= floor:
+                    self._window_reset()  # (grown back after such a shrink before)
+                    return
+                decision = decision._replace(workers=floor)
         if decision is not None and decision.no_gain and self._no_gain(engine, window):
             decision = None  # the pool is kept to the epoch's end; processes follow
         engine.first_window = False  # (a new window begins, or a new engine)
@@ -1322,6 +1328,13 @@ class AutoIter:
         if decision is None or (self._source is not None and self._source.exhausted):
             self._window_reset()
             return
+        direction = 1 if decision.workers > engine.workers else -1
+        if direction == 1 and self._direction == -1 and self._learned.idle_shrink:
+            # grown back after an idle shrink: the windows that read as idle were the
+            # consumer's long steps, not too many workers
+            self._learned.floor = (decision.workers, self._learned.epochs, clock())
+        self._direction = self._learned.direction = direction
+        self._learned.idle_shrink = decision.idle
         self._switch(decision.workers, decision.reason, window)
 
     # -- handing out ----------------------------------------------------------------------
@@ -1403,14 +1416,14 @@ class AutoIter:
         if asked is None:
             return False
         prefetch, why = asked
-        self._prefetch = self._learned.prefetch = prefetch
-        self._stats.prefetch = prefetch
+        self._prefetch = self._learned.prefetch = prefetch  # the next pools'
         setter = getattr(engine.it, "_set_prefetch_factor", None)
         if setter is None:
             engine.prefetch_fixed = True
             why += "; from the next pool on"
         else:
             setter(prefetch)
+            engine.prefetch = self._stats.prefetch = prefetch
         self._record(engine.workers, engine.kind, f"prefetch_factor {prefetch}: {why}", window)
         self._w_scale = 1
         self._window_reset()
@@ -1421,9 +1434,12 @@ class AutoIter:
         shrink (its windows in the consumer's long steps read as idle, those in its short ones
         as waiting), for ``FLOOR_EPOCHS`` epochs."""
         floor = self._learned.floor
-        if floor is None or self._learned.epochs - floor[1] >= FLOOR_EPOCHS:
+        if floor is None:
             return 0
-        return floor[0]
+        workers, epoch, since = floor
+        if self._learned.epochs - epoch >= FLOOR_EPOCHS or clock() - since >= FLOOR_S:
+            return 0
+        return workers
 
     def _measure_start(self, engine: _Engine, waited: float) -> None:
         """A new pool's start: its creation and the consumer's waits for its first round."""
@@ -1445,8 +1461,11 @@ class AutoIter:
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
             return
-        if decision.idle and decision.workers < self._floor():
-            return
+        floor = self._floor()
+        if decision.idle and decision.workers < floor:
+            if engine.workers <= floor:
+                return
+            decision = decision._replace(workers=floor)
         if decision.no_gain:
             short = clock() - self._w_started < NO_GAIN_WINDOW_S
             if whole is None and not engine.first_window and short:

@@ -21,7 +21,8 @@
 //! `prefetch_factor="auto"`): raised, the difference is owed at once; lowered, the draws that
 //! hand-outs would owe are withheld until the tasks drawn and not handed out are within it.
 //! Invariant: `drawn and not handed out + owed − withheld = max_in_flight` (less the tasks
-//! lost with a worker whose dataset ended, as in torch).
+//! lost with a worker whose dataset ended, as in torch; a lost task takes a withheld draw with
+//! it, and with nothing in flight a withheld draw is owed again: it never ends an epoch).
 //!
 //! It also says which task (and worker) each result handed out answered
 //! ([`Scheduler::last_handed_out`]): a resumable position, out of order too
@@ -254,6 +255,9 @@ impl<T> Scheduler<T> {
         for k in lost {
             self.tasks.remove(&k);
             self.outstanding = self.outstanding.saturating_sub(1);
+            // a lost task leaves the tasks in flight as a hand-out would: it takes a withheld
+            // draw with it (the rest of a lowered bound's excess)
+            self.withheld = self.withheld.saturating_sub(1);
         }
         if !self.active.iter().any(|&a| a) {
             self.exhausted = true;
@@ -325,6 +329,14 @@ impl<T> Scheduler<T> {
             self.held[worker] = self.held[worker].saturating_sub(1);
             self.owe_one();
             return Next::Ready(result);
+        }
+        if self.outstanding == 0 && self.owed == 0 && self.withheld > 0 && self.draws_owed() == 0 {
+            // Nothing in flight, with active workers (else `draws_owed` would not matter): a
+            // withheld draw must not end the epoch, so one is owed again.
+            if !self.exhausted && self.active.iter().any(|&a| a) {
+                self.withheld -= 1;
+                self.owed = 1;
+            }
         }
         if self.outstanding == 0 && (self.exhausted || self.draws_owed() == 0) {
             Next::Done
@@ -763,5 +775,49 @@ mod tests {
         assert_eq!(drive(&mut s, 20), 4, "up and down again: the net change");
         s.reset();
         assert_eq!(s.draws_owed(), 4, "a new epoch starts at the bound");
+    }
+
+    #[test]
+    fn a_lowered_bound_never_ends_the_epoch_of_a_worker_still_active() {
+        // 2 workers, prefetch 8 then 2: 12 draws withheld. Worker 0's dataset ends with 7 of
+        // its tasks unanswered; worker 1's 8 are handed out. Worker 1 still has data: the
+        // epoch goes on.
+        let mut s: Scheduler<u64> = Scheduler::new(2, 8, true);
+        let mut mine = Vec::new();
+        while s.draws_owed() > 0 {
+            s.spend_draw();
+            mine.push(s.assign().expect("a worker"));
+        }
+        assert_eq!(mine.len(), 16);
+        s.set_prefetch_factor(2);
+        let (ended, first) = mine[0];
+        assert_eq!(ended, 0);
+        s.on_worker_ended(0, first);
+        for &(worker, task) in &mine {
+            if worker == 1 {
+                s.on_result(task, task);
+            }
+        }
+        let mut handed = 0;
+        loop {
+            match s.next() {
+                Next::Ready(_) => handed += 1,
+                Next::Wait => break,
+                Next::Done => panic!("ended with worker 1 active, after {handed} hand-outs"),
+            }
+            while s.draws_owed() > 0 {
+                s.spend_draw();
+                let (worker, task) = s.assign().expect("worker 1");
+                assert_eq!(worker, 1);
+                s.on_result(task, task);
+            }
+            if handed > 40 {
+                break;
+            }
+        }
+        assert!(handed > 8, "worker 1 went on: {handed}");
+        s.mark_exhausted();
+        while let Next::Ready(_) = s.next() {}
+        assert_eq!(s.next(), Next::Done);
     }
 }
