@@ -114,7 +114,7 @@ def test_batches_are_a_fixed_loaders_across_growth_and_shrinkage(
 def test_first_epoch_switches_are_recorded(quick, monkeypatch):
     scripted(monkeypatch, [2, None, 3] + [1] * 40)  # (turning back waits for a longer window)
     loader = rloader.DataLoader(Ints(400), batch_size=2, num_workers="auto")
-    assert batches(loader) == batches(rloader.DataLoader(Ints(400), batch_size=2))
+    assert batches(loader) == batches(tud.DataLoader(Ints(400), batch_size=2))
     assert chosen(loader) == [0, 2, 3, 1]
     stats = loader.stats()
     assert stats["batches"] == 200
@@ -140,7 +140,7 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
     for b in it:
         got.append(b.tolist())
         clock.now += 0.001  # the training step: 1 ms against 20 ms of loading per batch
-    assert got == batches(rloader.DataLoader(Ints(), batch_size=2))[0]
+    assert got == batches(tud.DataLoader(Ints(), batch_size=2))[0]
     decisions = loader.stats()["auto"]["decisions"]
     assert decisions[1]["num_workers"] == 4  # work / user asks for more than the 4 cores
     assert "waits on the main process" in decisions[1]["reason"]
@@ -154,10 +154,10 @@ def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
     )
-    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert batches(loader) == batches(tud.DataLoader(Ints(), batch_size=2))
     assert chosen(loader) == [0]
     assert loader.stats()["auto"]["next_num_workers"] == 4
-    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert batches(loader) == batches(tud.DataLoader(Ints(), batch_size=2))
     assert chosen(loader) == [4]  # the second epoch starts on the pool
 
 
@@ -171,10 +171,10 @@ def test_an_epoch_shorter_than_a_window_decides_for_the_next(quick, monkeypatch,
         num_workers="auto",
         persistent_workers=persistent,
     )
-    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert batches(loader) == batches(tud.DataLoader(Ints(), batch_size=2))
     assert chosen(loader) == [0]
     assert loader.stats()["auto"]["next_num_workers"] == 4
-    assert batches(loader) == batches(rloader.DataLoader(Ints(), batch_size=2))
+    assert batches(loader) == batches(tud.DataLoader(Ints(), batch_size=2))
     assert chosen(loader) == [4]
 
 
@@ -200,7 +200,7 @@ def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch, slow_step, shrunk
         if loader.stats()["auto"]["num_workers"] == 4:
             step = slow_step
         clock.now += step
-    assert got == batches(rloader.DataLoader(Ints(), batch_size=1))[0]
+    assert got == batches(tud.DataLoader(Ints(), batch_size=1))[0]
     assert chosen(loader)[:2] == [0, 4]
     assert chosen(loader)[2] == shrunk, loader.stats()["auto"]["decisions"]
     assert "idle" in loader.stats()["auto"]["decisions"][2]["reason"]
@@ -293,7 +293,7 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(quick, monk
         got.append(b.tolist())
         beside_threads = it._stats.workers > 0
         clock.now += 0.004 if beside_threads and slowed else 0.002
-    assert got == batches(rloader.DataLoader(Ints(), batch_size=2))[0]
+    assert got == batches(tud.DataLoader(Ints(), batch_size=2))[0]
     assert it._stats.kind == "thread"
     assert loader.stats()["auto"]["next_worker_type"] == ("process" if slowed else None)
 
@@ -439,7 +439,7 @@ def test_arguments():
     later.num_workers = "auto"  # set after the loader was made, as torch allows
     it = iter(later)
     assert isinstance(it, _auto.AutoIter)
-    assert [b.tolist() for b in it] == batches(rloader.DataLoader(Ints(), batch_size=5))[0]
+    assert [b.tolist() for b in it] == batches(tud.DataLoader(Ints(), batch_size=5))[0]
     rloader.DataLoader(Ints(), num_workers="auto", persistent_workers=True)
     rloader.DataLoader(Ints(), num_workers="auto", multiprocessing_context="spawn")
     for bad in ("many", "AUTO"):  # the error torch raises for a str
@@ -623,7 +623,11 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
         worker_type=worker_type,
     )
     asked = iter([(4, "deeper"), None, (8, "deeper"), (2, "memory"), None])
-    in_flight = [sampler.drawn // 2 - handed for handed, _ in enumerate(counted, 1)]
+    got, in_flight = [], []
+    for handed, batch in enumerate(counted, 1):
+        got.append(batch.tolist())
+        in_flight.append(sampler.drawn // 2 - handed)
+    assert got == [b.tolist() for b in tud.DataLoader(Ints(400), batch_size=2)]
     changes = [n for k, n in enumerate(in_flight) if k == 0 or in_flight[k - 1] != n]
     assert changes[:4] == [0, 4, 8, 16] and in_flight[-100] == 4, in_flight
     assert counted.stats()["auto"]["prefetch_factor"] == 2
@@ -793,7 +797,7 @@ def test_the_main_process_engine_recycles_the_loaders_batch_memory(monkeypatch):
     first = batches(loader)
     buffers = record_of(loader).buffers
     assert buffers is not None
-    assert batches(loader) == first == batches(rloader.DataLoader(Ints(), batch_size=4))
+    assert batches(loader) == first == batches(tud.DataLoader(Ints(), batch_size=4))
     assert record_of(loader).buffers is buffers
     assert chosen(loader) == [0]
 
@@ -863,7 +867,7 @@ def test_a_pool_no_faster_than_the_main_process_goes_back_and_is_retried_later(q
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, 0.02)
     loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
-    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    expected = batches(tud.DataLoader(Ints(400), batch_size=2))[0]
     seen, next_ones = [], []
     for _ in range(12):
         assert stepped(loader, clock) == expected
@@ -887,7 +891,7 @@ def test_a_persistent_pools_first_epoch_is_its_start_and_not_judged(quick, monke
     learned = _auto.learned_of(loader)
     learned.workers, learned.kind, learned.epochs = 4, "process", 1
     learned.main_loop, learned.base_work, learned.cpu_share = 0.021, 0.02, 1.0
-    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    expected = batches(tud.DataLoader(Ints(400), batch_size=2))[0]
     assert stepped(loader, clock) == expected
     assert chosen(loader) == [4]
     assert stepped(loader, clock) == expected
@@ -911,7 +915,7 @@ def test_threads_no_faster_than_the_main_process_make_way_for_processes(
     loader = rloader.DataLoader(
         Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto", worker_type="auto"
     )
-    expected = batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    expected = batches(tud.DataLoader(Ints(400), batch_size=2))[0]
     assert stepped(loader, clock) == expected
     kinds = [(d["num_workers"], d["worker_type"]) for d in loader.stats()["auto"]["decisions"]]
     kept = not affordable and pool_wait < 0.02
@@ -985,7 +989,7 @@ def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monk
     monkeypatch.setattr(_auto, "loader_cpu", lambda pids: 0.0)
     windows = recorded_windows(monkeypatch)
     loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
-    assert stepped(loader, clock) == batches(rloader.DataLoader(Ints(400), batch_size=2))[0]
+    assert stepped(loader, clock) == batches(tud.DataLoader(Ints(400), batch_size=2))[0]
     assert chosen(loader) == [0, 4]
     assert windows[-1].others == pytest.approx(2.0)
 

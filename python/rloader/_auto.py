@@ -198,39 +198,35 @@ BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of t
 # process's work is read as its descheduling, not as waiting work
 
 
-class AutoWorkers(int):
-    """``loader.num_workers`` of a loader built with ``num_workers="auto"``: an ``int`` (the
-    usable cores, what auto starts for work that keeps them busy), so code that compares or
-    formats it (torch's checks, Lightning's) works, and a loader rebuilt from its attributes is
-    auto again."""
+class _AutoInt(int):
+    """An ``int`` attribute of an auto loader: code that compares or formats it (torch's
+    checks, Lightning's) sees a number, and a loader rebuilt from its attributes is auto
+    again."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({int(self)})"
+
+    __str__ = __repr__
+
+
+class AutoWorkers(_AutoInt):
+    """``loader.num_workers`` of a loader built with ``num_workers="auto"``: the usable cores,
+    what auto starts for work that keeps them busy."""
 
     def __new__(cls, cap: Optional[int] = None) -> "AutoWorkers":
         return super().__new__(cls, usable_cores() if cap is None else cap)
 
-    def __repr__(self) -> str:
-        return f"AutoWorkers({int(self)})"
 
-    __str__ = __repr__
-
-
-class AutoPrefetch(int):
+class AutoPrefetch(_AutoInt):
     """``loader.prefetch_factor`` of a loader built with ``prefetch_factor="auto"`` and
-    ``num_workers="auto"``: an ``int`` (where the tuning starts, torch's default 2), so code
-    that reads it works, and a loader rebuilt from its attributes tunes it again."""
+    ``num_workers="auto"``: where the tuning starts, torch's default 2."""
 
     def __new__(cls) -> "AutoPrefetch":
         return super().__new__(cls, PREFETCH)
 
-    def __repr__(self) -> str:
-        return f"AutoPrefetch({int(self)})"
-
-    __str__ = __repr__
-
 
 def is_auto(value: Any) -> bool:
-    return isinstance(value, (AutoWorkers, AutoPrefetch)) or (
-        isinstance(value, str) and value == AUTO
-    )
+    return isinstance(value, _AutoInt) or (isinstance(value, str) and value == AUTO)
 
 
 def usable_cores() -> int:
@@ -518,8 +514,6 @@ def decide(w: Window) -> Optional[Decision]:
     reason = f"{why} ({numbers}, cap {cap})"
     if target == w.workers or (target <= 0 and w.workers == 0):
         return None
-    if idle:
-        return Decision(target, reason, idle=True)
     if w.remaining is not None and target > w.workers:
         wanted_later = target  # what a whole epoch asks for
         # a new pool that would not fill twice its prefetch window is not worth starting
@@ -537,7 +531,7 @@ def decide(w: Window) -> Optional[Decision]:
             return None
         if target <= w.workers:
             return None
-    return Decision(target, reason)
+    return Decision(target, reason, idle=idle)
 
 
 def prefetch_room(w: Window) -> int:
@@ -614,7 +608,7 @@ class Learned:
         self.wanted: Optional[int] = None  # what the last window asked for (iterable datasets)
         self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
         self.prefetch: Optional[int] = None  # prefetch_factor="auto": the last chosen
-        self.floor: Optional[tuple] = None  # (workers, epoch): ``AutoIter._floor``
+        self.floor: Optional[tuple] = None  # (workers, epoch, clock()): ``AutoIter._floor``
         self.direction = 0  # of the last switch: 1 grew, -1 shrank
         self.idle_shrink = False  # ... and whether it was a shrink because the workers idled
         self.epochs = 0  # epochs ended
@@ -821,9 +815,7 @@ class AutoIter:
         self._learned = learned_of(loader)
         self._persistent = bool(loader.persistent_workers)
         self._kind_fixed = loader.worker_type if loader.worker_type != AUTO else None
-        self._prefetch_auto = isinstance(loader.prefetch_factor, AutoPrefetch) or (
-            loader.prefetch_factor == AUTO
-        )
+        self._prefetch_auto = is_auto(loader.prefetch_factor)
         if self._prefetch_auto:
             self._prefetch = self._learned.prefetch or PREFETCH
         else:
@@ -888,7 +880,6 @@ class AutoIter:
         self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
         self._taken_done = 0
-        self._direction = self._learned.direction  # of the last switch: 1 grew, -1 shrank
         self._handed_at = None  # (a gap between epochs is not the consumer's step)
         self._e_batches, self._e_wait, self._e_user = 0, 0.0, 0.0  # the epoch's (_whole_epoch)
         self._finished = self._finished_before = False
@@ -902,12 +893,7 @@ class AutoIter:
         self._stats.live = []
         if self._iterable:
             workers = learned.wanted if learned.wanted is not None else learned.workers
-            if (
-                kept is not None
-                and (kept.workers, kept.kind, kept.prefetch)
-                == (workers, self._kind(), self._prefetch)
-                and workers
-            ):
+            if self._keeps(kept, workers):
                 self._keep(kept, None, reported_len)
             else:
                 if kept is not None:
@@ -915,16 +901,20 @@ class AutoIter:
                 self._switch(workers, "the previous epoch's measurements" if workers else "start")
             return
         workers = learned.workers
-        if (
-            kept is not None
-            and kept.workers > 0
-            and (kept.workers, kept.kind, kept.prefetch) == (workers, self._kind(), self._prefetch)
-        ):
+        if self._keeps(kept, workers):
             self._keep(kept, _Segment(self._source), reported_len)
         else:
             if kept is not None:
                 kept.stop()
             self._switch(workers, "the previous epoch's choice" if workers else "start")
+
+    def _keeps(self, kept: Optional[_Engine], workers: int) -> bool:
+        """Whether the last epoch's pool (persistent workers) is the one this epoch starts on."""
+        return (
+            kept is not None
+            and workers > 0
+            and (kept.workers, kept.kind, kept.prefetch) == (workers, self._kind(), self._prefetch)
+        )
 
     def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
         engine.lived += engine.handed
@@ -1303,15 +1293,13 @@ class AutoIter:
             return  # wants more evidence
         if decision is not None and not decision.deferred and not self._iterable:
             direction = 1 if decision.workers > engine.workers else -1
-            if direction == -self._direction and self._w_batches < 2 * minimum:
+            if direction == -self._learned.direction and self._w_batches < 2 * minimum:
                 self._w_hold_batches = 2 * minimum  # turning back needs twice the evidence
                 return  # (hysteresis): the window goes on
-            floor = self._floor()
-            if decision.idle and decision.workers < floor:
-                if engine.workers <= floor:
-                    self._window_reset()  # (grown back after such a shrink before)
-                    return
-                decision = decision._replace(workers=floor)
+            decision = self._above_floor(decision, engine)
+            if decision is None:
+                self._window_reset()  # (grown back after such a shrink before)
+                return
         if decision is not None and decision.no_gain and self._no_gain(engine, window):
             decision = None  # the pool is kept to the epoch's end; processes follow
         engine.first_window = False  # (a new window begins, or a new engine)
@@ -1329,12 +1317,12 @@ class AutoIter:
             self._window_reset()
             return
         direction = 1 if decision.workers > engine.workers else -1
-        if direction == 1 and self._direction == -1 and self._learned.idle_shrink:
+        learned = self._learned
+        if direction == 1 and learned.direction == -1 and learned.idle_shrink:
             # grown back after an idle shrink: the windows that read as idle were the
             # consumer's long steps, not too many workers
-            self._learned.floor = (decision.workers, self._learned.epochs, clock())
-        self._direction = self._learned.direction = direction
-        self._learned.idle_shrink = decision.idle
+            learned.floor = (decision.workers, learned.epochs, clock())
+        learned.direction, learned.idle_shrink = direction, decision.idle
         self._switch(decision.workers, decision.reason, window)
 
     # -- handing out ----------------------------------------------------------------------
@@ -1441,6 +1429,14 @@ class AutoIter:
             return 0
         return workers
 
+    def _above_floor(self, decision: Decision, engine: _Engine) -> Optional[Decision]:
+        """``decision``, an idle shrink stopped at the floor (``_floor``); None where the pool
+        is at it already."""
+        floor = self._floor()
+        if not decision.idle or decision.workers >= floor:
+            return decision
+        return decision._replace(workers=floor) if engine.workers > floor else None
+
     def _measure_start(self, engine: _Engine, waited: float) -> None:
         """A new pool's start: its creation and the consumer's waits for its first round."""
         engine.start_s += waited
@@ -1461,11 +1457,9 @@ class AutoIter:
         decision = decide(window)
         if decision is None or decision.workers == engine.workers:
             return
-        floor = self._floor()
-        if decision.idle and decision.workers < floor:
-            if engine.workers <= floor:
-                return
-            decision = decision._replace(workers=floor)
+        decision = self._above_floor(decision, engine)
+        if decision is None:
+            return
         if decision.no_gain:
             short = clock() - self._w_started < NO_GAIN_WINDOW_S
             if whole is None and not engine.first_window and short:

@@ -243,9 +243,9 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
     region, record.region = record.region, None  # this pool's until it stops
     # The region's slots: for the deepest prefetch an auto loader may tune to in place (not
     # with pinning, whose key feed is sized on the prefetch: such a pool keeps its own).
-    layout = getattr(loader, "_rloader_layout_prefetch", None) or loader.prefetch_factor
-    if pin is not None:
-        layout = loader.prefetch_factor
+    layout = loader.prefetch_factor
+    if pin is None:
+        layout = getattr(loader, "_rloader_layout_prefetch", None) or layout
     if region is None or not region.fits(loader.num_workers, layout):
         region = _rloader.PoolRegion(loader.num_workers, layout)
     try:  # the sampler's first draws may fail: then the region serves the next pool still

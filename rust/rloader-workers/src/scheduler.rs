@@ -18,11 +18,12 @@
 //!   flight and no draw owed (after a sampler's error), where torch ends it too.
 //!
 //! The bound may change during an epoch ([`Scheduler::set_prefetch_factor`]: the tuning of
-//! `prefetch_factor="auto"`): raised, the difference is owed at once; lowered, the draws that
-//! hand-outs would owe are withheld until the tasks drawn and not handed out are within it.
-//! Invariant: `drawn and not handed out + owed − withheld = max_in_flight` (less the tasks
-//! lost with a worker whose dataset ended, as in torch; a lost task takes a withheld draw with
-//! it, and with nothing in flight a withheld draw is owed again: it never ends an epoch).
+//! `prefetch_factor="auto"`). A hand-out (or a worker's end) owes a draw only while the tasks
+//! drawn and not handed out and the draws owed are below the bound: with a fixed bound that is
+//! always (torch's account: `in flight + owed = bound`, less the tasks lost with a worker whose
+//! dataset ended); raised, the difference is owed at once; lowered, hand-outs owe nothing until
+//! the tasks in flight are within it. With nothing in flight a draw is always owed, so a
+//! change never ends an epoch.
 //!
 //! It also says which task (and worker) each result handed out answered
 //! ([`Scheduler::last_handed_out`]): a resumable position, out of order too
@@ -67,8 +68,6 @@ pub struct Scheduler<T> {
     held: Vec<usize>,
     /// Draws of the sampler owed before the next hand-out.
     owed: usize,
-    /// Draws that hand-outs would owe, held back after the bound was lowered (see the module).
-    withheld: usize,
     /// Assigned tasks not handed out yet (in_order: with their results once they arrive;
     /// otherwise only until answered).
     tasks: BTreeMap<u64, Task<T>>,
@@ -93,7 +92,6 @@ impl<T> Scheduler<T> {
             outstanding: 0,
             held: vec![0; num_workers],
             owed: max_in_flight,
-            withheld: 0,
             tasks: BTreeMap::new(),
             arrived: VecDeque::new(),
             last: None,
@@ -129,34 +127,23 @@ impl<T> Scheduler<T> {
         self.owed = self.owed.saturating_sub(1);
     }
 
-    /// One more draw owed (a hand-out, a worker's end), unless one is withheld.
+    /// Tasks drawn and not handed out (answered or not).
+    fn in_flight(&self) -> usize {
+        self.tasks.len() + self.arrived.len()
+    }
+
+    /// One more draw owed (a hand-out, a worker's end), while below the bound (see the module).
     fn owe_one(&mut self) {
-        if self.withheld > 0 {
-            self.withheld -= 1;
-        } else {
+        if self.in_flight() + self.owed < self.max_in_flight {
             self.owed += 1;
         }
     }
 
     /// Bounds the tasks drawn and not handed out to `prefetch_factor` per worker from now on
-    /// (see the module): raising it owes the difference at once; lowering it withholds as
-    /// many draws (those owed now first).
+    /// (see the module): what fills the new bound is owed.
     pub fn set_prefetch_factor(&mut self, prefetch_factor: usize) {
-        let new = (prefetch_factor * self.active.len()).max(1);
-        let old = std::mem::replace(&mut self.max_in_flight, new);
-        if new >= old {
-            let mut more = new - old;
-            let unheld = more.min(self.withheld);
-            self.withheld -= unheld;
-            more -= unheld;
-            self.owed += more;
-        } else {
-            let mut less = old - new;
-            let unowed = less.min(self.owed);
-            self.owed -= unowed;
-            less -= unowed;
-            self.withheld += less;
-        }
+        self.max_in_flight = (prefetch_factor * self.active.len()).max(1);
+        self.owed = self.max_in_flight.saturating_sub(self.in_flight());
     }
 
     /// The bound on tasks drawn and not handed out.
@@ -255,9 +242,6 @@ impl<T> Scheduler<T> {
         for k in lost {
             self.tasks.remove(&k);
             self.outstanding = self.outstanding.saturating_sub(1);
-            // a lost task leaves the tasks in flight as a hand-out would: it takes a withheld
-            // draw with it (the rest of a lowered bound's excess)
-            self.withheld = self.withheld.saturating_sub(1);
         }
         if !self.active.iter().any(|&a| a) {
             self.exhausted = true;
@@ -330,14 +314,6 @@ impl<T> Scheduler<T> {
             self.owe_one();
             return Next::Ready(result);
         }
-        if self.outstanding == 0 && self.owed == 0 && self.withheld > 0 && self.draws_owed() == 0 {
-            // Nothing in flight, with active workers (else `draws_owed` would not matter): a
-            // withheld draw must not end the epoch, so one is owed again.
-            if !self.exhausted && self.active.iter().any(|&a| a) {
-                self.withheld -= 1;
-                self.owed = 1;
-            }
-        }
         if self.outstanding == 0 && (self.exhausted || self.draws_owed() == 0) {
             Next::Done
         } else {
@@ -359,7 +335,6 @@ impl<T> Scheduler<T> {
         self.outstanding = 0;
         self.held.iter_mut().for_each(|h| *h = 0);
         self.owed = self.max_in_flight;
-        self.withheld = 0;
         self.tasks.clear();
         self.arrived.clear();
         self.last = None;
@@ -749,7 +724,7 @@ mod tests {
     }
 
     #[test]
-    fn a_raised_prefetch_factor_is_owed_at_once_and_a_lowered_one_withheld() {
+    fn a_raised_prefetch_factor_is_owed_at_once_and_a_lowered_one_owes_nothing_above_it() {
         let mut s: Scheduler<u64> = Scheduler::new(2, 2, true);
         assert_eq!(drive(&mut s, 3), 4);
         s.set_prefetch_factor(5);
@@ -761,7 +736,7 @@ mod tests {
         );
         assert_eq!(drive(&mut s, 5), 10);
         s.set_prefetch_factor(1);
-        assert_eq!(s.draws_owed(), 0, "the owed draw is the first withheld");
+        assert_eq!(s.draws_owed(), 0, "above the new bound: nothing owed");
         // 9 in flight, bound 2: the next 7 hand-outs owe nothing, then one each.
         for _ in 0..7 {
             assert!(matches!(s.next(), Next::Ready(_)));
@@ -779,7 +754,7 @@ mod tests {
 
     #[test]
     fn a_lowered_bound_never_ends_the_epoch_of_a_worker_still_active() {
-        // 2 workers, prefetch 8 then 2: 12 draws withheld. Worker 0's dataset ends with 7 of
+        // 2 workers, prefetch 8 then 2: 16 in flight against a bound of 4. Worker 0's dataset ends with 7 of
         // its tasks unanswered; worker 1's 8 are handed out. Worker 1 still has data: the
         // epoch goes on.
         let mut s: Scheduler<u64> = Scheduler::new(2, 8, true);
