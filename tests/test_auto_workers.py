@@ -42,17 +42,6 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def quick(monkeypatch):
-    """Decisions after every MIN_WINDOW batches, whatever the wall time (from the first)."""
-    monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
-    monkeypatch.setattr(_auto, "LONG_STEPS", 0)
-    monkeypatch.setattr(_auto, "STEADY_GROWTH", 1)
-    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
-    monkeypatch.setattr(_auto, "machine_cpu", lambda: None)  # the machine's load: unknown
-    monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
-
-
 def scripted(monkeypatch, plan):
     """``decide`` answers ``plan[k]`` at its k-th call (None: keep), then None."""
     calls = []
@@ -399,25 +388,6 @@ def test_resume_across_fixed_and_auto(quick, monkeypatch, saved_with, resumed_wi
     resumed = loader_of(resumed_with, 9)
     resumed.load_state_dict(state)
     assert head + batches(resumed)[0] == whole
-
-
-class Stateful(tud.IterableDataset):
-    def __iter__(self):
-        return iter(range(4))
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
-def test_resume_of_a_stateful_iterable_under_auto_is_refused():
-    loader = rloader.DataLoader(Stateful(), num_workers="auto")
-    with pytest.raises(NotImplementedError, match="num_workers='auto'"):
-        loader.state_dict()
-    with pytest.raises(NotImplementedError, match="num_workers='auto'"):
-        loader.load_state_dict({})
 
 
 def test_arguments():

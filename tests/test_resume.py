@@ -12,6 +12,7 @@ import torch
 import torch.utils.data as tud
 
 import rloader
+from rloader import _auto
 
 pytestmark = [
     # Tests with 3 workers on this 2-core machine: torch's (and torchdata's) warning about it
@@ -529,14 +530,15 @@ class ShardedStream(rloader.IterableDataset):
         self.epoch, self.next = state["epoch"], state["next"]
 
 
-def sharded(nw, persistent=False, in_order=True, batch_size=4):
+def sharded(nw, persistent=False, in_order=True, batch_size=4, **kw):
     def make(workers, g):
         return rloader.DataLoader(
             ShardedStream(N),
             batch_size=batch_size,
             num_workers=workers,
-            persistent_workers=persistent and workers > 0,
+            persistent_workers=persistent and workers != 0,
             in_order=in_order,
+            **kw,
         )
 
     return make
@@ -564,6 +566,75 @@ def test_a_stateful_iterable_dataset_resumes_from_each_workers_state(workers, pe
     with warnings.catch_warnings():  # restored from the workers' states: nothing fetched again
         warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
         assert interrupted(make, workers, workers, epoch, batch, 3, True) == expected
+
+
+@pytest.fixture
+def auto_reads_with_two(quick, monkeypatch):
+    """num_workers="auto" asks for 2 workers whenever it decides: an IterableDataset's first
+    epoch is read in the main process, the later ones by 2 workers."""
+    two = _auto.Decision(2, "test")
+    monkeypatch.setattr(_auto, "decide", lambda w: None if w.workers == 2 else two)
+
+
+AUTO_POINTS = {**STREAM_POINTS, "workers' middle": (1, 3), "workers' epoch end": (1, None)}
+
+
+@pytest.mark.parametrize("point", AUTO_POINTS)
+@pytest.mark.parametrize(
+    "worker_type,persistent", [("process", False), ("process", True), ("thread", False)]
+)
+def test_a_stateful_iterable_dataset_resumes_under_auto(
+    auto_reads_with_two, worker_type, persistent, point
+):
+    # The resumed epoch is read by its saved readers (the main process, or 2 workers that load
+    # their states), whatever the new loader would have chosen, and goes on where it was.
+    make = sharded("auto", persistent, worker_type=worker_type)
+    expected = uninterrupted(make, "auto", 3, True)
+    tails = [max(x % 1000 for b in e for x in b) for e in expected]
+    assert tails[0] < N <= min(tails[1:])  # worker 1's shard runs past N: 2 readers
+    epoch, batch = AUTO_POINTS[point]
+    if isinstance(batch, str):
+        epoch, batch = stream_point(expected, point)
+    with warnings.catch_warnings():
+        if worker_type == "process":  # restored from the states: nothing fetched again
+            warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
+        else:
+            warnings.filterwarnings("ignore", "resuming an IterableDataset by fetching")
+        assert interrupted(make, "auto", "auto", epoch, batch, 3, True) == expected
+
+
+def test_auto_resumes_an_iterable_epoch_with_its_readers(quick, monkeypatch):
+    # A state of a fixed loader (3 processes; a plain sharded stream: fetched and dropped) is
+    # resumed by an auto loader with 3, and one saved by auto with 3 by a fixed loader; worker
+    # states saved mid-epoch are not for thread workers.
+    monkeypatch.setattr(_auto, "decide", lambda w: None)  # auto on its own stays in main
+    for saved, loaded in [(3, "auto"), ("auto", 3)]:
+        if saved == "auto":
+            monkeypatch.setattr(_auto, "decide", lambda w: _auto.Decision(3, "test"))
+
+        def make(nw, g):
+            return rloader.DataLoader(PlainStream(), batch_size=2, num_workers=nw)
+
+        reference = make(3, None)
+        expected = [b.tolist() for b in reference]
+        loader = make(saved, None)
+        if saved == "auto":
+            list(loader)  # the first epoch in main asks for 3
+        it = iter(loader)
+        head = [next(it).tolist() for _ in range(5)]
+        state = checkpointed(loader.state_dict())
+        assert state["readers"] == [3, "process"]
+        del it
+        resumed = make(loaded, None)
+        resumed.load_state_dict(state)
+        with pytest.warns(UserWarning, match="fetching and dropping the 5 batches"):
+            assert head + [b.tolist() for b in resumed] == expected
+    loader = sharded(2)(2, None)
+    it = iter(loader)
+    next(it)
+    threads = sharded("auto", worker_type="thread")("auto", None)
+    with pytest.raises(ValueError, match="worker_type='process' or 'auto'"):
+        threads.load_state_dict(loader.state_dict())
 
 
 def test_the_sharded_stream_is_torchs():

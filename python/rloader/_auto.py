@@ -780,17 +780,40 @@ class AutoStats:
         self.next_kind = self.next_workers = None
 
 
-def check_resumable(loader) -> None:
-    """``state_dict()``/``load_state_dict()`` under auto: map-style datasets and iterable ones
-    without a state of their own resume as with a fixed count (the stream is one, in order);
-    an IterableDataset with ``state_dict()`` keeps a place per worker, which auto does not
-    track yet: refused rather than resumed wrong."""
-    if is_auto(loader.num_workers) and _resume.stateful_iterable(loader.dataset):
-        raise NotImplementedError(
-            "state_dict()/load_state_dict() of a DataLoader with num_workers='auto' over an "
-            "IterableDataset with state_dict() is not supported yet (each worker's copy has "
-            "its own place in the stream): use a fixed num_workers to checkpoint it"
-        )
+def next_kind(worker_type: str, learned: Learned) -> str:
+    """The kind of a loader's next pool: the user's, the one auto chose, or threads first (they
+    start at once, and the work's CPU share in the main process does not say whether it holds
+    the GIL; a thread pool measures that: ``AutoIter._gil_check``)."""
+    if worker_type != AUTO:
+        return worker_type
+    return learned.kind if learned.kind is not None else "thread"
+
+
+def stream_readers(loader, pending: Optional[dict] = None) -> tuple:
+    """Who reads an auto loader's IterableDataset in the epoch that starts: ``(num_workers,
+    kind)``, kind "main", "process" or "thread" (its epoch keeps one engine: NOTE [Auto
+    workers]). A resume's (``pending``) saved epoch is read by those that read it (its stream
+    depends on their number; per-worker states need processes); else what the last epoch
+    asked for (``Learned.wanted``)."""
+    if pending is not None:
+        workers, saved = pending.get("workers"), pending.get("readers")
+        if workers is not None and worker_type_of(loader) != "thread":
+            return int(workers["num_workers"]), "process"  # their datasets' states
+        if saved is not None:
+            n = int(saved[0])
+            if n == 0:
+                return 0, "main"
+            kind = worker_type_of(loader)
+            return n, (str(saved[1]) if kind == AUTO else kind)
+        if pending.get("position") is not None and "dataset" in pending:
+            return 0, "main"  # (a state saved before readers were: num_workers=0's)
+    learned = learned_of(loader)
+    n = learned.wanted if learned.wanted is not None else learned.workers
+    return n, (next_kind(worker_type_of(loader), learned) if n else "main")
+
+
+def worker_type_of(loader) -> str:
+    return getattr(loader, "worker_type", "process")
 
 
 def start(loader) -> "AutoIter":
@@ -846,6 +869,21 @@ class AutoIter:
         taken = self._taken_done + sum(e.handed for e in self._engines)
         return taken, self._finished
 
+    @property
+    def _handouts(self):
+        """An IterableDataset's epoch's engine's record of its hand-outs (its workers' states:
+        ``_resume``); None for a map-style dataset, whose engines' batches are counted here."""
+        if not self._iterable or not self._engines:
+            return None
+        return getattr(self._engines[-1].it, "_handouts", None)
+
+    @property
+    def _exhausted(self) -> bool:
+        """Whether an IterableDataset's epoch read in the main process ended its stream."""
+        if not self._iterable or not self._engines:
+            return False
+        return bool(getattr(self._engines[-1].it, "_exhausted", False))
+
     def __iter__(self) -> "AutoIter":
         return self
 
@@ -892,13 +930,15 @@ class AutoIter:
         self._engines = []
         self._stats.live = []
         if self._iterable:
-            workers = learned.wanted if learned.wanted is not None else learned.workers
-            if self._keeps(kept, workers):
+            # (chosen as the epoch began, ``stream_readers``: a resume's may be its saved ones)
+            workers, kind = _resume.epoch_of(self._loader).readers
+            if self._keeps(kept, workers, kind):
                 self._keep(kept, None, reported_len)
             else:
                 if kept is not None:
                     kept.stop()
-                self._switch(workers, "the previous epoch's measurements" if workers else "start")
+                why = "the previous epoch's measurements" if workers else "start"
+                self._switch(workers, why, kind=kind)
             return
         workers = learned.workers
         if self._keeps(kept, workers):
@@ -908,12 +948,13 @@ class AutoIter:
                 kept.stop()
             self._switch(workers, "the previous epoch's choice" if workers else "start")
 
-    def _keeps(self, kept: Optional[_Engine], workers: int) -> bool:
+    def _keeps(self, kept: Optional[_Engine], workers: int, kind: Optional[str] = None) -> bool:
         """Whether the last epoch's pool (persistent workers) is the one this epoch starts on."""
+        kind = kind or self._kind()
         return (
             kept is not None
             and workers > 0
-            and (kept.workers, kept.kind, kept.prefetch) == (workers, self._kind(), self._prefetch)
+            and (kept.workers, kept.kind, kept.prefetch) == (workers, kind, self._prefetch)
         )
 
     def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
@@ -932,24 +973,20 @@ class AutoIter:
         self._record(engine.workers, engine.kind, "kept (persistent workers)")
 
     def _kind(self) -> str:
-        """The kind of the next pool: the user's, the one this loader chose, or the one the
-        measured CPU share asks for."""
-        if self._kind_fixed is not None:
-            return self._kind_fixed
-        if self._learned.kind is not None:
-            return self._learned.kind
-        # Threads first: they start at once, and the work's CPU share in the main process does
-        # not say whether it holds the GIL; a thread pool measures that (``_gil_check``).
-        return "thread"
+        """The kind of the next pool (``next_kind``)."""
+        return next_kind(self._kind_fixed or AUTO, self._learned)
 
-    def _switch(self, workers: int, why: str, window: Optional[Window] = None) -> None:
-        """Starts the engine of ``workers`` workers on the rest of the stream; the current one
-        draws nothing more and hands out what it has (NOTE [Auto workers])."""
+    def _switch(
+        self, workers: int, why: str, window: Optional[Window] = None, kind: Optional[str] = None
+    ) -> None:
+        """Starts the engine of ``workers`` workers (of ``kind``, else ``_kind()``) on the rest
+        of the stream; the current one draws nothing more and hands out what it has (NOTE
+        [Auto workers])."""
         loader = self._loader
         if self._engines and self._engines[-1].segment is not None:
             self._engines[-1].segment.closed = True
         segment = None if self._iterable else _Segment(self._source)
-        kind = self._kind() if workers > 0 else "main"  # (the main process)
+        kind = (kind or self._kind()) if workers > 0 else "main"  # (the main process)
         old = self._engines[-1] if self._engines else None
         if old is not None and old.workers and workers and old.drained is None:
             if (old.workers + workers) * self._per_worker(kind) > self._budget:

@@ -215,10 +215,11 @@ def _kill_process(proc) -> None:
     proc.close()
 
 
-def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
+def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedBatches":
     """Starts ``loader.num_workers`` workers and returns the iterator over their batches.
     ``drawn``: ``(keys, base_seed)`` the caller drew for the epoch (an auto loader's engine,
-    NOTE [Auto workers]), instead of this iterator's own draws."""
+    NOTE [Auto workers]), instead of this iterator's own draws; then ``resumed``, the resumed
+    epoch's ``(worker_states(), first_worker())`` (NOTE [Resume]) if any."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     if drawn is None:
         keys = None if iterable else iter_keys(loader._index_sampler)
@@ -227,7 +228,8 @@ def start_pool(loader, drawn=None) -> "_rloader.PoolIter | PinnedBatches":
         keys = epoch.keys(keys)  # NOTE [Resume]
         saved_states, first_worker = epoch.worker_states(), epoch.first_worker()
     else:
-        (keys, base_seed), saved_states, first_worker = drawn, None, 0
+        keys, base_seed = drawn
+        saved_states, first_worker = resumed or (None, 0)
     # Workers of a stateful IterableDataset send its state with each batch; those of a resumed
     # epoch load theirs first, and the round robin starts where it was.
     worker_states = iterable and _resume.stateful_iterable(loader.dataset)

@@ -30,6 +30,12 @@ state as they restart for an epoch (what a worker that has handed out nothing ye
 their stream ends (what a state between epochs saves, for the next epoch's workers to load).
 The states are per worker: another ``num_workers`` is refused.
 
+An IterableDataset's stream depends on who reads it (each worker reads its shard): the state
+of an epoch says who read it (``readers``: ``[0, "main"]`` or ``[n, kind]``). A fixed loader's
+are its arguments; an auto loader reads a resumed epoch with the saved ones, whatever it would
+have chosen (``_auto.stream_readers``), and saves its own copy's state always (the main process
+reads it in auto's first epoch, and fresh workers start from it).
+
 A generator the loader was given (``generator=``, or a sampler's ``generator``) takes the saved
 state and keeps it: later epochs are the uninterrupted run's. torch's global RNG is only
 borrowed for the resumed epoch's draws and put back as it was: it belongs to the user, who
@@ -153,14 +159,15 @@ def _sampler_state(sampler) -> Optional[dict]:
 class Epoch:
     """One ``iter()`` of a loader: the generator states before its draws, and the iterator."""
 
-    def __init__(self, loader) -> None:
+    def __init__(self, loader, readers: tuple) -> None:
         self.generators = {role: _pack(gen) for role, gen in _generators(loader).items()}
         self.sampler = _sampler_state(_drawing_sampler(loader))
         self.iterable = isinstance(loader.dataset, tud.IterableDataset)
+        self.readers = readers  # who reads the dataset (``readers``)
         # Whether iter() itself pulls the sampler's first keys (workers get tasks in iter()).
         self.pulls_in_iter = loader.num_workers > 0
         # Workers whose copies of an IterableDataset say where they are: their states are saved.
-        self.stateful_workers = loader.num_workers if _stateful_workers(loader) else 0
+        self.stateful_workers = readers[0] if _stateful_workers(loader, readers) else 0
         # Of a resumed epoch: the batches (in draw order) below `skipped` handed out before the
         # checkpoint but `holes`, and the saved workers' states ("workers" of state_dict()).
         self.skipped = 0
@@ -186,6 +193,7 @@ class Epoch:
         workers): records the states, and applies a pending resume."""
         record = record_of(loader)
         pending, record.pending = record.pending, None
+        readers = planned_readers(loader, pending)
         workers = between = None
         if pending is not None and pending["position"] is None:
             _set_generators(loader, pending["generators"], borrow_global=False)  # between epochs
@@ -194,11 +202,11 @@ class Epoch:
                 _drawing_sampler(loader).load_state_dict(saved["state_dict"])
             if restarts_workers(loader, pending):  # persistent workers' datasets' states
                 workers = pending["workers"]
-            if "dataset" in pending and _stateful_stream(loader):
+            if "dataset" in pending and _keeps_main_copy(loader, readers):
                 loader.dataset.load_state_dict(pending["dataset"])
             between = pending
             pending = None
-        epoch = cls(loader)
+        epoch = cls(loader, readers)
         epoch.workers = workers
         if between is not None and between.get("next_draws_base", True) != draws_base_seed:
             gen = loader.generator if loader.generator is not None else torch.default_generator
@@ -223,10 +231,11 @@ class Epoch:
         self.skipped = pending["position"]
         self.holes = list(pending.get("holes", ()))
         self._loader = loader
-        if "dataset" in pending and _stateful_stream(loader):
+        if "dataset" in pending and _keeps_main_copy(loader, self.readers):
             loader.dataset.load_state_dict(pending["dataset"])  # it goes on from there
-            self.restored_stream = True
-            self.stream_ended = bool(pending.get("dataset_ended", False))
+            if self.readers[0] == 0:
+                self.restored_stream = True
+                self.stream_ended = bool(pending.get("dataset_ended", False))
         if restarts_workers(loader, pending):
             self.workers = pending["workers"]  # each worker loads its own (start_pool)
             self.restored_stream = True
@@ -468,10 +477,12 @@ def state_dict(loader) -> dict:
             pulled=position > 0 or epoch.pulls_in_iter,
             base_drawn=epoch.base_drawn,
         )
-        if _stateful_stream(loader):
+        if epoch.iterable:
+            state["readers"] = list(epoch.readers)
+        if _keeps_main_copy(loader, epoch.readers):
             state["dataset"] = loader.dataset.state_dict()
             # Its iterator may have ended with a short last batch: nothing more comes then.
-            state["dataset_ended"] = bool(progress["exhausted"])
+            state["dataset_ended"] = bool(progress["exhausted"]) and epoch.readers[0] == 0
         if progress["workers"] is not None:
             state["workers"] = progress["workers"]
         return state
@@ -479,7 +490,10 @@ def state_dict(loader) -> dict:
     state["sampler"] = _sampler_state(_drawing_sampler(loader))
     if progress is not None and progress["workers"] is not None and loader.persistent_workers:
         state["workers"] = progress["workers"]  # an epoch ended: where persistent workers are
-    if _stateful_stream(loader):
+    readers = planned_readers(loader, None)  # the next epoch's
+    if isinstance(loader.dataset, tud.IterableDataset):
+        state["readers"] = list(readers)
+    if _keeps_main_copy(loader, readers):
         state["dataset"] = loader.dataset.state_dict()  # where the next epoch starts from
     # Persistent workers' next epoch draws no base seed; a fresh pool's does (Epoch.begin).
     it = loader._iterator
@@ -501,36 +515,70 @@ def stateful_iterable(dataset) -> bool:
     )
 
 
-def _stateful_stream(loader) -> bool:
-    """A stateful IterableDataset read in the main process: its own state is saved."""
-    return loader.num_workers == 0 and stateful_iterable(loader.dataset)
+def _is_auto(loader) -> bool:
+    from . import _auto  # (imports this module)
+
+    return _auto.is_auto(loader.num_workers)
 
 
-def _stateful_workers(loader) -> bool:
+def planned_readers(loader, pending: Optional[dict]) -> tuple:
+    """Who reads the dataset in the epoch that starts, with ``pending`` (a resume) if any:
+    ``(num_workers, kind)``, kind "main", "process" or "thread". A fixed loader's are its
+    arguments; an auto loader's are chosen as an epoch begins (``_auto.stream_readers``: an
+    IterableDataset's epoch keeps one engine, and a resumed one is read by its saved readers,
+    on which its stream depends)."""
+    if _is_auto(loader):
+        from . import _auto
+
+        return _auto.stream_readers(loader, pending)
+    n = int(loader.num_workers)
+    return n, (getattr(loader, "worker_type", "process") if n > 0 else "main")
+
+
+def _keeps_main_copy(loader, readers: tuple) -> bool:
+    """Whether the loader's own copy of a stateful IterableDataset has a state to save: when
+    the main process reads it, and under auto always (the main process reads it in some
+    epochs, and fresh workers start as it is)."""
+    return stateful_iterable(loader.dataset) and (readers[0] == 0 or _is_auto(loader))
+
+
+def _stateful_workers(loader, readers: tuple) -> bool:
     """A stateful IterableDataset read by worker processes: each worker's copy's state is
     saved (the state after the last of its batches handed out), and restored in that worker.
     Thread workers do not report their copies' states yet: their loaders resume such a dataset
     as any other IterableDataset, by fetching and dropping (with the warning)."""
-    return (
-        loader.num_workers > 0
-        and getattr(loader, "worker_type", "process") == "process"
-        and stateful_iterable(loader.dataset)
-    )
+    n, kind = readers
+    return n > 0 and kind == "process" and stateful_iterable(loader.dataset)
 
 
 def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
     """Whether a resume (the pending one by default) starts workers that load their datasets'
     states first (a persistent loader's running workers are then replaced)."""
     pending = record_of(loader).pending if pending is None else pending
-    return pending is not None and pending.get("workers") is not None and _stateful_workers(loader)
+    return (
+        pending is not None
+        and pending.get("workers") is not None
+        and _stateful_workers(loader, planned_readers(loader, pending))
+    )
 
 
 def _check_workers(loader, state: dict) -> None:
     """A stateful IterableDataset's place is per worker (each has its own copy): it resumes
-    only with the same number of workers."""
+    only with the same number of workers (an auto loader reads the resumed epoch with them;
+    they must be processes)."""
     if not stateful_iterable(loader.dataset):
         return
     workers = state.get("workers")
+    if _is_auto(loader):
+        if workers is not None and state.get("position") is not None:
+            if getattr(loader, "worker_type", "process") == "thread":
+                raise ValueError(
+                    f"this state was saved mid-epoch by {workers['num_workers']} worker "
+                    "processes over an IterableDataset with state_dict(): each one's copy has "
+                    "its own place in the stream, which thread workers do not restore; build "
+                    "this loader with worker_type='process' or 'auto' to resume it"
+                )
+        return
     mid_epoch_stream = "dataset" in state and state.get("position") is not None
     saved = workers["num_workers"] if workers is not None else 0 if mid_epoch_stream else None
     if saved is not None and saved != loader.num_workers:

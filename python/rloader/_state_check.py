@@ -56,6 +56,7 @@ def _check_one(loader, state: Any, where: str, elastic_rank: bool) -> None:
     _check_generators(loader, state.get("generators", {}), where)
     _check_sampler(loader, state.get("sampler"), where)
     _check_workers(state.get("workers"), where)
+    _check_readers(state.get("readers"), where)
     if state.get("elastic_from") is not None:
         _check_elastic(loader, state, where)
     elif position is not None and elastic_rank:
@@ -193,6 +194,24 @@ def _check_workers(workers: Any, where: str) -> None:
             raise ValueError(f"{here}['{key}'] must be a list of {n} (one per worker)")
     if not all(isinstance(e, bool) for e in workers["ended"]):
         raise TypeError(f"{here}['ended'] must hold True or False")
+
+
+def _check_readers(readers: Any, where: str) -> None:
+    """Who read an IterableDataset's saved epoch: ``[num_workers, kind]``."""
+    if readers is None:
+        return
+    ok = (
+        isinstance(readers, (list, tuple))
+        and len(readers) == 2
+        and _is_int(readers[0])
+        and 0 <= readers[0] <= 1 << 16
+        and readers[1] in (("main",) if readers[0] == 0 else ("process", "thread"))
+    )
+    if not ok:
+        raise ValueError(
+            f"{where}['readers'] must be [0, 'main'] or [num_workers, 'process' or 'thread'], "
+            f"not {_what(readers)}"
+        )
 
 
 def _check_elastic(loader, state: dict, where: str) -> None:

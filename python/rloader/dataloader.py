@@ -306,7 +306,6 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         IterableDataset with ``state_dict()`` its state, or each worker's. An extension of
         torch's DataLoader, with torchdata ``StatefulDataLoader``'s method names.
         """
-        _auto.check_resumable(self)
         return _resume.state_dict(self)
 
     def load_state_dict(self, state) -> None:
@@ -319,7 +318,6 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         of the states of every rank of a job over a ``DistributedSampler``: the samples of that
         epoch no rank handed out are then shared by this job's ranks (see the README).
         """
-        _auto.check_resumable(self)
         _state_check.check(self, state)  # a TypeError or ValueError naming the bad field
         _resume.load_state_dict(self, state)
 
@@ -386,15 +384,19 @@ def _loader_iter(loader: DataLoader, keys, exhausted: bool) -> _rloader.LoaderIt
 def _engine(view, keys, base_seed: int, kind: str):
     """One engine of an auto loader's iterator (NOTE [Auto workers] in _auto.py): ``view`` is
     the loader with the engine's ``num_workers`` and options; ``keys`` its segment of the
-    epoch's keys and ``base_seed`` the epoch's, both drawn by the auto iterator."""
+    epoch's keys and ``base_seed`` the epoch's, both drawn by the auto iterator. An
+    IterableDataset's epoch has one engine: a resumed one's goes on where the saved one was
+    (NOTE [Resume])."""
+    loader = view._loader
+    epoch = _resume.epoch_of(loader) if view._dataset_kind == _DatasetKind.Iterable else None
     if view.num_workers == 0:
-        return _loader_iter(view, keys, exhausted=False)
+        return _loader_iter(view, keys, exhausted=epoch is not None and epoch.stream_ended)
     if kind == "thread":
-        loader = view._loader
         return _threads.start_threads(
             view, buffers=lambda pin: _batch_buffers(loader, pin), drawn=(keys, base_seed)
         )
-    return _process_pool.start_pool(view, drawn=(keys, base_seed))
+    resumed = (epoch.worker_states(), epoch.first_worker()) if epoch is not None else None
+    return _process_pool.start_pool(view, drawn=(keys, base_seed), resumed=resumed)
 
 
 def _batch_buffers(loader: DataLoader, pin) -> _rloader.BatchBuffers:
