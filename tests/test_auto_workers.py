@@ -376,6 +376,33 @@ def test_resume_mid_epoch(quick, monkeypatch):
     assert head + batches(resumed)[0] == whole
 
 
+def test_a_resumed_auto_loader_starts_on_the_saved_choice(quick, monkeypatch):
+    scripted(monkeypatch, [3])
+    loader = loader_of("auto", 5, prefetch_factor="auto")
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    assert loader.stats()["auto"]["num_workers"] == 3
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    assert state["auto"] == dict(workers=3, kind="process", wanted=None, prefetch=None)
+    del it
+    scripted(monkeypatch, [])
+    resumed = loader_of("auto", 5, prefetch_factor="auto")
+    resumed.load_state_dict(dict(state, auto=dict(state["auto"], prefetch=99)))
+    got = batches(resumed)[0]
+    assert chosen(resumed)[0] == 3  # at once, not the main process first
+    assert resumed.stats()["auto"]["prefetch_factor"] == _auto.PREFETCH_MAX  # (bounded)
+    assert len(got) == N // 2 - 20
+    bad = dict(state, auto=dict(state["auto"], kind="fiber"))
+    with pytest.raises(ValueError, match=r"state\['auto'\]\['kind'\]"):
+        loader_of("auto", 5).load_state_dict(bad)
+    ran = loader_of("auto", 5)
+    list(ran)  # a loader that has run keeps what it learned
+    ran.load_state_dict(state)
+    batches(ran)
+    assert chosen(ran)[0] == 0
+
+
 @pytest.mark.parametrize("saved_with, resumed_with", [(2, "auto"), ("auto", 0)])
 def test_resume_across_fixed_and_auto(quick, monkeypatch, saved_with, resumed_with):
     scripted(monkeypatch, [2])

@@ -576,7 +576,13 @@ def auto_reads_with_two(quick, monkeypatch):
     monkeypatch.setattr(_auto, "decide", lambda w: None if w.workers == 2 else two)
 
 
-AUTO_POINTS = {**STREAM_POINTS, "workers' middle": (1, 3), "workers' epoch end": (1, None)}
+AUTO_POINTS = {
+    **STREAM_POINTS,
+    "workers' middle": (1, 3),
+    "workers' epoch end": (1, None),
+    # (no batch left to measure: the next epoch is read as the saved loader had chosen)
+    "main's last batch": (0, "all"),
+}
 
 
 @pytest.mark.parametrize("point", AUTO_POINTS)
@@ -593,8 +599,8 @@ def test_a_stateful_iterable_dataset_resumes_under_auto(
     tails = [max(x % 1000 for b in e for x in b) for e in expected]
     assert tails[0] < N <= min(tails[1:])  # worker 1's shard runs past N: 2 readers
     epoch, batch = AUTO_POINTS[point]
-    if isinstance(batch, str):
-        epoch, batch = stream_point(expected, point)
+    if isinstance(batch, str):  # the epoch's length, from the uninterrupted run
+        batch = len(expected[epoch]) - (2 if batch == "all-2" else 0)
     with warnings.catch_warnings():
         if worker_type == "process":  # restored from the states: nothing fetched again
             warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
@@ -607,14 +613,13 @@ def test_auto_resumes_an_iterable_epoch_with_its_readers(quick, monkeypatch):
     # A state of a fixed loader (3 processes; a plain sharded stream: fetched and dropped) is
     # resumed by an auto loader with 3, and one saved by auto with 3 by a fixed loader; worker
     # states saved mid-epoch are not for thread workers.
+    def make(nw, g):
+        return rloader.DataLoader(PlainStream(), batch_size=2, num_workers=nw)
+
     monkeypatch.setattr(_auto, "decide", lambda w: None)  # auto on its own stays in main
     for saved, loaded in [(3, "auto"), ("auto", 3)]:
         if saved == "auto":
             monkeypatch.setattr(_auto, "decide", lambda w: _auto.Decision(3, "test"))
-
-        def make(nw, g):
-            return rloader.DataLoader(PlainStream(), batch_size=2, num_workers=nw)
-
         reference = make(3, None)
         expected = [b.tolist() for b in reference]
         loader = make(saved, None)
@@ -629,12 +634,64 @@ def test_auto_resumes_an_iterable_epoch_with_its_readers(quick, monkeypatch):
         resumed.load_state_dict(state)
         with pytest.warns(UserWarning, match="fetching and dropping the 5 batches"):
             assert head + [b.tolist() for b in resumed] == expected
-    loader = sharded(2)(2, None)
+    loader = sharded(2, persistent=True)(2, None)
     it = iter(loader)
     next(it)
     threads = sharded("auto", worker_type="thread")("auto", None)
     with pytest.raises(ValueError, match="worker_type='process' or 'auto'"):
-        threads.load_state_dict(loader.state_dict())
+        threads.load_state_dict(loader.state_dict())  # mid-epoch
+    list(it)
+    with pytest.raises(ValueError, match="worker_type='process' or 'auto'"):
+        threads.load_state_dict(loader.state_dict())  # persistent workers' places, between
+    plain = make(3, None)  # a stream without state: its count alone
+    it = iter(plain)
+    next(it)
+    with pytest.raises(ValueError, match="num_workers=3 .*it has 2"):
+        make(2, None).load_state_dict(plain.state_dict())
+
+
+def test_auto_resumes_a_persistent_pool_only_where_the_next_epoch_keeps_it(quick, monkeypatch):
+    # The first epoch (main) asks for 2 workers, a pool of 2 for 3: saved between the epochs
+    # of 2 and 3 workers, the next epoch starts 3 fresh workers, as the uninterrupted run did
+    # (not the 2 workers' places, which it would go on from had it kept them).
+    plan = {0: _auto.Decision(2, "test"), 2: _auto.Decision(3, "test")}
+    monkeypatch.setattr(_auto, "decide", lambda w: plan.get(w.workers))
+    make = sharded("auto", persistent=True)
+    expected = uninterrupted(make, "auto", 4, True)
+    assert [max(x % 1000 for b in e for x in b) >= N for e in expected] == [False] + [True] * 3
+    for epoch, batch in [(1, None), (2, 3), (1, 3)]:
+        assert interrupted(make, "auto", "auto", epoch, batch, 4, True) == expected
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+@pytest.mark.parametrize("batch", [None, 0, 1, 3])
+def test_an_auto_state_resumes_in_a_fixed_loader(auto_reads_with_two, worker_type, batch):
+    # Saved in the second epoch (2 workers; between the epochs: None), resumed by a fixed loader
+    # of 2: the loader's own copy (where fresh workers, and those with no place saved yet,
+    # start) is the auto loader's, as is the stream. With 0 workers: refused, naming 2.
+    def make(nw):
+        return rloader.DataLoader(
+            ShardedStream(N), batch_size=4, num_workers=nw, worker_type=worker_type
+        )
+
+    reference = make("auto")
+    list(reference)
+    expected = epochs_of(reference, 1)[0]
+    loader = make("auto")
+    list(loader)
+    it = iter(loader)
+    head = [] if batch is None else [as_lists(next(it)) for _ in range(batch)]
+    state = checkpointed(loader.state_dict())
+    assert state["readers"] == [2, worker_type]
+    del it
+    resumed = make(2)
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "resuming an IterableDataset by fetching")
+        assert head + epochs_of(resumed, 1)[0] == expected
+    if batch is not None:
+        with pytest.raises(ValueError, match="num_workers=2 .*it has 0"):
+            make(0).load_state_dict(state)
 
 
 def test_the_sharded_stream_is_torchs():

@@ -797,19 +797,49 @@ def stream_readers(loader, pending: Optional[dict] = None) -> tuple:
     asked for (``Learned.wanted``)."""
     if pending is not None:
         workers, saved = pending.get("workers"), pending.get("readers")
-        if workers is not None and worker_type_of(loader) != "thread":
-            return int(workers["num_workers"]), "process"  # their datasets' states
         if saved is not None:
             n = int(saved[0])
             if n == 0:
                 return 0, "main"
             kind = worker_type_of(loader)
             return n, (str(saved[1]) if kind == AUTO else kind)
+        # (a state saved before readers were)
+        if workers is not None:
+            return int(workers["num_workers"]), "process"  # their datasets' places
         if pending.get("position") is not None and "dataset" in pending:
-            return 0, "main"  # (a state saved before readers were: num_workers=0's)
+            return 0, "main"  # num_workers=0's
     learned = learned_of(loader)
     n = learned.wanted if learned.wanted is not None else learned.workers
     return n, (next_kind(worker_type_of(loader), learned) if n else "main")
+
+
+def learned_state(loader) -> dict:
+    """What an auto loader has chosen, for its ``state_dict()``: a resumed loader starts from
+    it (``seed_learned``) instead of the main process."""
+    learned = learned_of(loader)
+    return dict(
+        workers=int(learned.workers),
+        kind=learned.kind,
+        wanted=learned.wanted,
+        prefetch=learned.prefetch,
+    )
+
+
+def seed_learned(loader, saved: Optional[dict]) -> None:
+    """``load_state_dict()`` of an auto loader that has not run yet: it starts on the saved
+    loader's choices (the next epoch of an IterableDataset is read as the saved loader asked;
+    a map-style one's pool starts at once), and goes on measuring."""
+    record = record_of(loader)
+    if saved is None or record.auto is not None:
+        return  # (a loader that has run keeps what it learned)
+    learned = learned_of(loader)
+    learned.kind = saved["kind"]
+    # (within what this machine's cores carry: the saving one may have had more)
+    most = usable_cores() * (THREADS_PER_CORE if saved["kind"] == "thread" else PROCESSES_PER_CORE)
+    learned.workers = min(int(saved["workers"]), most)
+    learned.wanted = None if saved["wanted"] is None else min(int(saved["wanted"]), most)
+    if is_auto(loader.prefetch_factor) and saved["prefetch"] is not None:
+        learned.prefetch = max(PREFETCH, min(int(saved["prefetch"]), PREFETCH_MAX))
 
 
 def worker_type_of(loader) -> str:
@@ -956,6 +986,13 @@ class AutoIter:
             and workers > 0
             and (kept.workers, kept.kind, kept.prefetch) == (workers, kind, self._prefetch)
         )
+
+    def _keeps_pool(self, workers: int, kind: str) -> bool:
+        """Whether the next epoch, read by ``workers`` of ``kind``, goes on with this
+        iterator's persistent pool (``state_dict()`` between epochs saves its workers' places
+        then)."""
+        kept = self._engines[-1] if self._engines and not self.stopped else None
+        return self._keeps(kept, workers, kind)
 
     def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
         engine.lived += engine.handed

@@ -202,8 +202,8 @@ class Epoch:
                 _drawing_sampler(loader).load_state_dict(saved["state_dict"])
             if restarts_workers(loader, pending):  # persistent workers' datasets' states
                 workers = pending["workers"]
-            if "dataset" in pending and _keeps_main_copy(loader, readers):
-                loader.dataset.load_state_dict(pending["dataset"])
+            if "dataset" in pending and stateful_iterable(loader.dataset):
+                loader.dataset.load_state_dict(pending["dataset"])  # (the loader's own copy)
             between = pending
             pending = None
         epoch = cls(loader, readers)
@@ -231,8 +231,10 @@ class Epoch:
         self.skipped = pending["position"]
         self.holes = list(pending.get("holes", ()))
         self._loader = loader
-        if "dataset" in pending and _keeps_main_copy(loader, self.readers):
-            loader.dataset.load_state_dict(pending["dataset"])  # it goes on from there
+        if "dataset" in pending and stateful_iterable(loader.dataset):
+            # the loader's own copy: the stream itself when the main process reads it, else
+            # what fresh workers (and those whose saved state is None) start from
+            loader.dataset.load_state_dict(pending["dataset"])
             if self.readers[0] == 0:
                 self.restored_stream = True
                 self.stream_ended = bool(pending.get("dataset_ended", False))
@@ -454,6 +456,10 @@ def state_dict(loader) -> dict:
         in_order=bool(loader.in_order),
         batch_size=loader.batch_size,
     )
+    if _is_auto(loader):
+        from . import _auto
+
+        state["auto"] = _auto.learned_state(loader)  # what it chose: a resume starts there
     epoch = record.epoch
     progress = epoch.progress() if epoch is not None else None
     if progress is not None and not progress["finished"]:
@@ -488,9 +494,12 @@ def state_dict(loader) -> dict:
         return state
     state["generators"] = {role: _pack(gen) for role, gen in _generators(loader).items()}
     state["sampler"] = _sampler_state(_drawing_sampler(loader))
-    if progress is not None and progress["workers"] is not None and loader.persistent_workers:
-        state["workers"] = progress["workers"]  # an epoch ended: where persistent workers are
     readers = planned_readers(loader, None)  # the next epoch's
+    if progress is not None and progress["workers"] is not None and loader.persistent_workers:
+        # An epoch ended: where persistent workers are, if the next epoch goes on with them
+        # (an auto loader's next epoch may start another pool, whose workers start fresh).
+        if not _is_auto(loader) or loader._iterator._keeps_pool(*readers):
+            state["workers"] = progress["workers"]
     if isinstance(loader.dataset, tud.IterableDataset):
         state["readers"] = list(readers)
     if _keeps_main_copy(loader, readers):
@@ -538,7 +547,7 @@ def planned_readers(loader, pending: Optional[dict]) -> tuple:
 def _keeps_main_copy(loader, readers: tuple) -> bool:
     """Whether the loader's own copy of a stateful IterableDataset has a state to save: when
     the main process reads it, and under auto always (the main process reads it in some
-    epochs, and fresh workers start as it is)."""
+    epochs, and fresh workers start as it is). Any loader given such a state loads it."""
     return stateful_iterable(loader.dataset) and (readers[0] == 0 or _is_auto(loader))
 
 
@@ -563,31 +572,46 @@ def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
 
 
 def _check_workers(loader, state: dict) -> None:
-    """A stateful IterableDataset's place is per worker (each has its own copy): it resumes
-    only with the same number of workers (an auto loader reads the resumed epoch with them;
-    they must be processes)."""
-    if not stateful_iterable(loader.dataset):
+    """An IterableDataset's stream depends on how many workers read it (each reads its shard),
+    and a stateful one's place is per worker (each has its own copy): an epoch saved mid-way
+    resumes only with the same number of workers (an auto loader reads it with them; per-worker
+    places need processes)."""
+    if not isinstance(loader.dataset, tud.IterableDataset):
         return
-    workers = state.get("workers")
+    stateful = stateful_iterable(loader.dataset)
+    workers = state.get("workers") if stateful else None
     if _is_auto(loader):
-        if workers is not None and state.get("position") is not None:
-            if getattr(loader, "worker_type", "process") == "thread":
-                raise ValueError(
-                    f"this state was saved mid-epoch by {workers['num_workers']} worker "
-                    "processes over an IterableDataset with state_dict(): each one's copy has "
-                    "its own place in the stream, which thread workers do not restore; build "
-                    "this loader with worker_type='process' or 'auto' to resume it"
-                )
+        if workers is not None and getattr(loader, "worker_type", "process") == "thread":
+            raise ValueError(
+                f"this state holds the places of {workers['num_workers']} worker processes "
+                "over an IterableDataset with state_dict(): each one's copy has its own place "
+                "in the stream, which thread workers do not restore; build this loader with "
+                "worker_type='process' or 'auto' to resume it"
+            )
         return
-    mid_epoch_stream = "dataset" in state and state.get("position") is not None
-    saved = workers["num_workers"] if workers is not None else 0 if mid_epoch_stream else None
-    if saved is not None and saved != loader.num_workers:
+    mid_epoch = state.get("position") is not None
+    readers = state.get("readers")
+    if workers is not None:
+        saved = int(workers["num_workers"])
+    elif mid_epoch and readers is not None:
+        saved = int(readers[0])
+    elif mid_epoch and stateful and "dataset" in state:
+        saved = 0  # (a state saved before readers were: num_workers=0's)
+    else:
+        return  # between epochs, without persistent workers' places: any number goes on
+    if saved != loader.num_workers:
+        places = (
+            ", and each worker's copy of the dataset has its own place in it, which cannot be "
+            "split or merged"
+            if stateful
+            else ""
+        )
         raise ValueError(
             f"this state was saved by a DataLoader with num_workers={saved} over an "
-            "IterableDataset with state_dict(): each worker's copy of the dataset has its own "
-            f"place in the stream, which cannot be split or merged; build this loader with "
-            f"num_workers={saved} (it has {loader.num_workers}) to resume it (a state saved "
-            "between epochs without persistent_workers holds no such places)"
+            "IterableDataset: its stream depends on how many workers read it (each reads its "
+            f"shard){places}; build this loader with num_workers={saved} (it has "
+            f"{loader.num_workers}) to resume it (a state saved between epochs without "
+            "persistent_workers holds no such places)"
         )
 
 
@@ -615,6 +639,10 @@ def load_state_dict(loader, state) -> None:
             _drawing_sampler(loader), distributed["num_replicas"], distributed["rank"]
         )
     _check_workers(loader, state)
+    if _is_auto(loader):
+        from . import _auto
+
+        _auto.seed_learned(loader, state.get("auto"))
     record_of(loader).pending = dict(state)
 
 

@@ -56,7 +56,8 @@ def _check_one(loader, state: Any, where: str, elastic_rank: bool) -> None:
     _check_generators(loader, state.get("generators", {}), where)
     _check_sampler(loader, state.get("sampler"), where)
     _check_workers(state.get("workers"), where)
-    _check_readers(state.get("readers"), where)
+    _check_readers(state.get("readers"), state.get("workers"), where)
+    _check_auto(state.get("auto"), where)
     if state.get("elastic_from") is not None:
         _check_elastic(loader, state, where)
     elif position is not None and elastic_rank:
@@ -196,21 +197,49 @@ def _check_workers(workers: Any, where: str) -> None:
         raise TypeError(f"{here}['ended'] must hold True or False")
 
 
-def _check_readers(readers: Any, where: str) -> None:
-    """Who read an IterableDataset's saved epoch: ``[num_workers, kind]``."""
+MAX_READERS = 1024  # workers a state may ask for (a hostile one: a fork bomb)
+
+
+def _check_readers(readers: Any, workers: Any, where: str) -> None:
+    """Who read an IterableDataset's saved epoch (or reads the next): ``[num_workers, kind]``,
+    the processes whose places ``workers`` holds, if it does."""
     if readers is None:
         return
     ok = (
         isinstance(readers, (list, tuple))
         and len(readers) == 2
         and _is_int(readers[0])
-        and 0 <= readers[0] <= 1 << 16
+        and 0 <= readers[0] <= MAX_READERS
         and readers[1] in (("main",) if readers[0] == 0 else ("process", "thread"))
     )
     if not ok:
         raise ValueError(
-            f"{where}['readers'] must be [0, 'main'] or [num_workers, 'process' or 'thread'], "
-            f"not {_what(readers)}"
+            f"{where}['readers'] must be [0, 'main'] or [num_workers, 'process' or 'thread'] "
+            f"with num_workers at most {MAX_READERS}, not {_what(readers)}"
+        )
+    if workers is not None and list(readers) != [workers["num_workers"], "process"]:
+        raise ValueError(
+            f"{where}['readers'] is {list(readers)!r}, but {where}['workers'] holds the places "
+            f"of {workers['num_workers']} worker processes: the state is corrupt"
+        )
+
+
+def _check_auto(auto: Any, where: str) -> None:
+    """What an auto loader had chosen: ``workers``, ``kind``, ``wanted``, ``prefetch``."""
+    if auto is None:
+        return
+    here = f"{where}['auto']"
+    if not isinstance(auto, dict):
+        raise TypeError(f"{here} must be a dict or None, not {_what(auto)}")
+    _int_field(auto, "workers", here, least=0, below=MAX_READERS + 1)
+    for key, least, below in (("wanted", 0, MAX_READERS + 1), ("prefetch", 1, 1 << 10)):
+        if auto.get(key) is not None:
+            _int_field(auto, key, here, least=least, below=below)
+        elif key not in auto:
+            raise ValueError(f"{here} has no '{key}': it is not whole")
+    if auto.get("kind", "") not in (None, "process", "thread"):
+        raise ValueError(
+            f"{here}['kind'] must be 'process', 'thread' or None, not {_what(auto.get('kind'))}"
         )
 
 

@@ -313,7 +313,9 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         loader had not handed out yet, then later epochs are those of an uninterrupted run.
 
         Build the loader with the same arguments (``num_workers`` may differ, but not for an
-        IterableDataset whose workers' states were saved: a ``ValueError``). The saved order
+        IterableDataset saved mid-epoch, whose stream depends on how many workers read it, nor
+        for one whose workers' states were saved: a ``ValueError``; ``num_workers="auto"``
+        reads such an epoch with the saved count). The saved order
         travels in the state, whatever generator this loader has. ``state`` may also be a list
         of the states of every rank of a job over a ``DistributedSampler``: the samples of that
         epoch no rank handed out are then shared by this job's ranks (see the README).
