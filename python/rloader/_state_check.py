@@ -181,12 +181,17 @@ def _check_sampler(loader, sampler: Any, where: str) -> None:
             raise TypeError(f"{here}['{flag}'] must be True or False, not {_what(info.get(flag))}")
 
 
+def _a_dict(value: Any, here: str) -> bool:
+    """Whether an optional dict field is there (None: it is not); a TypeError if not a dict."""
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"{here} must be a dict or None, not {_what(value)}")
+    return value is not None
+
+
 def _check_workers(workers: Any, where: str) -> None:
-    if workers is None:
-        return
     here = f"{where}['workers']"
-    if not isinstance(workers, dict):
-        raise TypeError(f"{here} must be a dict or None, not {_what(workers)}")
+    if not _a_dict(workers, here):
+        return
     n = _int_field(workers, "num_workers", here, least=1)
     _int_field(workers, "next_worker", here, least=0, below=n)
     for key in ("states", "ended"):
@@ -226,11 +231,9 @@ def _check_readers(readers: Any, workers: Any, where: str) -> None:
 
 def _check_auto(auto: Any, where: str) -> None:
     """What an auto loader had chosen: ``workers``, ``kind``, ``wanted``, ``prefetch``."""
-    if auto is None:
-        return
     here = f"{where}['auto']"
-    if not isinstance(auto, dict):
-        raise TypeError(f"{here} must be a dict or None, not {_what(auto)}")
+    if not _a_dict(auto, here):
+        return
     _int_field(auto, "workers", here, least=0, below=MAX_READERS + 1)
     for key, least, below in (("wanted", 0, MAX_READERS + 1), ("prefetch", 1, 1 << 10)):
         if auto.get(key) is not None:
