@@ -14,7 +14,8 @@ import torch
 import torch.utils.data as tud
 
 import rloader
-from rloader import _auto, _process_pool
+from rloader import _auto, _process_pool, _rloader
+from rloader.sampler import iter_keys
 
 N = 96
 
@@ -78,6 +79,22 @@ def batches(loader, epochs=1):
 
 def chosen(loader):
     return [d["num_workers"] for d in loader.stats()["auto"]["decisions"]]
+
+
+def test_engines_draw_the_epochs_keys_in_shares():
+    # Each engine draws through a share of the epoch's keys: a closed share draws nothing
+    # more and the next goes on with the stream. An rloader sampler's shares are taken in Rust.
+    sampler = loader_of(0, 1, batch_size=3, shuffle=False, n=10)._index_sampler
+    for keys, kind in [(iter_keys(sampler), _rloader.KeySegment), (iter(list(sampler)), None)]:
+        source = _auto._Source(keys)
+        first = source.segment()
+        assert kind is None or isinstance(first, kind)
+        assert next(first) == [0, 1, 2] and not source.exhausted
+        first.close()
+        assert first.closed and next(first, None) is None
+        second = source.segment()
+        assert list(second) == [[3, 4, 5], [6, 7, 8], [9]]
+        assert source.exhausted and list(source.segment()) == []
 
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])

@@ -12,6 +12,7 @@ __all__ = [
     "__version__",
     "IndexChunks",
     "BatchStream",
+    "KeySegment",
     "LengthWarning",
     "BatchOptions",
     "LoaderIter",
@@ -181,7 +182,22 @@ class BatchStream:
     def from_iterable(iterable: Iterable[Any], batch_size: int, drop_last: bool) -> BatchStream: ...
     def skip(self, batches: int, keep: list[int] = ...) -> None:
         """Discards the next ``batches`` batches as if handed out (NOTE [Resume])."""
+    @property
+    def exhausted(self) -> bool:
+        """Whether the stream has ended (its last batch was made)."""
     def __iter__(self) -> BatchStream: ...
+    def __next__(self) -> list[Any]: ...
+
+@final
+class KeySegment:
+    """One engine's share of an auto loader's ``BatchStream`` (NOTE [Auto workers])."""
+
+    def __new__(cls, stream: BatchStream) -> KeySegment: ...
+    def close(self) -> None:
+        """Ends this share: it draws nothing more."""
+    @property
+    def closed(self) -> bool: ...
+    def __iter__(self) -> KeySegment: ...
     def __next__(self) -> list[Any]: ...
 
 # single_process.rs (BatchOptions: fetch.rs)

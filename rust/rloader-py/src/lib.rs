@@ -58,6 +58,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampling::IndexChunks>()?;
     m.add_class::<sampling::BatchStream>()?;
+    m.add_class::<sampling::KeySegment>()?;
     m.add_class::<fetch::BatchOptions>()?;
     m.add_class::<single_process::LoaderIter>()?;
     m.add_class::<handout::LengthWarning>()?;

@@ -1,10 +1,66 @@
 //! Keys as the loops take them: batches of keys from `iter(loader._index_sampler)`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::streams::{Batch, BatchStream};
+
+/// One engine's share of an auto loader's epoch of keys (NOTE [Auto workers] in _auto.py): the
+/// stream's batches until it ends or the share is closed, after which the next engine's share
+/// goes on with the same stream. Loops take it as they take the stream (in Rust, no Python list
+/// per batch); `closed` is an atomic so that closing needs no mutable borrow while an engine
+/// holds a shared one.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct KeySegment {
+    stream: Py<BatchStream>,
+    closed: AtomicBool,
+}
+
+impl KeySegment {
+    fn next_batch(&self, py: Python<'_>, buf: &mut Vec<u64>) -> PyResult<Option<Batch>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        self.stream.bind(py).borrow_mut().next_batch(py, buf)
+    }
+}
+
+#[pymethods]
+impl KeySegment {
+    #[new]
+    fn new(stream: Py<BatchStream>) -> Self {
+        KeySegment {
+            stream,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Ends this share: it draws nothing more (to its engine the sampler has ended).
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let mut buf = Vec::new();
+        Ok(match self.next_batch(py, &mut buf)? {
+            None => None,
+            Some(Batch::Indices(ix)) => Some(PyList::new(py, ix)?),
+            Some(Batch::Keys(keys)) => Some(PyList::new(py, keys)?),
+        })
+    }
+}
 
 /// One batch of keys for a map-style dataset.
 pub enum KeyBatch<'py> {
@@ -18,6 +74,8 @@ pub enum KeyBatch<'py> {
 pub enum SamplerKeys {
     /// An rloader `BatchSampler`: batches of `u64` made in Rust.
     RustBatches(Py<BatchStream>),
+    /// An auto engine's share of one (`KeySegment`).
+    RustSegment(Py<KeySegment>),
     /// Any other iterator: batches (lists of keys) with auto-collation, else single keys.
     Python(Py<PyIterator>),
 }
@@ -25,16 +83,22 @@ pub enum SamplerKeys {
 impl SamplerKeys {
     /// `iter(loader._index_sampler)` as a key source.
     pub fn new(keys: &Bound<'_, PyAny>, auto_collation: bool) -> PyResult<SamplerKeys> {
-        Ok(match keys.cast::<BatchStream>() {
-            Ok(stream) if auto_collation => SamplerKeys::RustBatches(stream.clone().unbind()),
-            _ => SamplerKeys::Python(keys.try_iter()?.unbind()),
-        })
+        if auto_collation {
+            if let Ok(stream) = keys.cast::<BatchStream>() {
+                return Ok(SamplerKeys::RustBatches(stream.clone().unbind()));
+            }
+            if let Ok(segment) = keys.cast::<KeySegment>() {
+                return Ok(SamplerKeys::RustSegment(segment.clone().unbind()));
+            }
+        }
+        Ok(SamplerKeys::Python(keys.try_iter()?.unbind()))
     }
 
     /// Lets the garbage collector see the sampler's iterator.
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
             SamplerKeys::RustBatches(stream) => visit.call(stream),
+            SamplerKeys::RustSegment(segment) => visit.call(segment),
             SamplerKeys::Python(it) => visit.call(it),
         }
     }
@@ -45,18 +109,20 @@ impl SamplerKeys {
         py: Python<'py>,
         buf: &mut Vec<u64>,
     ) -> PyResult<Option<KeyBatch<'py>>> {
-        Ok(match self {
-            SamplerKeys::RustBatches(stream) => {
-                match stream.bind(py).borrow_mut().next_batch(py, buf)? {
+        let made = match self {
+            SamplerKeys::RustBatches(stream) => stream.bind(py).borrow_mut().next_batch(py, buf)?,
+            SamplerKeys::RustSegment(segment) => segment.get().next_batch(py, buf)?,
+            SamplerKeys::Python(it) => {
+                return Ok(match it.bind(py).clone().next() {
                     None => None,
-                    Some(Batch::Indices(ix)) => Some(KeyBatch::Indices(ix)),
-                    Some(Batch::Keys(k)) => Some(KeyBatch::Object(PyList::new(py, k)?.into_any())),
-                }
+                    Some(batch) => Some(KeyBatch::Object(batch?)),
+                });
             }
-            SamplerKeys::Python(it) => match it.bind(py).clone().next() {
-                None => None,
-                Some(batch) => Some(KeyBatch::Object(batch?)),
-            },
+        };
+        Ok(match made {
+            None => None,
+            Some(Batch::Indices(ix)) => Some(KeyBatch::Indices(ix)),
+            Some(Batch::Keys(k)) => Some(KeyBatch::Object(PyList::new(py, k)?.into_any())),
         })
     }
 }

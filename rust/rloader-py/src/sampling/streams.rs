@@ -357,6 +357,12 @@ impl BatchStream {
         }
     }
 
+    /// Whether the stream has ended (its last batch was made).
+    #[getter]
+    fn exhausted(&self) -> bool {
+        self.done
+    }
+
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
