@@ -283,6 +283,38 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
     assert loader.stats()["auto"]["num_workers"] == 2
 
 
+@pytest.mark.parametrize("keeps", [True, False])
+def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_promise(
+    quick, monkeypatch, keeps
+):
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
+    monkeypatch.setattr(_auto, "cpu_clock", _auto.clock)  # (work that holds its CPU)
+    scripted(monkeypatch, [2])
+    monkeypatch.setattr(_auto, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
+    monkeypatch.setattr(_auto, "CONSUMER_GIL", 1e12)
+    monkeypatch.setattr(_auto, "TRIAL_EFFICIENCY", 1e12)  # any thread pool is short of it
+    # the processes' epoch is faster than the threads' by any margin, or by none
+    monkeypatch.setattr(_auto, "TRIAL_MARGIN", 1e12 if keeps else 0.0)
+    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3)
+    loader = loader_of("auto", 11, worker_type="auto", persistent_workers=True)
+    kinds, got = [], []
+    for _ in range(5):
+        got.append([b.tolist() for b in loader])
+        kinds.append(loader.stats()["auto"]["worker_type"])
+    assert got == batches(loader_of(2, 11, persistent_workers=True), epochs=5)
+    # epoch 1: the main process, then threads; 2: threads (a whole epoch, not the pool's
+    # first); 3: processes on trial; then the faster kind, and no trial again
+    assert kinds == ["thread", "thread", "process"] + (["process"] * 2 if keeps else ["thread"] * 2)
+    assert _auto.learned_of(loader).tried
+
+
+def test_processes_on_trial_are_kept_only_if_faster():
+    assert _auto.trial_keeps_processes(1.0, 0.9)
+    assert not _auto.trial_keeps_processes(1.0, 0.98)
+    assert not _auto.trial_keeps_processes(1.0, 1.5)
+
+
 @pytest.mark.parametrize("slowed", [True, False])
 def test_threads_that_slow_the_consumers_step_make_way_for_processes(quick, monkeypatch, slowed):
     # 10 ms of work a batch and a 2 ms step beside the main process; beside 2 threads the step

@@ -89,7 +89,10 @@ change.
   (``_processes_next``); else it is kept if below ``NO_GAIN`` × the main process's loop, or
   back to the main process (``_no_gain``). Either way to processes only if they could win
   their start back (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if
-  persistent). (A
+  persistent). A busy thread pool that served a whole epoch, not its first, short of the
+  speedup its number promises is followed by one epoch of as many processes, and the kind
+  whose epoch had the shorter loop per batch is kept (``_kind_trial``: once per loader; no
+  GIL verdict after it). (A
   batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
   its work per batch is not inflated, only the throughput is not higher.) The kind changes
   only between epochs. The main process's CPU share of the work bounds how many threads the
@@ -182,6 +185,13 @@ THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speed
 # (up to the cores) promises over the main process may be taking turns on the GIL: processes
 # may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
 PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
+TRIAL_EFFICIENCY = 1.0  # a busy thread pool short of this share of the speedup its number
+# promises, for work that holds its CPU, is followed by one epoch of as many processes (a
+# trial: JPEG decoding, 2 threads 1.76x the main process, 2 processes 1.97x; 0.95 missed it
+# when the main process's few first batches were slow), kept only if
+# their epoch's loop per batch is below ``TRIAL_MARGIN`` × the threads' (their start and
+# first touches counted: tensor pairs, 2 threads 1.9M samples/s, 2 fresh processes 0.3M)
+TRIAL_MARGIN = 0.97
 FLOOR_EPOCHS = 4  # a pool grown back after an idle shrink is the least the workers idling
 # may shrink it to, for this many epochs (uneven steps: windows in the long steps read as
 # idle) or ``FLOOR_S`` seconds, whichever ends first (a long epoch, a loop that breaks)
@@ -536,6 +546,12 @@ def decide(w: Window) -> Optional[Decision]:
     return Decision(target, reason, idle=idle)
 
 
+def trial_keeps_processes(thread_loop: float, process_loop: float) -> bool:
+    """Whether processes on trial (``AutoIter._kind_trial``) are kept: their epoch's loop per
+    batch below ``TRIAL_MARGIN`` × the threads'."""
+    return process_loop < TRIAL_MARGIN * thread_loop
+
+
 def prefetch_room(w: Window) -> int:
     """The most batches per worker in flight that the memory budget holds: at most
     ``PREFETCH_MEMORY_SHARE`` of what the workers' own memory leaves (never below torch's
@@ -614,6 +630,10 @@ class Learned:
         self.direction = 0  # of the last switch: 1 grew, -1 shrank
         self.idle_shrink = False  # ... and whether it was a shrink because the workers idled
         self.epochs = 0  # epochs ended
+        # worker_type="auto": processes on trial after a thread pool (``AutoIter._kind_trial``):
+        # (the threads' number, their epoch's loop per batch); and whether one was made
+        self.trial: Optional[tuple] = None
+        self.tried = False
 
 
 def learned_of(loader) -> Learned:
@@ -710,6 +730,8 @@ class _Engine:
         self.prefetch = 0  # its batches in flight per worker (0: the main process)
         self.prefetch_fixed = False  # its prefetch cannot change in place (``_tune_prefetch``)
         self.lived = 0  # batches it handed out in the epochs before this one
+        self.e_from = (0, 0.0, 0.0)  # the epoch's (batches, wait, user) as it began serving
+        self.warm_from: Optional[tuple] = None  # ... once its first round was handed out
 
     def next(self):
         """Its next batch: the drained ones first."""
@@ -1023,6 +1045,7 @@ class AutoIter:
         engine.first_window = True
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
+        engine.e_from = (self._e_batches, self._e_wait, self._e_user)
         self._engines.append(engine)
         self._stats.live.append(engine)
         self._stats.prefetch = engine.prefetch or None
@@ -1068,6 +1091,7 @@ class AutoIter:
         self._first_engine = False
         engine = _Engine(it, workers, kind, segment)
         engine.prefetch = self._prefetch if workers else 0
+        engine.e_from = (self._e_batches, self._e_wait, self._e_user)
         if workers > 0:
             # its start, measured: this (the consumer waits for the pool's creation), then
             # the consumer's waits for its first round of batches (``_next``)
@@ -1287,6 +1311,8 @@ class AutoIter:
         if self._kind_fixed is not None or engine is None or engine.kind != "thread":
             return
         learned = self._learned
+        if learned.tried:
+            return  # processes were measured beside these threads (``_kind_trial``)
         if (
             engine.workers >= 2
             and (self._inflation or 0) > GIL_SHARE * engine.workers
@@ -1307,6 +1333,79 @@ class AutoIter:
         learned.kind = "process"
         self._stats.next_kind = "process"
         log.debug("rloader auto: processes from the next epoch: %s (the GIL)", why)
+
+    def _kind_trial(self) -> None:
+        """At an epoch's end, under ``worker_type="auto"``: a busy thread pool that served a
+        whole epoch, not its first (tensor pairs: a thread pool's first epoch ran at 0.4 of
+        its later ones), short of ``TRIAL_EFFICIENCY`` of the speedup its number promises, for
+        work that holds its CPU, is followed by an epoch of as many processes (if the budget
+        holds them and they could win their start back); at the end of that epoch the kind
+        whose epoch had the shorter loop per batch is kept (processes by ``TRIAL_MARGIN``; a
+        persistent pool's after its start, which it pays once), and no trial is made again, nor a move to processes by ``_gil_check``: the kinds were
+        measured side by side. Threads that reach their promise are kept without one."""
+        learned = self._learned
+        engine = self._engines[-1] if self._engines else None
+        if self._kind_fixed is not None or engine is None or len(self._engines) != 1:
+            return
+        # the part of the epoch this engine served (all of it, or all after a switch to it;
+        # processes on trial with persistent workers: after their start, paid once)
+        start = engine.e_from
+        if learned.trial is not None and self._persistent and engine.warm_from is not None:
+            start = engine.warm_from
+        batches0, wait0, user0 = engine.e_from
+        batches = self._e_batches - start[0]
+        wait, user = self._e_wait - start[1], self._e_user - start[2]
+        if batches < max(2 * MIN_WINDOW, (self._e_batches - batches0) // 2):
+            return  # too little of the epoch to tell
+        loop = (wait + user) / batches
+        if learned.trial is not None:
+            threads, thread_loop = learned.trial
+            learned.trial, learned.tried = None, True
+            kept = trial_keeps_processes(thread_loop, loop)
+            log.debug(
+                "rloader auto: processes on trial: %.3f ms a batch against %d threads' %.3f ms: %s",
+                loop * 1e3,
+                threads,
+                thread_loop * 1e3,
+                "kept" if kept else "back to threads",
+            )
+            if not kept:
+                learned.kind, learned.workers = "thread", threads
+                learned.wanted = threads if self._iterable else learned.wanted
+                self._stats.next_kind, self._stats.next_workers = "thread", threads
+            return
+        if (
+            learned.tried
+            or engine.kind != "thread"
+            or self._stats.next_kind is not None
+            or batches0 > 0  # (a pool switched to in this epoch: its next one is judged)
+            or learned.epochs < 2  # (a loader's first epoch: its thread pools' is slower)
+            or (self._persistent and not engine.lived)
+            or wait <= GROW_WAIT_SHARE * (wait + user)
+            or learned.cpu_share is None
+            or learned.cpu_share < WAITING_SHARE
+            or learned.main_loop is None
+            or not learned.base_work
+            or engine.workers * self._per_worker("process") > self._budget
+            or not self._processes_affordable(engine)
+        ):
+            return
+        ideal = max(
+            learned.main_loop - learned.base_work,
+            learned.base_work / max(1, min(engine.workers, self._cores)),
+        )
+        if loop * TRIAL_EFFICIENCY <= ideal:
+            return  # the threads reach their promise
+        learned.trial = (engine.workers, loop)
+        learned.kind = "process"
+        self._stats.next_kind = "process"
+        log.debug(
+            "rloader auto: processes on trial next epoch: %d threads took %.3f ms a batch, "
+            "%.3f ms promised",
+            engine.workers,
+            loop * 1e3,
+            ideal * 1e3,
+        )
 
     def _slows_the_consumer(self) -> bool:
         """Whether the thread workers took the GIL from the consumer: its own step per batch
@@ -1536,6 +1635,8 @@ class AutoIter:
         if engine.it._progress[0] >= self._warm_batches(engine):
             self._learned.start_s[engine.kind] = engine.start_s / engine.workers
             engine.start_s = None
+            # (this batch is counted in the epoch's after this returns)
+            engine.warm_from = (self._e_batches + 1, self._e_wait, self._e_user)
 
     def _last_window(self) -> None:
         """The epoch's last window, even if short (an epoch shorter than a window would never
@@ -1635,6 +1736,7 @@ class AutoIter:
     def _end_epoch(self) -> None:
         self._finished = True
         learned = self._learned
+        first_end = not self._finished_before
         if not self._finished_before:
             self._finished_before = True
             self._last_window()
@@ -1644,6 +1746,8 @@ class AutoIter:
                 self._stats.next_workers = learned.deferred
             learned.deferred = None
         self._gil_check()
+        if first_end:
+            self._kind_trial()
         if self._iterable and self._engines and self._w_batches:
             engine = self._engines[-1]
             window = self._window(engine)._replace(remaining=None)
