@@ -284,12 +284,14 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
 
 
 @pytest.mark.parametrize("keeps", [True, False])
+@pytest.mark.parametrize("resumed", [False, True])
 def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_promise(
-    quick, monkeypatch, keeps
+    quick, monkeypatch, keeps, resumed
 ):
     ticks = iter(range(10**9))
     monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
     monkeypatch.setattr(_auto, "cpu_clock", _auto.clock)  # (work that holds its CPU)
+    monkeypatch.setenv(_auto.MEMORY_ENV, "1T")  # (the budget holds processes on any machine)
     scripted(monkeypatch, [2])
     monkeypatch.setattr(_auto, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
     monkeypatch.setattr(_auto, "CONSUMER_GIL", 1e12)
@@ -297,9 +299,17 @@ def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_p
     # the processes' epoch is faster than the threads' by any margin, or by none
     monkeypatch.setattr(_auto, "TRIAL_MARGIN", 1e12 if keeps else 0.0)
     monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3)
-    loader = loader_of("auto", 11, worker_type="auto", persistent_workers=True)
+
+    def make():
+        return loader_of("auto", 11, worker_type="auto", persistent_workers=True)
+
+    loader = make()
     kinds, got = [], []
-    for _ in range(5):
+    for epoch in range(5):
+        if resumed and epoch == 2:  # a checkpoint with processes on trial next: judged all the same
+            state = pickle.loads(pickle.dumps(loader.state_dict()))
+            loader = make()
+            loader.load_state_dict(state)
         got.append([b.tolist() for b in loader])
         kinds.append(loader.stats()["auto"]["worker_type"])
     assert got == batches(loader_of(2, 11, persistent_workers=True), epochs=5)
@@ -433,7 +443,9 @@ def test_a_resumed_auto_loader_starts_on_the_saved_choice(quick, monkeypatch):
         next(it)
     assert loader.stats()["auto"]["num_workers"] == 3
     state = pickle.loads(pickle.dumps(loader.state_dict()))
-    assert state["auto"] == dict(workers=3, kind="process", wanted=None, prefetch=None)
+    assert state["auto"] == dict(
+        workers=3, kind="process", wanted=None, prefetch=None, trial=None, tried=False
+    )
     del it
     scripted(monkeypatch, [])
     resumed = loader_of("auto", 5, prefetch_factor="auto")
@@ -442,9 +454,10 @@ def test_a_resumed_auto_loader_starts_on_the_saved_choice(quick, monkeypatch):
     assert chosen(resumed)[0] == 3  # at once, not the main process first
     assert resumed.stats()["auto"]["prefetch_factor"] == _auto.PREFETCH_MAX  # (bounded)
     assert len(got) == N // 2 - 20
-    bad = dict(state, auto=dict(state["auto"], kind="fiber"))
-    with pytest.raises(ValueError, match=r"state\['auto'\]\['kind'\]"):
-        loader_of("auto", 5).load_state_dict(bad)
+    for field, value in [("kind", "fiber"), ("trial", [2, -1.0]), ("trial", [0, 1.0])]:
+        bad = dict(state, auto=dict(state["auto"], **{field: value}))
+        with pytest.raises(ValueError, match=rf"state\['auto'\]\['{field}'\]"):
+            loader_of("auto", 5).load_state_dict(bad)
     ran = loader_of("auto", 5)
     list(ran)  # a loader that has run keeps what it learned
     ran.load_state_dict(state)

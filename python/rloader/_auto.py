@@ -10,9 +10,9 @@ change.
   ``PoolIter``/``PinnedBatches`` or a ``ThreadIter``) draws from it through a share of its own
   (a ``KeySegment``, taken in Rust as the stream itself is, or a ``_Segment`` of a Python
   sampler's keys: 2 processes over tensor pairs ran 0.87x a fixed pool when each batch's keys
-  went through Python, 0.95x since). To change the pool, ``AutoIter`` closes the current engine's segment (it draws
-  nothing more: to it the sampler has ended) and starts the next engine on a new segment of the
-  same source. Engines are handed out from in start order, each to its end: the old one's
+  went through Python, 0.95x since). To change the pool, ``AutoIter`` closes the current
+  engine's share (it draws nothing more: to it the sampler has ended) and starts the next
+  engine on a new share of the same source. Engines are handed out from in start order, each to its end: the old one's
   in-flight batches come first, then the new one's, which were drawn after them. So the batches,
   their order and contents are those of any fixed loader over the same sampler stream, with
   every engine's batches handed out in order (``in_order=False`` is not used under auto).
@@ -99,8 +99,9 @@ change.
   cores carry (threads that mostly wait may outnumber them).
 - Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
   on the last chosen pool at once, without the in-process start, or on what the epoch's last
-  window asked for (``_last_window``) or a first-epoch decision deferred. With ``persistent_workers`` the
-  last pool itself is kept (``_reset``).
+  window asked for (``_last_window``) or a first-epoch decision deferred. With
+  ``persistent_workers`` the last pool itself is kept (``_reset``). ``state_dict()`` saves
+  what was learned of the choice (``learned_state``): a resumed loader starts there.
 - An ``IterableDataset`` shards by worker id and count, so its epoch keeps one engine: the first
   epoch runs in the main process (torch's default, ``num_workers=0``) and measures; each later
   epoch starts with the count the previous one asked for.
@@ -712,7 +713,7 @@ class _EngineView:
 
 
 class _Engine:
-    def __init__(self, it, workers: int, kind: str, segment: Optional[_Segment]) -> None:
+    def __init__(self, it, workers: int, kind: str, segment: Any) -> None:
         self.it = it
         self.workers = workers
         self.kind = kind
@@ -863,6 +864,9 @@ def learned_state(loader) -> dict:
         kind=learned.kind,
         wanted=learned.wanted,
         prefetch=learned.prefetch,
+        # processes on trial (``AutoIter._kind_trial``): the threads' (number, loop per batch)
+        trial=None if learned.trial is None else [int(learned.trial[0]), float(learned.trial[1])],
+        tried=bool(learned.tried),
     )
 
 
@@ -881,6 +885,9 @@ def seed_learned(loader, saved: Optional[dict]) -> None:
     learned.wanted = None if saved["wanted"] is None else min(int(saved["wanted"]), most)
     if is_auto(loader.prefetch_factor) and saved["prefetch"] is not None:
         learned.prefetch = max(PREFETCH, min(int(saved["prefetch"]), PREFETCH_MAX))
+    trial = saved.get("trial")
+    learned.trial = None if trial is None else (min(int(trial[0]), most), float(trial[1]))
+    learned.tried = bool(saved.get("tried", False))
 
 
 def worker_type_of(loader) -> str:
@@ -1035,7 +1042,7 @@ class AutoIter:
         kept = self._engines[-1] if self._engines and not self.stopped else None
         return self._keeps(kept, workers, kind)
 
-    def _keep(self, engine: _Engine, segment: Optional[_Segment], reported_len) -> None:
+    def _keep(self, engine: _Engine, segment: Any, reported_len) -> None:
         engine.lived += engine.handed
         engine.it._reset(segment, reported_len)
         engine.segment = segment
@@ -1046,6 +1053,7 @@ class AutoIter:
         engine.stages = _stages(engine.it._stats.as_dict())
         engine.window_start = dict(engine.stages)
         engine.e_from = (self._e_batches, self._e_wait, self._e_user)
+        engine.warm_from = None  # (no start this epoch)
         self._engines.append(engine)
         self._stats.live.append(engine)
         self._stats.prefetch = engine.prefetch or None
@@ -1214,6 +1222,7 @@ class AutoIter:
         if (
             self._kind_fixed is not None
             or engine.kind != "thread"
+            or learned.tried  # (measured beside processes: ``_kind_trial``)
             or self._no_gain_loop("process") is not None
             or learned.cpu_share is None
             or learned.cpu_share < WAITING_SHARE
@@ -1341,8 +1350,11 @@ class AutoIter:
         work that holds its CPU, is followed by an epoch of as many processes (if the budget
         holds them and they could win their start back); at the end of that epoch the kind
         whose epoch had the shorter loop per batch is kept (processes by ``TRIAL_MARGIN``; a
-        persistent pool's after its start, which it pays once), and no trial is made again, nor a move to processes by ``_gil_check``: the kinds were
-        measured side by side. Threads that reach their promise are kept without one."""
+        persistent pool's after its start, which it pays once), and no trial is made again,
+        nor a move to processes by ``_gil_check`` or ``_processes_next``: the kinds were
+        measured side by side. Threads that reach their promise are kept without one. (Not for
+        an IterableDataset, whose epoch's length is unknown: the start of processes cannot be
+        weighed.)"""
         learned = self._learned
         engine = self._engines[-1] if self._engines else None
         if self._kind_fixed is not None or engine is None or len(self._engines) != 1:
@@ -1350,12 +1362,14 @@ class AutoIter:
         # the part of the epoch this engine served (all of it, or all after a switch to it;
         # processes on trial with persistent workers: after their start, paid once)
         start = engine.e_from
-        if learned.trial is not None and self._persistent and engine.warm_from is not None:
-            start = engine.warm_from
-        batches0, wait0, user0 = engine.e_from
+        warm = engine.warm_from
+        if learned.trial is not None and self._persistent and warm is not None:
+            if self._e_batches - warm[0] >= MIN_WINDOW:  # (else its whole part, start and all)
+                start = warm
         batches = self._e_batches - start[0]
         wait, user = self._e_wait - start[1], self._e_user - start[2]
-        if batches < max(2 * MIN_WINDOW, (self._e_batches - batches0) // 2):
+        whole = self._e_batches - engine.e_from[0]
+        if batches <= 0 or (learned.trial is None and batches < max(2 * MIN_WINDOW, whole // 2)):
             return  # too little of the epoch to tell
         loop = (wait + user) / batches
         if learned.trial is not None:
@@ -1371,14 +1385,13 @@ class AutoIter:
             )
             if not kept:
                 learned.kind, learned.workers = "thread", threads
-                learned.wanted = threads if self._iterable else learned.wanted
                 self._stats.next_kind, self._stats.next_workers = "thread", threads
             return
         if (
             learned.tried
             or engine.kind != "thread"
             or self._stats.next_kind is not None
-            or batches0 > 0  # (a pool switched to in this epoch: its next one is judged)
+            or engine.e_from[0] > 0  # (a pool switched to in this epoch: its next one is judged)
             or learned.epochs < 2  # (a loader's first epoch: its thread pools' is slower)
             or (self._persistent and not engine.lived)
             or wait <= GROW_WAIT_SHARE * (wait + user)
@@ -1397,8 +1410,8 @@ class AutoIter:
         if loop * TRIAL_EFFICIENCY <= ideal:
             return  # the threads reach their promise
         learned.trial = (engine.workers, loop)
-        learned.kind = "process"
-        self._stats.next_kind = "process"
+        learned.kind, learned.workers = "process", engine.workers  # (as many: side by side)
+        self._stats.next_kind, self._stats.next_workers = "process", engine.workers
         log.debug(
             "rloader auto: processes on trial next epoch: %d threads took %.3f ms a batch, "
             "%.3f ms promised",

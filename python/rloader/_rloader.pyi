@@ -184,7 +184,7 @@ class BatchStream:
         """Discards the next ``batches`` batches as if handed out (NOTE [Resume])."""
     @property
     def exhausted(self) -> bool:
-        """Whether the stream has ended (its last batch was made)."""
+        """Whether the stream has ended (a draw found no batch left)."""
     def __iter__(self) -> BatchStream: ...
     def __next__(self) -> list[Any]: ...
 

@@ -244,6 +244,21 @@ def _check_auto(auto: Any, where: str) -> None:
         raise ValueError(
             f"{here}['kind'] must be 'process', 'thread' or None, not {_what(auto.get('kind'))}"
         )
+    trial = auto.get("trial")
+    if trial is not None and not (
+        isinstance(trial, (list, tuple))
+        and len(trial) == 2
+        and _is_int(trial[0])
+        and 1 <= trial[0] <= MAX_READERS
+        and isinstance(trial[1], (int, float))
+        and not isinstance(trial[1], bool)
+        and 0 <= trial[1] < float("inf")
+    ):
+        raise ValueError(
+            f"{here}['trial'] must be None or [threads, seconds a batch], not {_what(trial)}"
+        )
+    if not isinstance(auto.get("tried", False), bool):
+        raise TypeError(f"{here}['tried'] must be True or False, not {_what(auto['tried'])}")
 
 
 def _check_elastic(loader, state: dict, where: str) -> None:

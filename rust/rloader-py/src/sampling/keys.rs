@@ -24,7 +24,10 @@ impl KeySegment {
         if self.closed.load(Ordering::Acquire) {
             return Ok(None);
         }
-        self.stream.bind(py).borrow_mut().next_batch(py, buf)
+        // (an error, not a panic, if a user's sampler draws from this loader while it draws)
+        let stream = self.stream.bind(py);
+        let mut stream = stream.try_borrow_mut()?;
+        stream.next_batch(py, buf)
     }
 }
 

@@ -357,7 +357,7 @@ impl BatchStream {
         }
     }
 
-    /// Whether the stream has ended (its last batch was made).
+    /// Whether the stream has ended (a draw found no batch left).
     #[getter]
     fn exhausted(&self) -> bool {
         self.done
