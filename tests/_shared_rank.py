@@ -14,6 +14,7 @@ import sys
 
 import torch.distributed as dist
 from _datasets import Whereabouts
+from _distributed_worker import finish
 
 import rloader
 from rloader.shared import SharedList
@@ -47,8 +48,7 @@ def main() -> None:
     }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
