@@ -463,6 +463,13 @@ def per_batch(w: Window) -> tuple:
     return wait, user, work, numbers
 
 
+def promised_loop(main_loop: float, main_work: float, workers: int, cores: int) -> float:
+    """The consumer's loop per batch that ``workers`` promise, from the main process's loop
+    and work per batch: the work spread over them (up to the cores), or the consumer's own
+    step, whichever is longer."""
+    return max(main_loop - main_work, main_work / max(1, min(workers, cores)))
+
+
 def decide(w: Window) -> Optional[Decision]:
     """The pool size ``w`` asks for, and why; None: keep the current one."""
     if w.batches <= 0:
@@ -478,7 +485,7 @@ def decide(w: Window) -> Optional[Decision]:
         # (threads short of the speedup their number promises may be taking turns on the GIL:
         # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster than
         # the main process otherwise)
-        ideal = max(w.main_loop - w.main_work, w.main_work / max(1, min(w.workers, w.cores)))
+        ideal = promised_loop(w.main_loop, w.main_work, w.workers, w.cores)
         slow = loop * THREAD_EFFICIENCY > ideal
     # (processes whose work per batch is well above the main process's are still copying the
     # pages they touch after the fork, or are descheduled: not judged yet)
@@ -1355,43 +1362,55 @@ class AutoIter:
         measured side by side. Threads that reach their promise are kept without one. (Not for
         an IterableDataset, whose epoch's length is unknown: the start of processes cannot be
         weighed.)"""
-        learned = self._learned
         engine = self._engines[-1] if self._engines else None
         if self._kind_fixed is not None or engine is None or len(self._engines) != 1:
             return
-        # the part of the epoch this engine served (all of it, or all after a switch to it;
-        # processes on trial with persistent workers: after their start, paid once)
+        if self._learned.trial is not None:
+            self._judge_trial(engine)
+        else:
+            self._start_trial(engine)
+
+    def _part(self, engine: _Engine, after_start: bool = False) -> tuple:
+        """(batches, wait, user) of this epoch that ``engine`` served: since it began serving,
+        or (``after_start``) since its first round, if it served ``MIN_WINDOW`` batches after."""
         start = engine.e_from
         warm = engine.warm_from
-        if learned.trial is not None and self._persistent and warm is not None:
-            if self._e_batches - warm[0] >= MIN_WINDOW:  # (else its whole part, start and all)
-                start = warm
-        batches = self._e_batches - start[0]
-        wait, user = self._e_wait - start[1], self._e_user - start[2]
-        whole = self._e_batches - engine.e_from[0]
-        if batches <= 0 or (learned.trial is None and batches < max(2 * MIN_WINDOW, whole // 2)):
-            return  # too little of the epoch to tell
-        loop = (wait + user) / batches
-        if learned.trial is not None:
-            threads, thread_loop = learned.trial
-            learned.trial, learned.tried = None, True
-            kept = trial_keeps_processes(thread_loop, loop)
-            log.debug(
-                "rloader auto: processes on trial: %.3f ms a batch against %d threads' %.3f ms: %s",
-                loop * 1e3,
-                threads,
-                thread_loop * 1e3,
-                "kept" if kept else "back to threads",
-            )
-            if not kept:
-                learned.kind, learned.workers = "thread", threads
-                self._stats.next_kind, self._stats.next_workers = "thread", threads
+        if after_start and warm is not None and self._e_batches - warm[0] >= MIN_WINDOW:
+            start = warm
+        return self._e_batches - start[0], self._e_wait - start[1], self._e_user - start[2]
+
+    def _judge_trial(self, engine: _Engine) -> None:
+        """The end of an epoch of processes on trial (``_kind_trial``)."""
+        learned = self._learned
+        batches, wait, user = self._part(engine, after_start=self._persistent)
+        if batches <= 0:
             return
+        loop = (wait + user) / batches
+        threads, thread_loop = learned.trial
+        learned.trial, learned.tried = None, True
+        kept = trial_keeps_processes(thread_loop, loop)
+        log.debug(
+            "rloader auto: processes on trial: %.3f ms a batch against %d threads' %.3f ms: %s",
+            loop * 1e3,
+            threads,
+            thread_loop * 1e3,
+            "kept" if kept else "back to threads",
+        )
+        if not kept:
+            learned.kind, learned.workers = "thread", threads
+            self._stats.next_kind, self._stats.next_workers = "thread", threads
+
+    def _start_trial(self, engine: _Engine) -> None:
+        """The end of a thread pool's epoch: processes on trial next if it falls short
+        (``_kind_trial``)."""
+        learned = self._learned
+        batches, wait, user = self._part(engine)
         if (
             learned.tried
             or engine.kind != "thread"
             or self._stats.next_kind is not None
             or engine.e_from[0] > 0  # (a pool switched to in this epoch: its next one is judged)
+            or batches < 2 * MIN_WINDOW
             or learned.epochs < 2  # (a loader's first epoch: its thread pools' is slower)
             or (self._persistent and not engine.lived)
             or wait <= GROW_WAIT_SHARE * (wait + user)
@@ -1403,10 +1422,8 @@ class AutoIter:
             or not self._processes_affordable(engine)
         ):
             return
-        ideal = max(
-            learned.main_loop - learned.base_work,
-            learned.base_work / max(1, min(engine.workers, self._cores)),
-        )
+        loop = (wait + user) / batches
+        ideal = promised_loop(learned.main_loop, learned.base_work, engine.workers, self._cores)
         if loop * TRIAL_EFFICIENCY <= ideal:
             return  # the threads reach their promise
         learned.trial = (engine.workers, loop)

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import _reshard
+from . import _auto, _reshard  # (_auto imports this module: names are looked up at call time)
 from ._loader_record import record_of
 from ._seed import draw_seed
 from .sampler import _InfiniteConstantSampler
@@ -457,8 +457,6 @@ def state_dict(loader) -> dict:
         batch_size=loader.batch_size,
     )
     if _is_auto(loader):
-        from . import _auto
-
         state["auto"] = _auto.learned_state(loader)  # what it chose: a resume starts there
     epoch = record.epoch
     progress = epoch.progress() if epoch is not None else None
@@ -525,8 +523,6 @@ def stateful_iterable(dataset) -> bool:
 
 
 def _is_auto(loader) -> bool:
-    from . import _auto  # (imports this module)
-
     return _auto.is_auto(loader.num_workers)
 
 
@@ -537,8 +533,6 @@ def planned_readers(loader, pending: Optional[dict]) -> tuple:
     IterableDataset's epoch keeps one engine, and a resumed one is read by its saved readers,
     on which its stream depends)."""
     if _is_auto(loader):
-        from . import _auto
-
         return _auto.stream_readers(loader, pending)
     n = int(loader.num_workers)
     return n, (getattr(loader, "worker_type", "process") if n > 0 else "main")
@@ -640,8 +634,6 @@ def load_state_dict(loader, state) -> None:
         )
     _check_workers(loader, state)
     if _is_auto(loader):
-        from . import _auto
-
         _auto.seed_learned(loader, state.get("auto"))
     record_of(loader).pending = dict(state)
 

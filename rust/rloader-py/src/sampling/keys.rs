@@ -57,11 +57,8 @@ impl KeySegment {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let mut buf = Vec::new();
-        Ok(match self.next_batch(py, &mut buf)? {
-            None => None,
-            Some(Batch::Indices(ix)) => Some(PyList::new(py, ix)?),
-            Some(Batch::Keys(keys)) => Some(PyList::new(py, keys)?),
-        })
+        let batch = self.next_batch(py, &mut buf)?;
+        batch.map(|b| b.into_list(py)).transpose()
     }
 }
 
@@ -125,7 +122,7 @@ impl SamplerKeys {
         Ok(match made {
             None => None,
             Some(Batch::Indices(ix)) => Some(KeyBatch::Indices(ix)),
-            Some(Batch::Keys(k)) => Some(KeyBatch::Object(PyList::new(py, k)?.into_any())),
+            Some(keys) => Some(KeyBatch::Object(keys.into_list(py)?.into_any())),
         })
     }
 }

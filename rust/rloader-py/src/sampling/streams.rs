@@ -206,6 +206,16 @@ pub enum Batch {
     Keys(Vec<Py<PyAny>>),
 }
 
+impl Batch {
+    /// The batch as Python sees it from an iterator: a list of its keys.
+    pub fn into_list(self, py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+        match self {
+            Batch::Indices(ix) => PyList::new(py, ix),
+            Batch::Keys(keys) => PyList::new(py, keys),
+        }
+    }
+}
+
 impl BatchStream {
     /// Pulls the next batch, or `None` at the end. `buf` is reused between calls.
     pub fn next_batch(&mut self, py: Python<'_>, buf: &mut Vec<u64>) -> PyResult<Option<Batch>> {
@@ -369,10 +379,7 @@ impl BatchStream {
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let mut buf = Vec::new();
-        Ok(match self.next_batch(py, &mut buf)? {
-            None => None,
-            Some(Batch::Indices(ix)) => Some(PyList::new(py, ix)?),
-            Some(Batch::Keys(keys)) => Some(PyList::new(py, keys)?),
-        })
+        let batch = self.next_batch(py, &mut buf)?;
+        batch.map(|b| b.into_list(py)).transpose()
     }
 }
