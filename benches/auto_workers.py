@@ -37,8 +37,11 @@ loader first), and the peak of its workers' summed PSS (read every 20 ms) is set
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -221,6 +224,57 @@ def budget_row(quick: bool, epochs: int) -> None:
     )
 
 
+RESULT = "RESULT "  # the line a row's process ends with: its figures, as JSON
+
+
+def one_row(spec: dict) -> None:
+    """``--row``: one row, in this fresh process; prints its line, then ``RESULT`` and its
+    figures as JSON."""
+    global WHY
+    WHY = spec["why"]
+    if spec.get("budget"):
+        budget_row(spec["quick"], spec["epochs"])
+        print(RESULT + "{}", flush=True)
+        return
+    make, sizes, batch_size, step, shuffle, _ = WORKLOADS[spec["workload"]]
+    n = sizes[1] if spec["quick"] else sizes[0]
+    dataset = make(n, Path(spec["data_dir"]), spec["quick"])
+    n = len(dataset)
+    kw = spec["kw"]
+    if kw is None:
+        loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+    else:
+        # (each loader shuffles with its own generator, seeded alike)
+        generator = torch.Generator().manual_seed(0) if shuffle else None
+        loader = rloader.DataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kw
+        )
+    step = tuple(step) if isinstance(step, (list, tuple)) else step
+    first, later, peak = measure(
+        spec["workload"], spec["label"], loader, n, spec["epochs"], step, spec["memory"]
+    )
+    print(RESULT + json.dumps({"first": first, "later": later, "peak": peak}), flush=True)
+
+
+def in_fresh_process(spec: dict) -> tuple:
+    """Runs one row in a process of its own and returns its (first, later, peak). Each row
+    starts as a training script does, in a fresh interpreter: in one process, the rows before
+    it (their datasets, their pools, the memory they freed) moved a row's first epoch most,
+    since every worker process forked copies the parent's page tables."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--row", json.dumps(spec)]
+    result = None
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith(RESULT):
+                result = json.loads(line[len(RESULT) :])
+            else:
+                print(line, end="", flush=True)
+    if child.returncode or result is None:
+        raise SystemExit(f"the row {spec} failed (exit status {child.returncode})")
+    return result.get("first"), result.get("later"), result.get("peak")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -239,73 +293,74 @@ def main() -> None:
         action="store_false",
         help="fixed and auto loaders without persistent_workers (each epoch starts its pools)",
     )
+    parser.add_argument("--row", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global WHY
-    WHY = args.why
+    if args.row is not None:
+        one_row(json.loads(args.row))
+        return
     from real_pipelines import DEFAULT_DATA_DIR
 
     data_dir = args.data_dir or DEFAULT_DATA_DIR
     print(
         f"cores usable: {rloader._auto.usable_cores()}, epochs: {args.epochs}, "
-        f"persistent_workers: {args.persistent}"
+        f"persistent_workers: {args.persistent}; each row in a fresh process"
     )
     header = f"{'workload':12} {'setting':14} {'epoch 1/s':>10} {'later/s':>10}  note"
+    common = {"quick": args.quick, "data_dir": str(data_dir), "why": args.why}
     if args.budget:
-        # First, while this process is small: auto's estimate of a worker's memory before it
-        # measures one is this process's RSS, which the workloads' datasets grow past the budget
-        budget_row(args.quick, args.epochs)
+        in_fresh_process({**common, "budget": True, "epochs": args.epochs})
     for name in [w for w in args.only.split(",") if w != "none"]:
-        make, sizes, batch_size, step, shuffle, own_settings = WORKLOADS[name]
+        own_settings = WORKLOADS[name][5]
         settings_text = args.settings or own_settings or SETTINGS
         settings = [parse_setting(s) for s in settings_text.split(",")]
-        n = sizes[1] if args.quick else sizes[0]
-        dataset = make(n, data_dir, args.quick)
-        n = len(dataset)
+        # (the pipelines' data made here, once, so that no row's time holds its making)
+        if name == "imagefolder":
+            from real_pipelines import jpeg_folder
+
+            jpeg_folder(data_dir, args.quick)
+        elif name == "tokens":
+            from real_pipelines import token_file
+
+            token_file(data_dir, args.quick)
         print(f"\n{header}")
 
         # (the consumer-bound workload's target is memory too: each row's peak PSS, this
         # process's and its workers', read every 20 ms)
         memory = args.memory or name == "step"
 
-        def row(label, loader, epochs=args.epochs, n=n, step=step, name=name, memory=memory):
-            return measure(name, label, loader, n, epochs, step, memory)
+        def row(label, kw, epochs=args.epochs, name=name, memory=memory):
+            spec = {**common, "workload": name, "label": label, "kw": kw, "epochs": epochs}
+            return in_fresh_process({**spec, "memory": memory})
 
-        def loader_of(dataset=dataset, batch_size=batch_size, shuffle=shuffle, **kw):
-            # (each loader shuffles with its own generator, seeded alike)
-            generator = torch.Generator().manual_seed(0) if shuffle else None
-            return rloader.DataLoader(
-                dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kw
-            )
-
-        torch_loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
-        torch_first, _, _ = row("torch nw=0", torch_loader, 1)
+        torch_first, _, _ = row("torch nw=0", None, 1)
         best = ("", 0.0)
         best_peak = None
         best_of = {}  # kind: (setting, later)
         for nw, kind in settings:
-            loader = loader_of(
-                num_workers=nw, worker_type=kind, persistent_workers=args.persistent and nw > 0
-            )
-            _, later, peak = row(f"{nw} {kind}", loader)
+            kw = {
+                "num_workers": nw,
+                "worker_type": kind,
+                "persistent_workers": args.persistent and nw > 0,
+            }
+            _, later, peak = row(f"{nw} {kind}", kw)
             if later > best[1]:
                 best = (f"{nw} {kind}", later)
                 best_peak = peak
             for k in {kind, "process"} if nw == 0 else {kind}:
                 if later > best_of.get(k, ("", 0.0))[1]:
                     best_of[k] = (f"{nw} {kind}", later)
-            del loader
         for label, kind, prefetch in (
             ("auto", "process", None),
             ("auto/auto", "auto", None),
             ("auto/auto pf", "auto", "auto"),
         ):
-            loader = loader_of(
-                num_workers="auto",
-                worker_type=kind,
-                persistent_workers=args.persistent,
-                prefetch_factor=prefetch,
-            )
-            first, later, peak = row(label, loader)
+            kw = {
+                "num_workers": "auto",
+                "worker_type": kind,
+                "persistent_workers": args.persistent,
+                "prefetch_factor": prefetch,
+            }
+            first, later, peak = row(label, kw)
             own = ""
             if kind == "process" and "process" in best_of:
                 setting, rate = best_of["process"]
@@ -317,7 +372,6 @@ def main() -> None:
                 f"torch nw=0 (target ≥ 0.95), later {later / best[1]:.2f}× best fixed "
                 f"({best[0]}; target ≥ 0.9){own}"
             )
-            del loader
 
 
 if __name__ == "__main__":
