@@ -326,9 +326,15 @@ def test_processes_on_trial_are_kept_only_if_faster():
 
 
 @pytest.mark.parametrize("slowed", [True, False])
-def test_threads_that_slow_the_consumers_step_make_way_for_processes(quick, monkeypatch, slowed):
+@pytest.mark.parametrize("uneven", [False, True])
+def test_threads_that_slow_the_consumers_step_make_way_for_processes(
+    quick, monkeypatch, slowed, uneven
+):
     # 10 ms of work a batch and a 2 ms step beside the main process; beside 2 threads the step
     # takes 4 ms (they take the GIL from the consumer): the next epoch starts processes.
+    # Uneven: a 30 ms step every 10th batch beside the main process and every 3rd beside the
+    # threads (a window's phase): the steps' means (3.9 against 10.7 ms, or 12 ms slowed) tell
+    # nothing, their medians do.
     clock = fake_clock(monkeypatch)
     scripted(monkeypatch, [2])
     monkeypatch.setattr(_auto, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
@@ -337,10 +343,12 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(quick, monk
         Ints(clock=clock, cost=0.005), batch_size=2, num_workers="auto", worker_type="auto"
     )
     got, it = [], iter(loader)
-    for b in it:
+    for k, b in enumerate(it):
         got.append(b.tolist())
         beside_threads = it._stats.workers > 0
         clock.now += 0.004 if beside_threads and slowed else 0.002
+        if uneven and k % (3 if beside_threads else 10) == 0:
+            clock.now += 0.028
     assert got == batches(tud.DataLoader(Ints(), batch_size=2))[0]
     assert it._stats.kind == "thread"
     assert loader.stats()["auto"]["next_worker_type"] == ("process" if slowed else None)
@@ -552,6 +560,10 @@ def test_decide():
     assert _auto.decide(late._replace(epoch_batches=20)) is None
     assert _auto.decide(late._replace(epoch_batches=40)) is None
     later = late._replace(first_epoch=False)
+    # ... where the consumer's own step is longer than the work, 1 worker saves all the wait
+    # (2.5 ms a batch; 100 batches left: 250 ms against a 15 ms start)
+    step = window(wait_s=0.025, user_s=0.04, work_s=0.025, remaining=100, start_s=0.015)
+    assert _auto.decide(step).workers == 1 and not _auto.decide(step).deferred
     assert not _auto.decide(later).deferred
     assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
     # little work, or little waiting: stays
@@ -564,6 +576,14 @@ def test_decide():
     # a pool whose consumer never waits and whose workers idle shrinks
     assert _auto.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=0.1)).workers == 1
     assert _auto.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=2.6)) is None
+    # ... but not back to a pool that grew because the consumer waited on it, while the ratio of
+    # work to the consumer's step holds (uneven steps: a window in the long ones reads idle)
+    idle = window(workers=2, wait_s=0.0, user_s=0.046, work_s=0.0275)  # 0.6: 1 worker asked
+    assert _auto.decide(idle).workers == 1
+    assert _auto.decide(idle._replace(waited=(1, 0.6))) is None
+    assert _auto.decide(idle._replace(waited=(1, 0.9))).workers == 1  # the ratio fell by 1/3
+    four = idle._replace(workers=4, user_s=0.2)  # ratio 0.14: 1 asked, 2 waited at 0.15
+    assert _auto.decide(four._replace(waited=(2, 0.15))).workers == 3
     # memory measured over the budget shrinks the pool
     over = window(workers=4, wait_s=0.5, user_s=0.1, work_s=1.0, budget=2 << 20)
     assert _auto.decide(over).workers == 2
@@ -585,6 +605,12 @@ def test_decide():
     threads = slow._replace(kind="thread", main_loop=0.1, main_work=0.1)
     assert _auto.decide(threads).no_gain
     assert _auto.decide(threads._replace(main_loop=0.2, main_work=0.2)) is None  # 25 ms ideally
+    # ... unless their process used more than ``GIL_CORES`` cores: they ran side by side, not
+    # taking turns on the GIL, and make way only if no faster than the main process
+    assert _auto.decide(threads._replace(process_cores=6.0)) is None
+    side_by_side = threads._replace(process_cores=6.0, main_loop=0.02, main_work=0.02)
+    assert _auto.decide(side_by_side).no_gain
+    assert _auto.decide(threads._replace(process_cores=1.1)).no_gain
     # ... and the main process starts no such pool until it would be clearly faster
     busy = window(wait_s=0.1, user_s=0.01, work_s=0.1)  # 11 ms a batch
     assert _auto.decide(busy._replace(no_gain=0.0105)) is None

@@ -12,8 +12,9 @@ change.
   sampler's keys: 2 processes over tensor pairs ran 0.87x a fixed pool when each batch's keys
   went through Python, 0.95x since). To change the pool, ``AutoIter`` closes the current
   engine's share (it draws nothing more: to it the sampler has ended) and starts the next
-  engine on a new share of the same source. Engines are handed out from in start order, each to its end: the old one's
-  in-flight batches come first, then the new one's, which were drawn after them. So the batches,
+  engine on a new share of the same source. Engines are handed out from in start order, each
+  to its end: the old one's in-flight batches come first, then the new one's, which were
+  drawn after them. So the batches,
   their order and contents are those of any fixed loader over the same sampler stream, with
   every engine's batches handed out in order (``in_order=False`` is not used under auto).
   Where the old pool and the new one together would exceed the memory budget, the old one is
@@ -36,7 +37,9 @@ change.
   ``MIN_WORK_S`` and ``MIN_WAIT_SHARE`` of the consumer's loop), as many as ``work / user``
   asks (× ``HEADROOM``). In a pool: grow when the consumer waits more than ``GROW_WAIT_SHARE`` of
   its loop and the workers are busy; shrink when it (nearly) never waits and ``work / user`` asks
-  for at most ``SHRINK_RATIO`` of the pool (hysteresis: the gap between the two thresholds, a
+  for at most ``SHRINK_RATIO`` of the pool, and not back to a count that grew because the
+  consumer waited on it while ``work / user`` is what it was then (``Window.waited``: uneven
+  steps read as idle in a window of long ones) (hysteresis: the gap between the two thresholds, a
   window of at least ``2 × workers × prefetch_factor`` batches and ``LONG_STEPS`` of the
   consumer's longest step, which starts only once a new
   pool has handed out its first round of batches and the old one has drained, so start-up
@@ -73,8 +76,10 @@ change.
   PSS, read on a thread of its own: ``_MemoryProbe``; before a measurement, this process's RSS
   per worker), and the work left in the epoch
   (no more workers than the batches left fill twice over their prefetch window, and no new
-  pool whose start the rest of the epoch would not win back; from the next epoch on, if a
-  whole epoch would, or ``PAYBACK_EPOCHS`` epochs for persistent workers). A start per
+  pool whose start the rest of the epoch would not win back (``saved_per_batch``: the wait
+  it would leave is the work spread over its workers less the consumer's step); from the
+  next epoch on, if a whole epoch would, or ``PAYBACK_EPOCHS`` epochs for persistent
+  workers). A start per
   worker is measured (``_measure_start``: the pool's creation, which the consumer waits for,
   and the consumer's waits for its first round), per kind; before a measurement it is
   estimated (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of
@@ -84,15 +89,17 @@ change.
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
   the next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool
   short of ``THREAD_EFFICIENCY`` of the speedup its number (up to the cores) promises over
-  the main process's loop, whose work holds its CPU (share at least ``WAITING_SHARE``),
-  serves to the epoch's end and the next epoch's pool is one of processes
-  (``_processes_next``); else it is kept if below ``NO_GAIN`` × the main process's loop, or
-  back to the main process (``_no_gain``). Either way to processes only if they could win
+  the main process's loop, whose work holds its CPU (share at least ``WAITING_SHARE``)
+  and whose process used at most ``GIL_CORES`` cores (more: the threads ran side by side, and
+  are judged as processes are, against ``NO_GAIN``), serves to the epoch's end and the next
+  epoch's pool is one of processes (``_processes_next``); else it is kept if below
+  ``NO_GAIN`` × the main process's loop, or back to the main process (``_no_gain``). Either way to processes only if they could win
   their start back (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if
   persistent). A busy thread pool that served a whole epoch, not its first, short of the
   speedup its number promises is followed by one epoch of as many processes, and the kind
   whose epoch had the shorter loop per batch is kept (``_kind_trial``: once per loader; no
-  GIL verdict after it). (A
+  GIL verdict after it). Threads beside which the consumer's median step grew by
+  ``CONSUMER_GIL`` took the GIL from it: processes next (``_slows_the_consumer``). (A
   batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
   its work per batch is not inflated, only the throughput is not higher.) The kind changes
   only between epochs. The main process's CPU share of the work bounds how many threads the
@@ -120,6 +127,7 @@ import collections
 import logging
 import math
 import os
+import statistics
 import threading
 import time
 import warnings
@@ -155,7 +163,14 @@ GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their n
 # than in the main process alone take turns on the GIL: processes from the next epoch
 CONSUMER_GIL = 1.25  # threads beside which the consumer's own step per batch takes more than
 # this × what it took beside the main process's loading take the GIL from it: processes from
-# the next epoch (uneven steps of 1 ms and 30 ms, pure-Python samples: 1.3-1.6×)
+# the next epoch (compared as medians, which the consumer's long steps do not move: uneven
+# steps of 1 ms and 30 ms, 1.10 ms beside the main process's loading, 2.4 ms beside 1 thread
+# of pure-Python samples; as means, 3.3-4.2 ms against 4.8-5.4 ms, by the long steps a window held)
+GIL_CORES = 1.4  # threads whose process used more than this many cores over a window run side
+# by side: their work does not take turns on the GIL (2 threads on 2 cores: pure Python 1.02-
+# 1.06, token windows from a memmap 1.25-1.33, tensor pairs 1.55-1.88), and short of their
+# promise only by what processes would be short of too (a first epoch's fresh memory): they
+# make way only if no faster than the main process
 THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
 PROCESSES_PER_CORE = 4  # ... processes
 WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
@@ -420,6 +435,9 @@ class Window(NamedTuple):
     others: Optional[float] = None  # cores other processes used meanwhile (None: unknown)
     batch_bytes: Optional[int] = None  # a batch's tensor and array bytes (None: not measured)
     pool_batches: Optional[int] = None  # batches the pool has handed out since it started
+    process_cores: Optional[float] = None  # this process's CPU time over the window's wall time
+    step: Optional[float] = None  # the consumer's median step between next() calls
+    waited: Optional[tuple] = None  # (workers, work / user) where a pool of this kind grew
 
 
 class Decision(NamedTuple):
@@ -470,6 +488,15 @@ def promised_loop(main_loop: float, main_work: float, workers: int, cores: int) 
     return max(main_loop - main_work, main_work / max(1, min(workers, cores)))
 
 
+def saved_per_batch(w: Window, workers: int) -> float:
+    """The consumer's wait per batch that a pool of ``workers`` would save over ``w``'s: its
+    wait less what ``workers`` would leave, the work spread over them less the consumer's own
+    step (a consumer whose step is longer than the work waits for none of it: the main process
+    to 1 worker saves all its wait)."""
+    wait, user, work, _ = per_batch(w)
+    return max(0.0, wait - max(0.0, work / max(workers, 1) - user))
+
+
 def decide(w: Window) -> Optional[Decision]:
     """The pool size ``w`` asks for, and why; None: keep the current one."""
     if w.batches <= 0:
@@ -487,6 +514,8 @@ def decide(w: Window) -> Optional[Decision]:
         # the main process otherwise)
         ideal = promised_loop(w.main_loop, w.main_work, w.workers, w.cores)
         slow = loop * THREAD_EFFICIENCY > ideal
+        if w.process_cores is not None and w.process_cores > GIL_CORES:
+            slow = loop > NO_GAIN * w.main_loop  # side by side (``GIL_CORES``)
     # (processes whose work per batch is well above the main process's are still copying the
     # pages they touch after the fork, or are descheduled: not judged yet)
     warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
@@ -526,6 +555,16 @@ def decide(w: Window) -> Optional[Decision]:
     elif wait < SHRINK_WAIT_SHARE * loop and wanted <= SHRINK_RATIO * w.workers:
         idle = True
         target, why = max(1, wanted), "the workers idle"
+        if w.waited is not None and user > 0:
+            # A pool of ``grown`` made the consumer wait at this ratio of work to its step: it
+            # is not tried again until the ratio falls clearly (``SHRINK_RATIO``): the work got
+            # cheaper or the step longer, not only a window's phase of uneven steps (1 ms and
+            # 30 ms: 2 processes read idle, 1 made the consumer wait, at the same ratio, 0.6)
+            grown, ratio = w.waited
+            if target <= grown and work / user > SHRINK_RATIO * ratio:
+                target = grown + 1
+                if target >= w.workers:
+                    return None
         if w.main_work is not None and w.main_work < MIN_WAIT_SHARE * (user + w.main_work):
             # the main process would cost the consumer less than it takes to start a pool
             target, why = 0, "the workers idle; the main process's work is a small share"
@@ -540,12 +579,12 @@ def decide(w: Window) -> Optional[Decision]:
         target = min(target, w.remaining // (2 * w.prefetch))
         # In the first epoch the time its rest would save must pay for starting the pool
         # (later epochs start on it at once, as a fixed loader starts its own).
-        gain = w.remaining * wait * (1 - max(w.workers, 1) / max(target, 1))
+        gain = w.remaining * saved_per_batch(w, target)
         cost = start_cost(w.kind) if w.start_s is None else w.start_s
         if w.first_epoch and (target <= w.workers or gain < target * cost):
             # From the next epoch on, if a whole epoch wins its start back (or the pool is
             # started once: persistent workers).
-            whole = (w.epoch_batches or 0) * wait * (1 - max(w.workers, 1) / wanted_later)
+            whole = (w.epoch_batches or 0) * saved_per_batch(w, wanted_later)
             if whole * (PAYBACK_EPOCHS if w.persistent else 1) >= wanted_later * cost:
                 return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
             return None
@@ -627,6 +666,7 @@ class Learned:
         self.cpu_share: Optional[float] = None
         self.base_work: Optional[float] = None  # seconds of work per batch in the main process
         self.main_loop: Optional[float] = None  # the consumer's loop per batch there
+        self.main_step: Optional[float] = None  # ... and its median step (``CONSUMER_GIL``)
         self.no_gain: dict = {}  # kind: (a pool's loop per batch, found no faster; epochs)
         self.no_gain_epochs: dict = {}  # kind: epochs a no_gain entry holds
         self.start_s: dict = {}  # kind: measured seconds to start one worker of that kind
@@ -635,6 +675,7 @@ class Learned:
         self.deferred: Optional[int] = None  # a pool asked for from the next epoch on
         self.prefetch: Optional[int] = None  # prefetch_factor="auto": the last chosen
         self.floor: Optional[tuple] = None  # (workers, epoch, clock()): ``AutoIter._floor``
+        self.waited: dict = {}  # kind: (workers, work / user) where it grew (``Window.waited``)
         self.direction = 0  # of the last switch: 1 grew, -1 shrank
         self.idle_shrink = False  # ... and whether it was a shrink because the workers idled
         self.epochs = 0  # epochs ended
@@ -1140,6 +1181,7 @@ class AutoIter:
     # -- measuring ------------------------------------------------------------------------
 
     _w_longest = 0.0  # the consumer's longest step in the window
+    _w_steps: list  # the consumer's steps in the window (their median: Window.step)
     _longest = 0.0  # ... in the last window (``LONG_STEPS``)
     _w_batches = 0
     _w_scale = 1  # windows are this many times the shortest (``STEADY_GROWTH``)
@@ -1150,7 +1192,9 @@ class AutoIter:
         self._w_longest = 0.0
         self._w_batches = 0
         self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
+        self._w_steps = []
         self._w_started = clock()
+        self._w_process_cpu = cpu_clock()
         self._w_load = None
         self._w_hold_s = 0.0  # a window that goes on is looked at again after this long
         self._w_hold_batches = 0  # ... and this many batches
@@ -1271,6 +1315,8 @@ class AutoIter:
             if self._w_batches:
                 learned.base_work = work / self._w_batches
                 learned.main_loop = (self._w_wait + self._w_user) / self._w_batches
+                if self._w_steps:
+                    learned.main_step = statistics.median(self._w_steps)
         else:
             now = _stages(engine.it._stats.as_dict())
             work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
@@ -1288,8 +1334,8 @@ class AutoIter:
         if kind == "thread" and engine.workers and learned.base_work and self._w_batches and busy:
             inflation = work / self._w_batches / learned.base_work
             self._inflation = inflation
-        if kind == "thread" and engine.workers and self._w_batches:
-            self._thread_user = self._w_user / self._w_batches
+        if kind == "thread" and engine.workers and self._w_steps:
+            self._thread_step = statistics.median(self._w_steps)
         return Window(
             batches=self._w_batches,
             wait_s=self._w_wait,
@@ -1314,10 +1360,13 @@ class AutoIter:
             others=self._others(engine),
             batch_bytes=self._batch_bytes,
             pool_batches=engine.lived + engine.handed if engine.workers else None,
+            waited=learned.waited.get(kind),
+            process_cores=(cpu_clock() - self._w_process_cpu) / max(now - self._w_started, 1e-9),
+            step=statistics.median(self._w_steps) if self._w_steps else None,
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
-    _thread_user: Optional[float] = None  # the consumer's step per batch beside threads
+    _thread_step: Optional[float] = None  # the consumer's median step beside threads
     _finished_before = False  # this epoch's end was counted
 
     def _gil_check(self) -> None:
@@ -1337,11 +1386,8 @@ class AutoIter:
             why = f"{engine.workers} threads' work took {self._inflation:.2f}× the main process's"
         elif self._slows_the_consumer() and self._processes_affordable(engine):
             why = (
-                "the consumer's step took %.2f ms a batch beside threads, %.2f ms beside the "
-                % (
-                    (self._thread_user or 0) * 1e3,
-                    (learned.main_loop - learned.base_work) * 1e3,
-                )
+                "the consumer's median step took %.2f ms beside threads, %.2f ms beside the "
+                % ((self._thread_step or 0) * 1e3, (learned.main_step or 0) * 1e3)
                 + "main process's loading"
             )
         else:
@@ -1438,26 +1484,26 @@ class AutoIter:
         )
 
     def _slows_the_consumer(self) -> bool:
-        """Whether the thread workers took the GIL from the consumer: its own step per batch
+        """Whether the thread workers took the GIL from the consumer: its own median step
         (outside ``next()``) took ``CONSUMER_GIL`` × what it took beside the main process's
         loading, for work that holds its CPU (work that mostly waits hands the GIL back), and
         by at least ``MIN_WAIT_SHARE`` of its loop."""
         learned = self._learned
         if (
-            self._thread_user is None
+            self._thread_step is None
+            or learned.main_step is None
             or learned.main_loop is None
-            or learned.base_work is None
             or learned.cpu_share is None
             or learned.cpu_share < WAITING_SHARE
             or self._no_gain_loop("process") is not None
         ):
             return False
-        main_user = learned.main_loop - learned.base_work
-        extra = self._thread_user - main_user
+        main_step = learned.main_step
+        extra = self._thread_step - main_step
         return (
-            main_user > 0
-            and self._thread_user > CONSUMER_GIL * main_user
-            and extra > MIN_WAIT_SHARE * (learned.main_loop)
+            main_step > 0
+            and self._thread_step > CONSUMER_GIL * main_step
+            and extra > MIN_WAIT_SHARE * learned.main_loop
         )
 
     def _per_worker(self, kind: str) -> int:
@@ -1544,6 +1590,8 @@ class AutoIter:
             # grown back after an idle shrink: the windows that read as idle were the
             # consumer's long steps, not too many workers
             learned.floor = (decision.workers, learned.epochs, clock())
+        if direction == 1 and engine.workers and window.user_s > 0:
+            learned.waited[engine.kind] = (engine.workers, window.work_s / window.user_s)
         learned.direction, learned.idle_shrink = direction, decision.idle
         self._switch(decision.workers, decision.reason, window)
 
@@ -1557,6 +1605,7 @@ class AutoIter:
             self._w_user += step
             self._e_user += step
             self._w_longest = max(self._w_longest, step)
+            self._w_steps.append(step)
             self._handed_at = None
         own.next_called()
         handed = False
@@ -1693,10 +1742,7 @@ class AutoIter:
         if decision.workers > engine.workers:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
             # (a persistent one: ``PAYBACK_EPOCHS``)
-            wait = window.wait_s / window.batches
-            whole = (
-                (window.epoch_batches or 0) * wait * (1 - max(engine.workers, 1) / decision.workers)
-            )
+            whole = (window.epoch_batches or 0) * saved_per_batch(window, decision.workers)
             if whole * (PAYBACK_EPOCHS if self._persistent else 1) < decision.workers * (
                 window.start_s or 0.0
             ):
