@@ -93,9 +93,9 @@ change.
   and whose process used at most ``GIL_CORES`` cores (more: the threads ran side by side, and
   are judged as processes are, against ``NO_GAIN``), serves to the epoch's end and the next
   epoch's pool is one of processes (``_processes_next``); else it is kept if below
-  ``NO_GAIN`` × the main process's loop, or back to the main process (``_no_gain``). Either way to processes only if they could win
-  their start back (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if
-  persistent). A busy thread pool that served a whole epoch, not its first, short of the
+  ``NO_GAIN`` × the main process's loop, or back to the main process (``_no_gain``).
+  Either way to processes only if they could win their start back
+  (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if persistent). A busy thread pool that served a whole epoch, not its first, short of the
   speedup its number promises is followed by one epoch of as many processes, and the kind
   whose epoch had the shorter loop per batch is kept (``_kind_trial``: once per loader; no
   GIL verdict after it). Threads beside which the consumer's median step grew by
