@@ -985,14 +985,15 @@ def test_a_persistent_pools_first_epoch_is_its_start_and_not_judged(quick, monke
 
 
 @pytest.mark.parametrize("affordable", [True, False])
-@pytest.mark.parametrize("pool_wait", [0.02, 0.018])
+@pytest.mark.parametrize("pool_wait", [0.025, 0.02, 0.018])
 def test_threads_no_faster_than_the_main_process_make_way_for_processes(
     quick, monkeypatch, affordable, pool_wait
 ):
     # worker_type="auto": threads whose CPU-bound work goes no faster than in the main process
     # (the GIL), or not by a fifth, are kept to the epoch's end, and the next epoch starts
     # processes; unless starting processes costs more than an epoch could save: then back to
-    # the main process, or, threads somewhat faster (19 ms a batch against 21), kept.
+    # the main process, or, threads somewhat faster (19 ms a batch against 21), kept. Threads
+    # clearly slower (26 ms) go back to the main process at once, processes next all the same.
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, pool_wait)
     monkeypatch.setattr(_auto, "own_memory", lambda: 0)
@@ -1004,7 +1005,7 @@ def test_threads_no_faster_than_the_main_process_make_way_for_processes(
     assert stepped(loader, clock) == expected
     kinds = [(d["num_workers"], d["worker_type"]) for d in loader.stats()["auto"]["decisions"]]
     kept = not affordable and pool_wait < 0.02
-    if affordable or kept:
+    if (affordable and pool_wait <= 0.02) or kept:
         assert kinds == [(0, "main"), (4, "thread")]
     else:
         assert kinds == [(0, "main"), (4, "thread"), (0, "main")]

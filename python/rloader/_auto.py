@@ -86,24 +86,24 @@ change.
   this process's RSS, which fork's page tables grow with; ``THREAD_START_S``).
 - Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
-  on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number,
-  the next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool
-  short of ``THREAD_EFFICIENCY`` of the speedup its number (up to the cores) promises over
-  the main process's loop, whose work holds its CPU (share at least ``WAITING_SHARE``)
-  and whose process used at most ``GIL_CORES`` cores (more: the threads ran side by side, and
-  are judged as processes are, against ``NO_GAIN``), serves to the epoch's end and the next
-  epoch's pool is one of processes (``_processes_next``); else it is kept if below
-  ``NO_GAIN`` × the main process's loop, or back to the main process (``_no_gain``).
-  Either way to processes only if they could win their start back
-  (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if persistent). A busy thread pool that served a whole epoch, not its first, short of the
-  speedup its number promises is followed by one epoch of as many processes, and the kind
-  whose epoch had the shorter loop per batch is kept (``_kind_trial``: once per loader; no
-  GIL verdict after it). Threads beside which the consumer's median step grew by
-  ``CONSUMER_GIL`` took the GIL from it: processes next (``_slows_the_consumer``). (A
-  batch shorter than the interpreter's switch interval runs on one thread's turn at the GIL:
-  its work per batch is not inflated, only the throughput is not higher.) The kind changes
-  only between epochs. The main process's CPU share of the work bounds how many threads the
-  cores carry (threads that mostly wait may outnumber them).
+  on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number, the
+  next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool short of
+  ``THREAD_EFFICIENCY`` of the speedup its number (up to the cores) promises over the main
+  process's loop, whose work holds its CPU (share at least ``WAITING_SHARE``) and whose process
+  used at most ``GIL_CORES`` cores (more: the threads ran side by side, and are judged as
+  processes are, against ``NO_GAIN``), serves to the epoch's end and the next epoch's pool is
+  one of processes (``_processes_next``); else it is kept if below ``NO_GAIN`` × the main
+  process's loop, or back to the main process (``_no_gain``). Either way to processes only if
+  they could win their start back (``_processes_affordable``: an epoch, or ``PAYBACK_EPOCHS`` if
+  persistent). A busy thread pool that served a whole epoch, not its first, short of the speedup
+  its number promises is followed by one epoch of as many processes, and the kind whose epoch
+  had the shorter loop per batch is kept (``_kind_trial``: once per loader; no GIL verdict after
+  it). Threads beside which the consumer's median step grew by ``CONSUMER_GIL`` took the GIL
+  from it: processes next (``_slows_the_consumer``). (A batch shorter than the interpreter's
+  switch interval runs on one thread's turn at the GIL: its work per batch is not inflated, only
+  the throughput is not higher.) The kind changes only between epochs. The main process's CPU
+  share of the work bounds how many threads the cores carry (threads that mostly wait may
+  outnumber them).
 - Between epochs the loader's record keeps what was learned (``Learned``): the next epoch starts
   on the last chosen pool at once, without the in-process start, or on what the epoch's last
   window asked for (``_last_window``) or a first-epoch decision deferred. With
@@ -222,6 +222,9 @@ OTHERS_MAX = 0.3  # cores other processes used during a window above which it do
 NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least this long (the
 # load is counted in 10 ms ticks); an epoch's last window judges if shorter only when it is
 # the pool's first (its whole life)
+NO_GAIN_THREADS_S = 0.05  # ... a thread pool's, which costs nothing to leave: threads slower
+# than the main process go back to it at once (token windows from a memmap: 2 threads 0.39 ms a
+# batch against the main process's 0.32; held for 0.2 s, the first epoch ran at 0.72 of it)
 BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of the main
 # process's work is read as its descheduling, not as waiting work
 
@@ -1242,7 +1245,8 @@ class AutoIter:
         main process starts none again for a while: ``RETRY_SHARE``).
         Under ``worker_type="auto"``, threads whose work holds its CPU make way for processes
         from the next epoch, if a whole epoch could win their start back; then the threads
-        (as fast as the main process) serve to the epoch's end: True."""
+        serve to the epoch's end if as fast as the main process (True), else the main
+        process does (False)."""
         learned = self._learned
         if self._stats.next_kind == "process" and engine.kind == "thread":
             return True  # (decided at an earlier window)
@@ -1263,6 +1267,12 @@ class AutoIter:
             engine.workers,
             (window.main_loop or 0) * 1e3,
         )
+        if window.main_loop is not None and loop * NO_GAIN > window.main_loop:
+            # clearly slower than it: the main process serves the rest of the epoch, as many
+            # processes start the next
+            learned.deferred = engine.workers
+            self._stats.next_workers = engine.workers
+            return False
         return True
 
     def _processes_next(self, engine: _Engine, window: Window) -> bool:
@@ -1556,8 +1566,9 @@ class AutoIter:
         if self._prefetch_auto and self._tune_prefetch(engine, window):
             return
         decision = decide(window)
-        if decision is not None and decision.no_gain and now - self._w_started < NO_GAIN_WINDOW_S:
-            self._w_hold_s = NO_GAIN_WINDOW_S  # the window goes on: a pool judged no faster
+        hold = NO_GAIN_WINDOW_S if engine.kind == "process" else NO_GAIN_THREADS_S
+        if decision is not None and decision.no_gain and now - self._w_started < hold:
+            self._w_hold_s = hold  # the window goes on: a pool judged no faster
             return  # wants more evidence
         if decision is not None and not decision.deferred and not self._iterable:
             direction = 1 if decision.workers > engine.workers else -1
@@ -1737,7 +1748,7 @@ class AutoIter:
             short = clock() - self._w_started < NO_GAIN_WINDOW_S
             if whole is None and not engine.first_window and short:
                 return  # a short tail after earlier windows: too little evidence
-            if self._no_gain(engine, window):
+            if self._no_gain(engine, window) or self._stats.next_kind == "process":
                 return  # the next epoch: as many processes
         if decision.workers > engine.workers:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
