@@ -24,7 +24,7 @@ impl KeySegment {
         if self.closed.load(Ordering::Acquire) {
             return Ok(None);
         }
-        // (an error, not a panic, if a user's sampler draws from this loader while it draws)
+        // (an error, not a panic: as `SamplerKeys::next`)
         let stream = self.stream.bind(py);
         let mut stream = stream.try_borrow_mut()?;
         stream.next_batch(py, buf)
@@ -110,7 +110,10 @@ impl SamplerKeys {
         buf: &mut Vec<u64>,
     ) -> PyResult<Option<KeyBatch<'py>>> {
         let made = match self {
-            SamplerKeys::RustBatches(stream) => stream.bind(py).borrow_mut().next_batch(py, buf)?,
+            // (an error, not a panic, if a user's sampler draws from this loader while it draws)
+            SamplerKeys::RustBatches(stream) => {
+                stream.bind(py).try_borrow_mut()?.next_batch(py, buf)?
+            }
             SamplerKeys::RustSegment(segment) => segment.get().next_batch(py, buf)?,
             SamplerKeys::Python(it) => {
                 return Ok(match it.bind(py).clone().next() {
