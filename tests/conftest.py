@@ -7,7 +7,7 @@ import pytest
 from _engines import Engine
 from hypothesis import settings
 
-from rloader import _auto
+from rloader import _auto_measure, _auto_policy
 
 # In CI, hypothesis explores the same examples every run: a red build is reproducible, and a
 # green one does not depend on luck.
@@ -30,9 +30,9 @@ def engine(request) -> Engine:
 def quick(monkeypatch):
     """num_workers="auto" decides after every MIN_WINDOW batches, whatever the wall time (from
     the first), on 4 cores."""
-    monkeypatch.setattr(_auto, "MIN_WINDOW_S", 0.0)
-    monkeypatch.setattr(_auto, "LONG_STEPS", 0)
-    monkeypatch.setattr(_auto, "STEADY_GROWTH", 1)
-    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 0)
-    monkeypatch.setattr(_auto, "machine_cpu", lambda: None)  # the machine's load: unknown
-    monkeypatch.setattr(_auto, "usable_cores", lambda: 4)
+    monkeypatch.setattr(_auto_policy, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(_auto_policy, "LONG_STEPS", 0)
+    monkeypatch.setattr(_auto_policy, "STEADY_GROWTH", 1)
+    monkeypatch.setattr(_auto_policy, "MAIN_WARM_BATCHES", 0)
+    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: None)  # the machine's load: unknown
+    monkeypatch.setattr(_auto_measure, "usable_cores", lambda: 4)

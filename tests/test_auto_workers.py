@@ -1,7 +1,7 @@
 """num_workers="auto" (NOTE [Auto workers] in python/rloader/_auto.py).
 
-Decisions are made deterministic without timing: either ``_auto.decide`` is replaced by a
-script (switch at given windows), or ``_auto.clock`` by a fake clock that the dataset (in the
+Decisions are made deterministic without timing: either ``_auto_policy.decide`` is replaced by a
+script (switch at given windows), or ``_auto_measure.clock`` by a fake clock that the dataset (in the
 main process) and the consumer advance, so the measured times are the test's numbers. The
 batches are checked against fixed loaders, which are the oracle (torch's for what torch does).
 """
@@ -14,7 +14,7 @@ import torch
 import torch.utils.data as tud
 
 import rloader
-from rloader import _auto, _process_pool, _rloader
+from rloader import _auto, _auto_measure, _auto_policy, _process_pool, _rloader
 from rloader.sampler import iter_keys
 
 N = 96
@@ -53,9 +53,9 @@ def scripted(monkeypatch, plan):
         target = plan[k] if k < len(plan) else None
         if target is None or target == window.workers:
             return None
-        return _auto.Decision(target, f"scripted {k}")
+        return _auto_policy.Decision(target, f"scripted {k}")
 
-    monkeypatch.setattr(_auto, "decide", decide)
+    monkeypatch.setattr(_auto_policy, "decide", decide)
     return calls
 
 
@@ -133,8 +133,8 @@ def fake_clock(monkeypatch):
     """Times in the main process are the test's: wall and CPU time both (so the work holds its
     CPU: no more workers than cores)."""
     clock = FakeClock()
-    monkeypatch.setattr(_auto, "clock", clock)
-    monkeypatch.setattr(_auto, "cpu_clock", clock)
+    monkeypatch.setattr(_auto_measure, "clock", clock)
+    monkeypatch.setattr(_auto_measure, "cpu_clock", clock)
     return clock
 
 
@@ -155,8 +155,8 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
 def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     # the rest of the epoch does not win 4 starts back (0.66 s), 4 whole epochs do (2.9 s)
-    monkeypatch.setattr(_auto, "PROCESS_START_S", 0.5)
-    monkeypatch.setattr(_auto, "own_memory", lambda: 0)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 0.5)
+    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
     )
@@ -170,7 +170,7 @@ def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick
 @pytest.mark.parametrize("persistent", [True, False])
 def test_an_epoch_shorter_than_a_window_decides_for_the_next(quick, monkeypatch, persistent):
     clock = fake_clock(monkeypatch)
-    monkeypatch.setattr(_auto, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
+    monkeypatch.setattr(_auto_policy, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.01),
         batch_size=2,
@@ -214,21 +214,23 @@ def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch, slow_step, shrunk
 
 def test_the_memory_budget_bounds_the_pool(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
-    monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
-    monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)  # each worker: 100 MiB
-    monkeypatch.setattr(_auto, "own_memory", lambda: 100 << 20)  # ... and the estimate
+    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "300M")
+    monkeypatch.setattr(
+        _auto_measure, "process_memory", lambda pid: 100 << 20
+    )  # each worker: 100 MiB
+    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 100 << 20)  # ... and the estimate
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     assert len(batches(loader)[0]) == N
     assert max(chosen(loader)) == 3  # not the 4 cores: 4 × 100 MiB > 300 MiB
-    monkeypatch.setenv(_auto.MEMORY_ENV, "50M")  # below one worker: none is started
+    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "50M")  # below one worker: none is started
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     assert len(batches(loader)[0]) == N
     assert chosen(loader) == [0]
 
 
 def test_bad_memory_budget_is_named(monkeypatch):
-    monkeypatch.setenv(_auto.MEMORY_ENV, "lots")
-    with pytest.raises(ValueError, match=_auto.MEMORY_ENV):
+    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match=_auto_measure.MEMORY_ENV):
         iter(rloader.DataLoader(Ints(), num_workers="auto"))
 
 
@@ -267,13 +269,15 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
     quick, monkeypatch, gil_bound, affordable
 ):
     ticks = iter(range(10**9))
-    monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
+    monkeypatch.setattr(
+        _auto_measure, "clock", lambda: float(next(ticks))
+    )  # each reading: 1 s more
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
+    monkeypatch.setattr(_auto_policy, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
     # any measured slowdown of the threads' work reads as the GIL, or none does
-    monkeypatch.setattr(_auto, "GIL_SHARE", 0.0 if gil_bound else 1e12)
+    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 0.0 if gil_bound else 1e12)
     # (processes whose start an epoch would not win back stay threads)
-    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3 if affordable else 1e9)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3 if affordable else 1e9)
     loader = loader_of("auto", 11, worker_type="auto")
     got = batches(loader, epochs=2)
     assert got == batches(loader_of(0, 11), epochs=2)
@@ -289,16 +293,22 @@ def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_p
     quick, monkeypatch, keeps, resumed
 ):
     ticks = iter(range(10**9))
-    monkeypatch.setattr(_auto, "clock", lambda: float(next(ticks)))  # each reading: 1 s more
-    monkeypatch.setattr(_auto, "cpu_clock", _auto.clock)  # (work that holds its CPU)
-    monkeypatch.setenv(_auto.MEMORY_ENV, "1T")  # (the budget holds processes on any machine)
+    monkeypatch.setattr(
+        _auto_measure, "clock", lambda: float(next(ticks))
+    )  # each reading: 1 s more
+    monkeypatch.setattr(
+        _auto_measure, "cpu_clock", _auto_measure.clock
+    )  # (work that holds its CPU)
+    monkeypatch.setenv(
+        _auto_measure.MEMORY_ENV, "1T"
+    )  # (the budget holds processes on any machine)
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
-    monkeypatch.setattr(_auto, "CONSUMER_GIL", 1e12)
-    monkeypatch.setattr(_auto, "TRIAL_EFFICIENCY", 1e12)  # any thread pool is short of it
+    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
+    monkeypatch.setattr(_auto_policy, "CONSUMER_GIL", 1e12)
+    monkeypatch.setattr(_auto_policy, "TRIAL_EFFICIENCY", 1e12)  # any thread pool is short of it
     # the processes' epoch is faster than the threads' by any margin, or by none
-    monkeypatch.setattr(_auto, "TRIAL_MARGIN", 1e12 if keeps else 0.0)
-    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3)
+    monkeypatch.setattr(_auto_policy, "TRIAL_MARGIN", 1e12 if keeps else 0.0)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
 
     def make():
         return loader_of("auto", 11, worker_type="auto", persistent_workers=True)
@@ -320,9 +330,9 @@ def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_p
 
 
 def test_processes_on_trial_are_kept_only_if_faster():
-    assert _auto.trial_keeps_processes(1.0, 0.9)
-    assert not _auto.trial_keeps_processes(1.0, 0.98)
-    assert not _auto.trial_keeps_processes(1.0, 1.5)
+    assert _auto_policy.trial_keeps_processes(1.0, 0.9)
+    assert not _auto_policy.trial_keeps_processes(1.0, 0.98)
+    assert not _auto_policy.trial_keeps_processes(1.0, 1.5)
 
 
 @pytest.mark.parametrize("slowed", [True, False])
@@ -337,8 +347,8 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(
     # nothing, their medians do.
     clock = fake_clock(monkeypatch)
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
-    monkeypatch.setattr(_auto, "PROCESS_START_S", 1e-3)
+    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.005), batch_size=2, num_workers="auto", worker_type="auto"
     )
@@ -460,7 +470,7 @@ def test_a_resumed_auto_loader_starts_on_the_saved_choice(quick, monkeypatch):
     resumed.load_state_dict(dict(state, auto=dict(state["auto"], prefetch=99)))
     got = batches(resumed)[0]
     assert chosen(resumed)[0] == 3  # at once, not the main process first
-    assert resumed.stats()["auto"]["prefetch_factor"] == _auto.PREFETCH_MAX  # (bounded)
+    assert resumed.stats()["auto"]["prefetch_factor"] == _auto_policy.PREFETCH_MAX  # (bounded)
     assert len(got) == N // 2 - 20
     for field, value in [("kind", "fiber"), ("trial", [2, -1.0]), ("trial", [0, 1.0])]:
         bad = dict(state, auto=dict(state["auto"], **{field: value}))
@@ -489,7 +499,9 @@ def test_resume_across_fixed_and_auto(quick, monkeypatch, saved_with, resumed_wi
 
 def test_arguments():
     loader = rloader.DataLoader(Ints(), num_workers="auto", prefetch_factor="auto")
-    assert isinstance(loader.num_workers, int) and loader.num_workers == _auto.usable_cores()
+    assert (
+        isinstance(loader.num_workers, int) and loader.num_workers == _auto_measure.usable_cores()
+    )
     assert loader.prefetch_factor == 2
     rebuilt = type(loader)(Ints(), num_workers=loader.num_workers)  # as frameworks rebuild
     assert isinstance(rebuilt.num_workers, _auto.AutoWorkers)
@@ -539,109 +551,117 @@ def window(**kw):
         prefetch=2,
     )
     base.update(kw)
-    return _auto.Window(**base)
+    return _auto_policy.Window(**base)
 
 
 def test_decide():
     # in process: the consumer waits for 10 ms of work per batch against 2 ms of its own
-    d = _auto.decide(window(wait_s=0.1, user_s=0.02, work_s=0.1))
+    d = _auto_policy.decide(window(wait_s=0.1, user_s=0.02, work_s=0.1))
     assert d.workers == 7  # ceil(10 / 2 × 1.25)
     # ... bounded by the cores, the budget and the work left
-    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
-    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
-    assert _auto.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
+    assert _auto_policy.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
+    assert (
+        _auto_policy.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
+    )
+    assert (
+        _auto_policy.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
+    )
     # ... and in the first epoch by what starting the pool costs against what the rest of the
     # epoch would save: then from the next epoch on, if a whole epoch saves more, else not at
     # all
     late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, start_s=0.05)
-    assert _auto.decide(late._replace(epoch_batches=1000)).deferred
+    assert _auto_policy.decide(late._replace(epoch_batches=1000)).deferred
     # (a persistent pool, started once: if ``PAYBACK_EPOCHS`` whole epochs win it back)
-    assert _auto.decide(late._replace(epoch_batches=20, persistent=True)).deferred
-    assert _auto.decide(late._replace(epoch_batches=20)) is None
-    assert _auto.decide(late._replace(epoch_batches=40)) is None
+    assert _auto_policy.decide(late._replace(epoch_batches=20, persistent=True)).deferred
+    assert _auto_policy.decide(late._replace(epoch_batches=20)) is None
+    assert _auto_policy.decide(late._replace(epoch_batches=40)) is None
     later = late._replace(first_epoch=False)
     # ... where the consumer's own step is longer than the work, 1 worker saves all the wait
     # (2.5 ms a batch; 100 batches left: 250 ms against a 15 ms start)
     step = window(wait_s=0.025, user_s=0.04, work_s=0.025, remaining=100, start_s=0.015)
-    assert _auto.decide(step).workers == 1 and not _auto.decide(step).deferred
-    assert not _auto.decide(later).deferred
-    assert _auto.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread"))
+    assert _auto_policy.decide(step).workers == 1 and not _auto_policy.decide(step).deferred
+    assert not _auto_policy.decide(later).deferred
+    assert _auto_policy.decide(
+        window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread")
+    )
     # little work, or little waiting: stays
-    assert _auto.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None
-    assert _auto.decide(window(wait_s=0.004, user_s=1.0, work_s=0.004)) is None
+    assert _auto_policy.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None
+    assert _auto_policy.decide(window(wait_s=0.004, user_s=1.0, work_s=0.004)) is None
     # a pool whose consumer waits grows, at most ×2 per step
-    assert _auto.decide(window(workers=2, wait_s=0.5, user_s=0.01, work_s=1.0)).workers == 4
+    assert _auto_policy.decide(window(workers=2, wait_s=0.5, user_s=0.01, work_s=1.0)).workers == 4
     # hysteresis: a little waiting neither grows nor shrinks
-    assert _auto.decide(window(workers=4, wait_s=0.03, user_s=1.0, work_s=0.1)) is None
+    assert _auto_policy.decide(window(workers=4, wait_s=0.03, user_s=1.0, work_s=0.1)) is None
     # a pool whose consumer never waits and whose workers idle shrinks
-    assert _auto.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=0.1)).workers == 1
-    assert _auto.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=2.6)) is None
+    assert _auto_policy.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=0.1)).workers == 1
+    assert _auto_policy.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=2.6)) is None
     # ... but not back to a pool that grew because the consumer waited on it, while the ratio of
     # work to the consumer's step holds (uneven steps: a window in the long ones reads idle)
     idle = window(workers=2, wait_s=0.0, user_s=0.046, work_s=0.0275)  # 0.6: 1 worker asked
-    assert _auto.decide(idle).workers == 1
-    assert _auto.decide(idle._replace(waited=(1, 0.6))) is None
-    assert _auto.decide(idle._replace(waited=(1, 0.9))).workers == 1  # the ratio fell by 1/3
+    assert _auto_policy.decide(idle).workers == 1
+    assert _auto_policy.decide(idle._replace(waited=(1, 0.6))) is None
+    assert _auto_policy.decide(idle._replace(waited=(1, 0.9))).workers == 1  # the ratio fell by 1/3
     four = idle._replace(workers=4, user_s=0.2)  # ratio 0.14: 1 asked, 2 waited at 0.15
-    assert _auto.decide(four._replace(waited=(2, 0.15))).workers == 3
+    assert _auto_policy.decide(four._replace(waited=(2, 0.15))).workers == 3
     # memory measured over the budget shrinks the pool
     over = window(workers=4, wait_s=0.5, user_s=0.1, work_s=1.0, budget=2 << 20)
-    assert _auto.decide(over).workers == 2
+    assert _auto_policy.decide(over).workers == 2
     # a pool at its cap whose consumer waits, no faster than the main process was: back to it
     slow = window(workers=8, wait_s=0.2, user_s=0.01, work_s=1.0, main_loop=0.02)
-    assert _auto.decide(slow) == (0, _auto.decide(slow).reason, False, True, False)
-    assert _auto.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
-    assert _auto.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
+    assert _auto_policy.decide(slow) == (0, _auto_policy.decide(slow).reason, False, True, False)
+    assert _auto_policy.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
+    assert _auto_policy.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
     # ... not while its workers take well over the main process's work per batch (processes
     # copying the pages they touch after the fork)
-    assert _auto.decide(slow._replace(main_work=0.05)) is None  # 100 ms a batch against 50
-    assert _auto.decide(slow._replace(main_work=0.08)).no_gain
+    assert _auto_policy.decide(slow._replace(main_work=0.05)) is None  # 100 ms a batch against 50
+    assert _auto_policy.decide(slow._replace(main_work=0.08)).no_gain
     # ... nor before they have made an epoch's batches (each worker's first epoch is a start's)
-    assert _auto.decide(slow._replace(epoch_batches=100, pool_batches=99)) is None
-    assert _auto.decide(slow._replace(epoch_batches=100, pool_batches=100)).no_gain
+    assert _auto_policy.decide(slow._replace(epoch_batches=100, pool_batches=99)) is None
+    assert _auto_policy.decide(slow._replace(epoch_batches=100, pool_batches=100)).no_gain
     # threads are flagged short of 3/4 of the speedup their number promises: 8 threads on 8
     # cores, 100 ms of work a batch in the main process: 12.5 ms ideally, 21 ms measured
     # (``AutoIter._no_gain`` may keep them)
     threads = slow._replace(kind="thread", main_loop=0.1, main_work=0.1)
-    assert _auto.decide(threads).no_gain
-    assert _auto.decide(threads._replace(main_loop=0.2, main_work=0.2)) is None  # 25 ms ideally
+    assert _auto_policy.decide(threads).no_gain
+    assert (
+        _auto_policy.decide(threads._replace(main_loop=0.2, main_work=0.2)) is None
+    )  # 25 ms ideally
     # ... unless their process used more than ``GIL_CORES`` cores: they ran side by side, not
     # taking turns on the GIL, and make way only if no faster than the main process
-    assert _auto.decide(threads._replace(process_cores=6.0)) is None
+    assert _auto_policy.decide(threads._replace(process_cores=6.0)) is None
     side_by_side = threads._replace(process_cores=6.0, main_loop=0.02, main_work=0.02)
-    assert _auto.decide(side_by_side).no_gain
-    assert _auto.decide(threads._replace(process_cores=1.1)).no_gain
+    assert _auto_policy.decide(side_by_side).no_gain
+    assert _auto_policy.decide(threads._replace(process_cores=1.1)).no_gain
     # ... and the main process starts no such pool until it would be clearly faster
     busy = window(wait_s=0.1, user_s=0.01, work_s=0.1)  # 11 ms a batch
-    assert _auto.decide(busy._replace(no_gain=0.0105)) is None
-    assert _auto.decide(busy._replace(no_gain=0.005)).workers > 0
+    assert _auto_policy.decide(busy._replace(no_gain=0.0105)) is None
+    assert _auto_policy.decide(busy._replace(no_gain=0.005)).workers > 0
     # threads whose work mostly waits may outnumber the cores
     io = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.01, kind="thread", cores=2)
-    assert _auto.decide(io).workers == 2 * _auto.THREADS_PER_CORE
+    assert _auto_policy.decide(io).workers == 2 * _auto_policy.THREADS_PER_CORE
     # ... unless other processes kept the machine busy meanwhile: then the low CPU share may
     # be this process's descheduling
-    assert _auto.decide(io._replace(others=1.0)).workers == 2
+    assert _auto_policy.decide(io._replace(others=1.0)).workers == 2
 
 
 def test_decide_prefetch():
     # the consumer waits (10 % of its loop) though 2 workers keep up on average (5 ms of work
     # a batch for 2 workers against 4.5 ms of the consumer's): uneven batches or steps
     uneven = window(workers=2, wait_s=0.005, user_s=0.045, work_s=0.05)
-    assert _auto.decide_prefetch(uneven)[0] == 4
-    assert _auto.decide_prefetch(uneven._replace(prefetch=4))[0] == 8
-    assert _auto.decide_prefetch(uneven._replace(prefetch=_auto.PREFETCH_MAX)) is None
+    assert _auto_policy.decide_prefetch(uneven)[0] == 4
+    assert _auto_policy.decide_prefetch(uneven._replace(prefetch=4))[0] == 8
+    assert _auto_policy.decide_prefetch(uneven._replace(prefetch=_auto_policy.PREFETCH_MAX)) is None
     # ... not when the workers cannot keep up (then the pool grows: ``decide``)
-    assert _auto.decide_prefetch(uneven._replace(work_s=0.09)) is None
+    assert _auto_policy.decide_prefetch(uneven._replace(work_s=0.09)) is None
     # ... nor when the consumer does not wait
-    assert _auto.decide_prefetch(uneven._replace(wait_s=0.001)) is None
+    assert _auto_policy.decide_prefetch(uneven._replace(wait_s=0.001)) is None
     # within the budget: batches in flight take at most half of what the workers leave
     mib = 1 << 20
     tight = uneven._replace(budget=20 * mib, per_worker=2 * mib, batch_bytes=mib)
-    assert _auto.prefetch_room(tight) == 4  # (20 - 2 × 2) / 2 / (2 × 1)
-    assert _auto.decide_prefetch(tight._replace(prefetch=4)) is None
-    assert _auto.decide_prefetch(tight._replace(prefetch=8)) == (4, ANY_REASON)
-    assert _auto.prefetch_room(tight._replace(batch_bytes=64 * mib)) == _auto.PREFETCH
-    assert _auto.decide_prefetch(uneven._replace(workers=0)) is None
+    assert _auto_policy.prefetch_room(tight) == 4  # (20 - 2 × 2) / 2 / (2 × 1)
+    assert _auto_policy.decide_prefetch(tight._replace(prefetch=4)) is None
+    assert _auto_policy.decide_prefetch(tight._replace(prefetch=8)) == (4, ANY_REASON)
+    assert _auto_policy.prefetch_room(tight._replace(batch_bytes=64 * mib)) == _auto_policy.PREFETCH
+    assert _auto_policy.decide_prefetch(uneven._replace(workers=0)) is None
 
 
 class Counting(tud.Sampler):
@@ -671,7 +691,7 @@ def test_batch_nbytes():
     import numpy as np
 
     batch = {"x": torch.zeros(4, 3), "y": [np.zeros(5, dtype=np.int64), "abc"], "n": 3}
-    assert _auto.batch_nbytes(batch) == 4 * 3 * 4 + 5 * 8 + 3
+    assert _auto_measure.batch_nbytes(batch) == 4 * 3 * 4 + 5 * 8 + 3
 
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
@@ -682,7 +702,7 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
     # shallower one: the pool is kept, and the batches are the fixed loaders'.
     scripted(monkeypatch, [2])
     asked = iter([(4, "deeper"), None, (8, "deeper"), (4, "memory"), None])
-    monkeypatch.setattr(_auto, "decide_prefetch", lambda w: next(asked, None))
+    monkeypatch.setattr(_auto_policy, "decide_prefetch", lambda w: next(asked, None))
     loader = loader_of("auto", 5, n=400, prefetch_factor="auto", worker_type=worker_type)
     expected = batches(loader_of(0, 5, n=400), epochs=2)
     assert batches(loader) == expected[:1]
@@ -743,9 +763,9 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
             workers, idle = plan[phase] if phase < len(plan) else (None, False)
         if workers is None or workers == window.workers:
             return None
-        return _auto.Decision(workers, "memory" if not idle else "idle", idle=idle)
+        return _auto_policy.Decision(workers, "memory" if not idle else "idle", idle=idle)
 
-    monkeypatch.setattr(_auto, "decide", decide)
+    monkeypatch.setattr(_auto_policy, "decide", decide)
     loader = loader_of("auto", 3, n=800, persistent_workers=True)
     assert batches(loader) == batches(loader_of(0, 3, n=800))
     assert chosen(loader) == [0, 2, 1, 2, 1]
@@ -755,7 +775,7 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
     plan, refused, calls[:], seen[:] = [(1, True)] * 10, 10**6, [], []
     learned = _auto.learned_of(loader)
     learned.workers = 2
-    for epoch in range(1, _auto.FLOOR_EPOCHS):
+    for epoch in range(1, _auto_policy.FLOOR_EPOCHS):
         batches(loader)
         assert chosen(loader) == [2], epoch
     batches(loader)
@@ -763,7 +783,7 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
 
 
 def test_windows_that_decide_nothing_grow_and_a_switch_shortens_them(quick, monkeypatch):
-    monkeypatch.setattr(_auto, "STEADY_GROWTH", 4)
+    monkeypatch.setattr(_auto_policy, "STEADY_GROWTH", 4)
     calls = scripted(monkeypatch, [None, 2] + [None] * 6 + [1, 1])
     loader = loader_of("auto", 3, n=800)
     assert batches(loader) == batches(loader_of(0, 3, n=800))
@@ -790,16 +810,16 @@ def test_only_growth_after_an_idle_shrink_sets_a_floor_and_a_shrink_is_clamped_t
         workers, idle = plan[phase] if phase < len(plan) else (None, False)
         if workers is None or workers == window.workers:
             return None
-        return _auto.Decision(workers, "idle" if idle else "memory", idle=idle)
+        return _auto_policy.Decision(workers, "idle" if idle else "memory", idle=idle)
 
-    monkeypatch.setattr(_auto, "decide", decide)
+    monkeypatch.setattr(_auto_policy, "decide", decide)
     loader = loader_of("auto", 3, n=800)
     expected = batches(loader_of(0, 3, n=800), epochs=2)
     assert batches(loader) == expected[:1]
     assert chosen(loader) == ([0, 4, 1, 4] if first_shrink_idle else [0, 4, 1, 4, 1])
     # a floor below the pool: an idle shrink stops at it
     learned = _auto.learned_of(loader)
-    learned.floor = (2, learned.epochs, _auto.clock())
+    learned.floor = (2, learned.epochs, _auto_measure.clock())
     plan[:], seen[:] = [(4, False), (1, True)], []
     learned.workers, learned.direction = 0, 0
     assert batches(loader) == expected[1:]
@@ -808,7 +828,7 @@ def test_only_growth_after_an_idle_shrink_sets_a_floor_and_a_shrink_is_clamped_t
 
 def test_a_fixed_prefetch_factor_is_not_tuned(quick, monkeypatch):
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto, "decide_prefetch", lambda w: pytest.fail("tuned"))
+    monkeypatch.setattr(_auto_policy, "decide_prefetch", lambda w: pytest.fail("tuned"))
     loader = loader_of("auto", 5, prefetch_factor=3)
     assert batches(loader) == batches(loader_of(0, 5))
     assert loader.stats()["auto"]["prefetch_factor"] == 3
@@ -877,7 +897,7 @@ def test_the_main_process_engine_recycles_the_loaders_batch_memory(monkeypatch):
     # (which cost uint8 [3, 224, 224] batches of 64 half their speed).
     from rloader._loader_record import record_of
 
-    monkeypatch.setattr(_auto, "decide", lambda window: None)  # the main process throughout
+    monkeypatch.setattr(_auto_policy, "decide", lambda window: None)  # the main process throughout
     loader = rloader.DataLoader(Ints(), batch_size=4, num_workers="auto")
     first = batches(loader)
     buffers = record_of(loader).buffers
@@ -925,13 +945,13 @@ def slow_pools(monkeypatch, clock, cost, creation=0.0):
 
 def recorded_windows(monkeypatch):
     windows = []
-    real = _auto.decide
+    real = _auto_policy.decide
 
     def decide(window):
         windows.append(window)
         return real(window)
 
-    monkeypatch.setattr(_auto, "decide", decide)
+    monkeypatch.setattr(_auto_policy, "decide", decide)
     return windows
 
 
@@ -996,8 +1016,8 @@ def test_threads_no_faster_than_the_main_process_make_way_for_processes(
     # clearly slower (26 ms) go back to the main process at once, processes next all the same.
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, pool_wait)
-    monkeypatch.setattr(_auto, "own_memory", lambda: 0)
-    monkeypatch.setattr(_auto, "PROCESS_START_S", 0.01 if affordable else 1e3)
+    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 0.01 if affordable else 1e3)
     loader = rloader.DataLoader(
         Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto", worker_type="auto"
     )
@@ -1020,31 +1040,31 @@ def test_the_start_of_a_pool_is_measured(quick, monkeypatch):
     # count per worker started, not the estimate.
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, 0.0, creation=0.5)
-    monkeypatch.setattr(_auto, "own_memory", lambda: 1 << 30)
+    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 1 << 30)
     windows = recorded_windows(monkeypatch)
     loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
     stepped(loader, clock)
     assert chosen(loader)[:2] == [0, 4]
-    assert windows[0].start_s == _auto.start_cost("process", 1 << 30)
+    assert windows[0].start_s == _auto_policy.start_cost("process", 1 << 30)
     assert windows[-1].workers > 0 and windows[-1].start_s == pytest.approx(0.5)
     # a measured start below the estimate: the estimate counts (the measurement ends before
     # the workers have copied the pages they touch)
     _auto.learned_of(loader).start_s["process"] = 0.001
     assert loader._iterator is None  # (not persistent: an iterator of its own)
     it = iter(loader)
-    assert it._start_cost("process") == _auto.start_cost("process", 1 << 30)
+    assert it._start_cost("process") == _auto_policy.start_cost("process", 1 << 30)
     _auto.learned_of(loader).start_s["thread"] = 0.001
     assert it._start_cost("thread") == 0.001
     del it
     # the estimate before a measurement grows with the process's size (fork's page tables)
-    assert _auto.start_cost("process", 4 << 30) > _auto.start_cost("process", 1 << 30)
-    assert _auto.start_cost("thread", 4 << 30) == _auto.THREAD_START_S
+    assert _auto_policy.start_cost("process", 4 << 30) > _auto_policy.start_cost("process", 1 << 30)
+    assert _auto_policy.start_cost("thread", 4 << 30) == _auto_policy.THREAD_START_S
 
 
 def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
     # Its first batches fill new batch memory (2 ms each for uint8 [3, 224, 224] × 64, against
     # 0.3 ms later): the first window starts after them.
-    monkeypatch.setattr(_auto, "MAIN_WARM_BATCHES", 2)
+    monkeypatch.setattr(_auto_policy, "MAIN_WARM_BATCHES", 2)
     clock = fake_clock(monkeypatch)
     windows = recorded_windows(monkeypatch)
 
@@ -1071,8 +1091,8 @@ def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monk
     # slow because of them; it is kept.
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, 0.02)
-    monkeypatch.setattr(_auto, "machine_cpu", lambda: 2 * clock.now)
-    monkeypatch.setattr(_auto, "loader_cpu", lambda pids: 0.0)
+    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
+    monkeypatch.setattr(_auto_measure, "loader_cpu", lambda pids: 0.0)
     windows = recorded_windows(monkeypatch)
     loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
     assert stepped(loader, clock) == batches(tud.DataLoader(Ints(400), batch_size=2))[0]
@@ -1082,9 +1102,9 @@ def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monk
 
 def tight_budget(monkeypatch):
     """A budget of 300 MiB, each worker process 100 MiB: pools of 2 and 3 do not fit together."""
-    monkeypatch.setenv(_auto.MEMORY_ENV, "300M")
-    monkeypatch.setattr(_auto, "process_memory", lambda pid: 100 << 20)
-    monkeypatch.setattr(_auto, "own_memory", lambda: 100 << 20)
+    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "300M")
+    monkeypatch.setattr(_auto_measure, "process_memory", lambda pid: 100 << 20)
+    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 100 << 20)
 
 
 def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quick, monkeypatch):
@@ -1151,7 +1171,7 @@ def test_an_epochs_short_last_window_does_not_judge_a_pool_no_faster(quick, monk
     # The pool is faster than the main process (6 ms a batch against 21) until the epoch's
     # last 5 batches, which take 51 ms: the last window after earlier ones is a short tail, too
     # little evidence to send the next epoch back to the main process.
-    monkeypatch.setattr(_auto, "NO_GAIN_WINDOW_S", 1.0)
+    monkeypatch.setattr(_auto_policy, "NO_GAIN_WINDOW_S", 1.0)
     clock = fake_clock(monkeypatch)
     taken = []
     slow_pools(monkeypatch, clock, lambda: 0.05 if len(taken) >= 195 else 0.005)
@@ -1182,6 +1202,6 @@ def test_the_loaders_own_bookkeeping_is_in_the_consumers_loop(quick, monkeypatch
 
 
 def test_the_memory_probe_reads_a_few_workers_spread_over_a_large_pool():
-    assert _auto.sampled([7, 8]) == [7, 8]
-    assert _auto.sampled(list(range(16))) == [0, 5, 10, 15]
-    assert len(_auto.sampled(list(range(5)))) == _auto.PROBED_WORKERS
+    assert _auto_measure.sampled([7, 8]) == [7, 8]
+    assert _auto_measure.sampled(list(range(16))) == [0, 5, 10, 15]
+    assert len(_auto_measure.sampled(list(range(5)))) == _auto_measure.PROBED_WORKERS

@@ -27,7 +27,9 @@ change.
   iterator starts its workers with it: worker ``i`` of any pool gets torch's seed
   ``base_seed + i``, runs ``worker_init_fn(i)``, and ``get_worker_info()`` says that pool's
   ``num_workers``. A worker's dataset copy lives as long as its pool.
-- Decisions (``decide``, a pure function of a ``Window`` of measurements): the consumer's time
+- Decisions (``decide``, a pure function of a ``Window`` of measurements, in _auto_policy.py
+  with the numbers it decides by; what is read from /proc and the clocks is in
+  _auto_measure.py): the consumer's time
   per batch outside ``next()`` (``user``, with this iterator's own bookkeeping: ``_decide``
   reads /proc, and with busy thread workers each read gives the GIL away for up to the switch
   interval: uncounted, 2 pure-Python threads measured 0.42 ms a batch and ran at 0.67) and
@@ -125,18 +127,15 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
-import os
 import statistics
-import threading
-import time
 import warnings
 import weakref
 from typing import Any, NamedTuple, Optional
 
-import torch
 from torch.utils.data.dataloader import _DatasetKind
 
+from . import _auto_measure as measure
+from . import _auto_policy as policy
 from . import _resume, _rloader
 from ._loader_record import record_of
 from ._seed import draw_seed
@@ -147,86 +146,6 @@ __all__ = ["AutoPrefetch", "AutoWorkers", "is_auto", "start"]
 log = logging.getLogger("rloader")
 
 AUTO = "auto"
-PREFETCH = 2  # prefetch_factor="auto": where it starts (torch's default) and its least
-PREFETCH_MAX = 8  # ... its most (a process pool's region has slots for as many)
-PREFETCH_MEMORY_SHARE = 0.5  # batches in flight may take at most this share of the budget
-# left after the workers' own memory
-MIN_WORK_S = 0.00015  # less work per batch than this stays in the main process (processes;
-# a pool no faster than the main process goes back to it: ``NO_GAIN``)
-MIN_THREAD_WORK_S = 0.0001  # ... (threads: no start-up, no copy)
-MIN_WAIT_SHARE = 0.05  # ... or less than this share of the consumer's loop
-GROW_WAIT_SHARE = 0.05  # a pool grows when the consumer waits more than this share
-SHRINK_WAIT_SHARE = 0.01  # ... and may shrink when it waits less than this share
-SHRINK_RATIO = 0.75  # ... to at most this share of its workers
-HEADROOM = 1.25  # workers asked for beyond work / user
-GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their number longer
-# than in the main process alone take turns on the GIL: processes from the next epoch
-CONSUMER_GIL = 1.25  # threads beside which the consumer's own step per batch takes more than
-# this × what it took beside the main process's loading take the GIL from it: processes from
-# the next epoch (compared as medians, which the consumer's long steps do not move: uneven
-# steps of 1 ms and 30 ms, 1.10 ms beside the main process's loading, 2.4 ms beside 1 thread
-# of pure-Python samples; as means, 3.3-4.2 ms against 4.8-5.4 ms, by the long steps a window held)
-GIL_CORES = 1.4  # threads whose process used more than this many cores over a window run side
-# by side: their work does not take turns on the GIL (2 threads on 2 cores: pure Python 1.02-
-# 1.06, token windows from a memmap 1.25-1.33, tensor pairs 1.55-1.88), and short of their
-# promise only by what processes would be short of too (a first epoch's fresh memory): they
-# make way only if no faster than the main process
-THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
-PROCESSES_PER_CORE = 4  # ... processes
-WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
-MIN_WINDOW = 4  # batches a decision looks at, at least
-MIN_WINDOW_S = 0.05  # ... and seconds
-STEADY_GROWTH = 16  # a window that decides nothing makes the next twice as long, up to this
-# many times the shortest (each costs the consumer's thread reads of /proc: on 2 cores shared
-# with 2 workers, its time is theirs); a switch starts short windows again
-LONG_STEPS = 5  # ... and this many of the consumer's longest step in the last window (uneven
-# steps, a long one every few batches: a shorter window reads as idle or waiting by phase)
-MEMORY_ENV = "RLOADER_AUTO_MAX_MEMORY"
-THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
-MEMORY_EVERY_S = 5.0  # a pool's workers' PSS is read at its first window, then this often
-PROBED_WORKERS = 4  # ... that of at most this many of them (the largest stands for all)
-PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
-PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
-# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB. Then
-# the workers copy the pages they touch, which the RSS does not tell: 2 workers over 131k
-# in-memory (tensor, int) pairs cost the consumer ~0.43 s, over 8192 uint8 arrays ~0.2 s.
-# 90 ms per GiB, tried, kept pools from a large process altogether and did not help either)
-THREAD_START_S = 0.002  # ... one worker thread
-NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
-# process's is not worth it: back to the main process
-RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share of the main
-# process's (the work grew), or ``no_gain_epochs`` epochs have passed (a busy machine may have
-# made it look slow): 2, then twice as many after each retry that finds it no faster again
-THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speedup their number
-# (up to the cores) promises over the main process may be taking turns on the GIL: processes
-# may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
-PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
-TRIAL_EFFICIENCY = 1.0  # a busy thread pool short of this share of the speedup its number
-# promises, for work that holds its CPU, is followed by one epoch of as many processes (a
-# trial: JPEG decoding, 2 threads 1.76x the main process, 2 processes 1.97x; 0.95 missed it
-# when the main process's few first batches were slow), kept only if
-# their epoch's loop per batch is below ``TRIAL_MARGIN`` × the threads' (their start and
-# first touches counted: tensor pairs, 2 threads 1.9M samples/s, 2 fresh processes 0.3M)
-TRIAL_MARGIN = 0.97
-FLOOR_EPOCHS = 4  # a pool grown back after an idle shrink is the least the workers idling
-# may shrink it to, for this many epochs (uneven steps: windows in the long steps read as
-# idle) or ``FLOOR_S`` seconds, whichever ends first (a long epoch, a loop that breaks)
-FLOOR_S = 300.0
-WARM_POOL_BATCHES = 1000  # a process pool is not judged no faster before it has made an
-# epoch's batches, or this many per worker (its workers fault in what they first read)
-WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
-# judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
-MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
-OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
-# a pool no faster (the machine's load, not the pool, may be what slowed it)
-NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least this long (the
-# load is counted in 10 ms ticks); an epoch's last window judges if shorter only when it is
-# the pool's first (its whole life)
-NO_GAIN_THREADS_S = 0.05  # ... a thread pool's, which costs nothing to leave: threads slower
-# than the main process go back to it at once (token windows from a memmap: 2 threads 0.39 ms a
-# batch against the main process's 0.32; held for 0.2 s, the first epoch ran at 0.72 of it)
-BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of the main
-# process's work is read as its descheduling, not as waiting work
 
 
 class _AutoInt(int):
@@ -245,7 +164,7 @@ class AutoWorkers(_AutoInt):
     what auto starts for work that keeps them busy."""
 
     def __new__(cls, cap: Optional[int] = None) -> "AutoWorkers":
-        return super().__new__(cls, usable_cores() if cap is None else cap)
+        return super().__new__(cls, measure.usable_cores() if cap is None else cap)
 
 
 class AutoPrefetch(_AutoInt):
@@ -253,408 +172,11 @@ class AutoPrefetch(_AutoInt):
     ``num_workers="auto"``: where the tuning starts, torch's default 2."""
 
     def __new__(cls) -> "AutoPrefetch":
-        return super().__new__(cls, PREFETCH)
+        return super().__new__(cls, policy.PREFETCH)
 
 
 def is_auto(value: Any) -> bool:
     return isinstance(value, _AutoInt) or (isinstance(value, str) and value == AUTO)
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _proc_kb(path: str, field: str) -> Optional[int]:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def process_memory(pid: int) -> Optional[int]:
-    """A process's proportional set size (PSS), in bytes; None where /proc does not say."""
-    return _proc_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
-
-
-def own_memory() -> Optional[int]:
-    """This process's resident set size, in bytes (``/proc/self/statm``: cheap, unlike the PSS
-    in smaps_rollup, which takes milliseconds to add up)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def parse_bytes(text: str) -> int:
-    """``"2G"``, ``"512M"``, ``"1000000"`` → bytes."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
-    number = text[:-1] if scale != 1 else text
-    return int(float(number) * scale)
-
-
-def memory_budget() -> int:
-    """Bytes all workers together may take: ``RLOADER_AUTO_MAX_MEMORY``, else half of the
-    memory available now."""
-    env = os.environ.get(MEMORY_ENV)
-    if env:
-        try:
-            return parse_bytes(env)
-        except ValueError:
-            raise ValueError(
-                f"{MEMORY_ENV}={env!r}: expected bytes, optionally with K, M, G or T"
-            ) from None
-    available = _proc_kb("/proc/meminfo", "MemAvailable:")
-    return (available or (8 << 30)) // 2
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def machine_cpu() -> Optional[float]:
-    """CPU seconds all of the machine's processes have used, summed over its cores (/proc/stat:
-    all but idle and iowait; steal, a VM's time taken by others, counts as used)."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
-
-
-def loader_cpu(pids: list) -> float:
-    """CPU seconds this process (all its threads) and its worker processes ``pids`` have used."""
-    times = os.times()
-    total = times.user + times.system
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def worker_pids(it) -> list:
-    """The pids of an engine's worker processes (none for threads or the main process)."""
-    pool = getattr(it, "_rloader_pool", None)
-    procs = getattr(pool, "procs", None)
-    if not procs or getattr(pool, "stopped", False):
-        return []
-    try:
-        return [proc.pid for proc in procs if proc.pid is not None]
-    except ValueError:  # closed: the pool stopped meanwhile
-        return []
-
-
-def sampled(pids: list) -> list:
-    """At most ``PROBED_WORKERS`` of a pool's pids, spread over it: its workers run the same
-    code on the same dataset, and reading them all would cost a core for a while on a large
-    pool (smaps_rollup walks each process's page tables: ~11 ms for a process with torch
-    imported, more with a large dataset inherited, times 16 workers)."""
-    if len(pids) <= PROBED_WORKERS:
-        return list(pids)
-    step = (len(pids) - 1) / (PROBED_WORKERS - 1)
-    return [pids[round(i * step)] for i in range(PROBED_WORKERS)]
-
-
-class _MemoryProbe:
-    """Reads worker processes' PSS on a thread of its own: smaps_rollup takes milliseconds per
-    process to add up (11 ms for a process with torch imported, on the 2-core machine), which
-    on the consumer's thread would read as waiting. ``request`` asks for a read of some pids;
-    ``latest`` is the largest PSS last read among some pids (None before). One per process,
-    its thread started on first use."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._pids: list = []
-        self._sizes: dict = {}  # pid: PSS (of the pids asked for last)
-        self._thread: Optional[threading.Thread] = None
-
-    def request(self, pids: list) -> None:
-        with self._lock:
-            self._pids = sampled(pids)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="rloader-auto-memory", daemon=True
-                )
-                self._thread.start()
-        self._wake.set()
-
-    def latest(self, pids: list) -> Optional[int]:
-        sizes = self._sizes
-        known = [sizes[pid] for pid in pids if pid in sizes]
-        return max(known) if known else None
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            with self._lock:
-                pids = self._pids
-            sizes = {pid: process_memory(pid) for pid in pids}
-            self._sizes = {pid: size for pid, size in sizes.items() if size is not None}
-
-
-_probe = _MemoryProbe()
-
-
-# -- decisions ------------------------------------------------------------------------------
-
-
-class Window(NamedTuple):
-    """What a decision looks at: measurements over ``batches`` handed out by one engine."""
-
-    batches: int
-    wait_s: float  # the consumer inside next()
-    user_s: float  # the consumer between next() calls
-    work_s: float  # fetch + collate + pin, summed over workers
-    cpu_s: Optional[float]  # main-process CPU time of work_s (in-process engine only)
-    workers: int  # 0: in the main process
-    kind: str  # "process" or "thread"
-    cores: int
-    budget: int  # bytes
-    per_worker: int  # bytes, measured or estimated
-    remaining: Optional[int]  # batches left in the epoch (None: unknown)
-    prefetch: int
-    inflation: Optional[float] = None  # a thread pool's work per batch over the main process's
-    first_epoch: bool = True  # the loader's first: a pool started now pays for itself in it
-    epoch_batches: Optional[int] = None  # batches in an epoch (None: unknown)
-    persistent: bool = False  # a pool, once started, serves the later epochs too
-    main_loop: Optional[float] = None  # the consumer's loop per batch in the main process
-    main_work: Optional[float] = None  # the work per batch in the main process
-    no_gain: Optional[float] = None  # a pool of this kind's loop per batch, found no faster
-    start_s: Optional[float] = None  # starting one worker of this kind (None: the estimate)
-    others: Optional[float] = None  # cores other processes used meanwhile (None: unknown)
-    batch_bytes: Optional[int] = None  # a batch's tensor and array bytes (None: not measured)
-    pool_batches: Optional[int] = None  # batches the pool has handed out since it started
-    process_cores: Optional[float] = None  # this process's CPU time over the window's wall time
-    step: Optional[float] = None  # the consumer's median step between next() calls
-    waited: Optional[tuple] = None  # (workers, work / user) where a pool of this kind grew
-
-
-class Decision(NamedTuple):
-    workers: int
-    reason: str
-    deferred: bool = False  # worth it, but from the next epoch's start on
-    no_gain: bool = False  # back to the main process: the pool was no faster
-    idle: bool = False  # a shrink because the workers idled (``AutoIter._floor`` bounds it)
-
-
-def worker_cap(w: Window) -> int:
-    """The most workers of ``w.kind`` the cores and the budget allow."""
-    cores = w.cores
-    share = w.cpu_s / w.work_s if w.cpu_s is not None and w.work_s > 0 else None
-    busy = w.others is not None and w.others >= BUSY_OTHERS
-    if share is not None and share < WAITING_SHARE and not busy:
-        # work that mostly waits; (above this, or while other processes load the machine, a
-        # low share may only be this process's descheduling, and the work is taken as
-        # needing its cores)
-        per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
-        cores = max(cores, int(cores / max(share, 1.0 / per_core)))
-    elif w.kind == "thread":
-        cores = max(cores, w.workers)
-    by_memory = w.budget // max(w.per_worker, 1)
-    return max(0, min(cores, by_memory))
-
-
-def start_cost(kind: str, rss: Optional[int] = None) -> float:
-    """Seconds the consumer loses per worker started, before a start is measured: a thread's
-    is small; a process's grows with this process's resident size ``rss`` (fork copies its
-    page tables, and the child's first touches copy pages)."""
-    if kind == "thread":
-        return THREAD_START_S
-    return PROCESS_START_S + PROCESS_START_PER_GIB * (rss or 0) / (1 << 30)
-
-
-def per_batch(w: Window) -> tuple:
-    """``w``'s (wait, user, work) per batch, in seconds, and those numbers in words."""
-    wait, user, work = w.wait_s / w.batches, w.user_s / w.batches, w.work_s / w.batches
-    numbers = f"work {work * 1e3:.2f} ms, user {user * 1e3:.2f} ms, wait {wait * 1e3:.2f} ms"
-    return wait, user, work, numbers
-
-
-def promised_loop(main_loop: float, main_work: float, workers: int, cores: int) -> float:
-    """The consumer's loop per batch that ``workers`` promise, from the main process's loop
-    and work per batch: the work spread over them (up to the cores), or the consumer's own
-    step, whichever is longer."""
-    return max(main_loop - main_work, main_work / max(1, min(workers, cores)))
-
-
-def saved_per_batch(w: Window, workers: int) -> float:
-    """The consumer's wait per batch that a pool of ``workers`` would save over ``w``'s: its
-    wait less what ``workers`` would leave, the work spread over them less the consumer's own
-    step (a consumer whose step is longer than the work waits for none of it: the main process
-    to 1 worker saves all its wait)."""
-    wait, user, work, _ = per_batch(w)
-    return max(0.0, wait - max(0.0, work / max(workers, 1) - user))
-
-
-def decide(w: Window) -> Optional[Decision]:
-    """The pool size ``w`` asks for, and why; None: keep the current one."""
-    if w.batches <= 0:
-        return None
-    wait, user, work, numbers = per_batch(w)
-    loop = wait + user
-    cap = worker_cap(w)
-    if w.workers > cap:
-        return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
-    quiet = w.others is None or w.others < OTHERS_MAX
-    slow = w.main_loop is not None and loop > NO_GAIN * w.main_loop
-    if w.kind == "thread" and w.main_loop is not None and w.main_work is not None:
-        # (threads short of the speedup their number promises may be taking turns on the GIL:
-        # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster than
-        # the main process otherwise)
-        ideal = promised_loop(w.main_loop, w.main_work, w.workers, w.cores)
-        slow = loop * THREAD_EFFICIENCY > ideal
-        if w.process_cores is not None and w.process_cores > GIL_CORES:
-            slow = loop > NO_GAIN * w.main_loop  # side by side (``GIL_CORES``)
-    # (processes whose work per batch is well above the main process's are still copying the
-    # pages they touch after the fork, or are descheduled: not judged yet)
-    warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
-    # (nor before they have made an epoch's batches: each worker maps and faults in what it
-    # reads anew, its first epoch is a start's: token windows from a memmap, 2 fresh
-    # processes 120k windows/s against the main process's 147k, then 227k)
-    if w.kind == "process" and w.epoch_batches:
-        if (w.pool_batches or 0) < min(w.epoch_batches, WARM_POOL_BATCHES * w.workers):
-            warming = True
-    if w.workers > 0 and w.main_loop is not None and slow and quiet:
-        # The consumer waits on a pool that may not grow and is no faster than the main
-        # process was (its transport costs what it saves, its workers take turns on the GIL,
-        # or they share the cores with the consumer): back to the main process.
-        if wait > GROW_WAIT_SHARE * loop and w.workers >= cap and not warming:
-            return Decision(
-                0,
-                f"no faster than the main process (loop {loop * 1e3:.2f} ms a batch against "
-                f"{w.main_loop * 1e3:.2f} ms; {numbers})",
-                no_gain=True,
-            )
-    wanted = w.workers
-    idle = False
-    if user > 0:
-        wanted = math.ceil(work / user * HEADROOM)
-    else:
-        wanted = cap
-    if w.workers == 0:
-        min_work = MIN_THREAD_WORK_S if w.kind == "thread" else MIN_WORK_S
-        if work < min_work or loop <= 0 or wait < MIN_WAIT_SHARE * loop or cap < 1:
-            return None
-        if w.no_gain is not None and w.no_gain > RETRY_SHARE * loop:
-            return None  # a pool of this kind was no faster, and the work has not grown since
-        target, why = max(1, min(wanted, cap)), "the consumer waits on the main process"
-    elif wait > GROW_WAIT_SHARE * loop and work > 0:
-        target = min(max(wanted, w.workers + 1), 2 * w.workers, cap)
-        why = "the consumer waits"
-    elif wait < SHRINK_WAIT_SHARE * loop and wanted <= SHRINK_RATIO * w.workers:
-        idle = True
-        target, why = max(1, wanted), "the workers idle"
-        if w.waited is not None and user > 0:
-            # A pool of ``grown`` made the consumer wait at this ratio of work to its step: it
-            # is not tried again until the ratio falls clearly (``SHRINK_RATIO``): the work got
-            # cheaper or the step longer, not only a window's phase of uneven steps (1 ms and
-            # 30 ms: 2 processes read idle, 1 made the consumer wait, at the same ratio, 0.6)
-            grown, ratio = w.waited
-            if target <= grown and work / user > SHRINK_RATIO * ratio:
-                target = grown + 1
-                if target >= w.workers:
-                    return None
-        if w.main_work is not None and w.main_work < MIN_WAIT_SHARE * (user + w.main_work):
-            # the main process would cost the consumer less than it takes to start a pool
-            target, why = 0, "the workers idle; the main process's work is a small share"
-    else:
-        return None
-    reason = f"{why} ({numbers}, cap {cap})"
-    if target == w.workers or (target <= 0 and w.workers == 0):
-        return None
-    if w.remaining is not None and target > w.workers:
-        wanted_later = target  # what a whole epoch asks for
-        # a new pool that would not fill twice its prefetch window is not worth starting
-        target = min(target, w.remaining // (2 * w.prefetch))
-        # In the first epoch the time its rest would save must pay for starting the pool
-        # (later epochs start on it at once, as a fixed loader starts its own).
-        gain = w.remaining * saved_per_batch(w, target)
-        cost = start_cost(w.kind) if w.start_s is None else w.start_s
-        if w.first_epoch and (target <= w.workers or gain < target * cost):
-            # From the next epoch on, if a whole epoch wins its start back (or the pool is
-            # started once: persistent workers).
-            whole = (w.epoch_batches or 0) * saved_per_batch(w, wanted_later)
-            if whole * (PAYBACK_EPOCHS if w.persistent else 1) >= wanted_later * cost:
-                return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
-            return None
-        if target <= w.workers:
-            return None
-    return Decision(target, reason, idle=idle)
-
-
-def trial_keeps_processes(thread_loop: float, process_loop: float) -> bool:
-    """Whether processes on trial (``AutoIter._kind_trial``) are kept: their epoch's loop per
-    batch below ``TRIAL_MARGIN`` × the threads'."""
-    return process_loop < TRIAL_MARGIN * thread_loop
-
-
-def prefetch_room(w: Window) -> int:
-    """The most batches per worker in flight that the memory budget holds: at most
-    ``PREFETCH_MEMORY_SHARE`` of what the workers' own memory leaves (never below torch's
-    default, never above ``PREFETCH_MAX``)."""
-    if not w.batch_bytes or w.workers <= 0:
-        return PREFETCH_MAX
-    left = (w.budget - w.workers * w.per_worker) * PREFETCH_MEMORY_SHARE
-    return max(PREFETCH, min(PREFETCH_MAX, int(left // (w.workers * w.batch_bytes))))
-
-
-def decide_prefetch(w: Window) -> Optional[tuple]:
-    """``(prefetch_factor, reason)`` that ``w`` asks for under ``prefetch_factor="auto"``;
-    None: keep it. Deeper when the consumer waits though the pool keeps up on average
-    (``work / user × HEADROOM`` asks for no more workers than it has): its batches or the
-    consumer's steps are uneven, and the workers idled with their batches ready while the
-    consumer was slow, then could not catch up. More batches ahead absorb that for a
-    batch's memory each, where another worker costs a process. Shallower only for the budget."""
-    if w.workers <= 0 or w.batches <= 0:
-        return None
-    wait, user, work, numbers = per_batch(w)
-    loop = wait + user
-    room = prefetch_room(w)
-    if w.prefetch > room:
-        return room, f"memory: {w.prefetch} batches in flight per worker over the budget"
-    if (
-        w.prefetch < room
-        and user > 0
-        and wait > GROW_WAIT_SHARE * loop
-        and math.ceil(work / user * HEADROOM) <= w.workers
-    ):
-        return (
-            min(2 * w.prefetch, room),
-            f"the consumer waits though {w.workers} workers keep up on average ({numbers})",
-        )
-    return None
-
-
-def batch_nbytes(batch: Any, depth: int = 0) -> int:
-    """The bytes of a batch's tensors and arrays (what its batches in flight hold)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.nelement() * batch.element_size()
-    nbytes = getattr(batch, "nbytes", None)  # numpy arrays
-    if isinstance(nbytes, int):
-        return nbytes
-    if isinstance(batch, (str, bytes)):
-        return len(batch)
-    if depth >= 4:
-        return 0
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(batch_nbytes(item, depth + 1) for item in batch[:4096])
-    return 0
 
 
 # -- the iterator ---------------------------------------------------------------------------
@@ -827,10 +349,6 @@ def _stages(d: dict) -> dict:
     return {k: d[k] for k in _STAGES}
 
 
-clock = time.perf_counter  # tests replace these to make measurements deterministic
-cpu_clock = time.process_time  # all threads': collation fans out to copy threads
-
-
 class AutoStats:
     """``loader.stats()`` of an auto iterator: the consumer's times, measured here; the stages,
     summed over the epoch's engines; and ``auto``: the choices, when and why."""
@@ -931,11 +449,13 @@ def seed_learned(loader, saved: Optional[dict]) -> None:
     learned = learned_of(loader)
     learned.kind = saved["kind"]
     # (within what this machine's cores carry: the saving one may have had more)
-    most = usable_cores() * (THREADS_PER_CORE if saved["kind"] == "thread" else PROCESSES_PER_CORE)
+    most = measure.usable_cores() * (
+        policy.THREADS_PER_CORE if saved["kind"] == "thread" else policy.PROCESSES_PER_CORE
+    )
     learned.workers = min(int(saved["workers"]), most)
     learned.wanted = None if saved["wanted"] is None else min(int(saved["wanted"]), most)
     if is_auto(loader.prefetch_factor) and saved["prefetch"] is not None:
-        learned.prefetch = max(PREFETCH, min(int(saved["prefetch"]), PREFETCH_MAX))
+        learned.prefetch = max(policy.PREFETCH, min(int(saved["prefetch"]), policy.PREFETCH_MAX))
     trial = saved.get("trial")
     learned.trial = None if trial is None else (min(int(trial[0]), most), float(trial[1]))
     learned.tried = bool(saved.get("tried", False))
@@ -969,12 +489,12 @@ class AutoIter:
         self._kind_fixed = loader.worker_type if loader.worker_type != AUTO else None
         self._prefetch_auto = is_auto(loader.prefetch_factor)
         if self._prefetch_auto:
-            self._prefetch = self._learned.prefetch or PREFETCH
+            self._prefetch = self._learned.prefetch or policy.PREFETCH
         else:
-            self._prefetch = loader.prefetch_factor or PREFETCH
+            self._prefetch = loader.prefetch_factor or policy.PREFETCH
         self._batch_bytes: Optional[int] = None  # measured at each window's first batch
-        self._cores = usable_cores()
-        self._budget = memory_budget()
+        self._cores = measure.usable_cores()
+        self._budget = measure.memory_budget()
         self._stats = AutoStats()
         self._engines: list = []  # in hand-out order; the last draws the keys
         self._taken_done = 0  # batches handed out by engines that have ended
@@ -1043,7 +563,7 @@ class AutoIter:
     # -- epochs and engines --------------------------------------------------------------
 
     def _begin_epoch(self, keys, reported_len) -> None:
-        self._started_at = clock()
+        self._started_at = measure.clock()
         self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
         self._taken_done = 0
@@ -1115,7 +635,11 @@ class AutoIter:
         return next_kind(self._kind_fixed or AUTO, self._learned)
 
     def _switch(
-        self, workers: int, why: str, window: Optional[Window] = None, kind: Optional[str] = None
+        self,
+        workers: int,
+        why: str,
+        window: Optional[policy.Window] = None,
+        kind: Optional[str] = None,
     ) -> None:
         """Starts the engine of ``workers`` workers (of ``kind``, else ``_kind()``) on the rest
         of the stream; the current one draws nothing more and hands out what it has (NOTE
@@ -1134,7 +658,7 @@ class AutoIter:
             num_workers=workers,
             prefetch_factor=self._prefetch if workers > 0 else None,
             # (a tuned pool's region has slots for the deepest prefetch: it changes in place)
-            _rloader_layout_prefetch=PREFETCH_MAX if self._prefetch_auto else self._prefetch,
+            _rloader_layout_prefetch=policy.PREFETCH_MAX if self._prefetch_auto else self._prefetch,
             persistent_workers=self._persistent and workers > 0,
             in_order=True,
             worker_type=kind,
@@ -1142,7 +666,7 @@ class AutoIter:
         )
         from . import dataloader  # (imports this module)
 
-        created = clock()
+        created = measure.clock()
         with warnings.catch_warnings():
             if not self._first_engine:  # torch's warnings (pin_memory's) once per epoch
                 warnings.simplefilter("ignore")
@@ -1154,7 +678,7 @@ class AutoIter:
         if workers > 0:
             # its start, measured: this (the consumer waits for the pool's creation), then
             # the consumer's waits for its first round of batches (``_next``)
-            engine.start_s = clock() - created
+            engine.start_s = measure.clock() - created
         self._engines.append(engine)
         self._stats.live.append(engine)
         self._learned.workers = workers
@@ -1166,10 +690,12 @@ class AutoIter:
         self._w_scale = 1
         self._window_reset()
 
-    def _record(self, workers: int, kind: str, why: str, window: Optional[Window] = None) -> None:
+    def _record(
+        self, workers: int, kind: str, why: str, window: Optional[policy.Window] = None
+    ) -> None:
         taken = self._progress[0]
         entry = dict(
-            at_s=round(clock() - self._started_at, 6),
+            at_s=round(measure.clock() - self._started_at, 6),
             batch=taken,
             num_workers=workers,
             worker_type=kind,
@@ -1196,8 +722,8 @@ class AutoIter:
         self._w_batches = 0
         self._w_wait = self._w_user = self._w_work = self._w_cpu = 0.0
         self._w_steps = []
-        self._w_started = clock()
-        self._w_process_cpu = cpu_clock()
+        self._w_started = measure.clock()
+        self._w_process_cpu = measure.cpu_clock()
         self._w_load = None
         self._w_hold_s = 0.0  # a window that goes on is looked at again after this long
         self._w_hold_batches = 0  # ... and this many batches
@@ -1208,7 +734,11 @@ class AutoIter:
 
     def _load(self, engine: _Engine) -> tuple:
         """(wall, the machine's CPU, this loader's CPU) now (``Window.others``)."""
-        return clock(), machine_cpu(), loader_cpu(worker_pids(engine.it))
+        return (
+            measure.clock(),
+            measure.machine_cpu(),
+            measure.loader_cpu(measure.worker_pids(engine.it)),
+        )
 
     def _others(self, engine: _Engine) -> Optional[float]:
         """Cores other processes used since the window began (None: unknown)."""
@@ -1216,7 +746,7 @@ class AutoIter:
             return None
         wall0, machine0, own0 = self._w_load
         wall, machine, own = self._load(engine)
-        if machine is None or machine0 is None or wall - wall0 < 0.8 * MIN_WINDOW_S:
+        if machine is None or machine0 is None or wall - wall0 < 0.8 * policy.MIN_WINDOW_S:
             return None  # (too few ticks to tell)
         return max(0.0, (machine - machine0) - (own - own0)) / (wall - wall0)
 
@@ -1224,9 +754,9 @@ class AutoIter:
         if engine.workers:
             return engine.workers * engine.prefetch
         epoch = self._epoch_batches()
-        if epoch is not None and epoch < MIN_WINDOW + MAIN_WARM_BATCHES:
+        if epoch is not None and epoch < policy.MIN_WINDOW + policy.MAIN_WARM_BATCHES:
             return 0  # an epoch too short for both: its window counts every batch
-        return MAIN_WARM_BATCHES
+        return policy.MAIN_WARM_BATCHES
 
     def _start_cost(self, kind: str) -> float:
         """Seconds to start one worker of ``kind``: the loader's last measured start, else the
@@ -1235,12 +765,12 @@ class AutoIter:
         it, which the estimate stands for."""
         measured = self._learned.start_s.get(kind)
         if measured is None:
-            return start_cost(kind, own_memory())
+            return policy.start_cost(kind, measure.own_memory())
         if kind == "process":
-            return max(measured, start_cost(kind, own_memory()))
+            return max(measured, policy.start_cost(kind, measure.own_memory()))
         return measured
 
-    def _no_gain(self, engine: _Engine, window: Window) -> bool:
+    def _no_gain(self, engine: _Engine, window: policy.Window) -> bool:
         """``engine``'s pool was no faster than the main process: remembered for its kind (the
         main process starts none again for a while: ``RETRY_SHARE``).
         Under ``worker_type="auto"``, threads whose work holds its CPU make way for processes
@@ -1252,7 +782,7 @@ class AutoIter:
             return True  # (decided at an earlier window)
         loop = (window.wait_s + window.user_s) / max(window.batches, 1)
         if not self._processes_next(engine, window):
-            if window.main_loop is not None and loop <= NO_GAIN * window.main_loop:
+            if window.main_loop is not None and loop <= policy.NO_GAIN * window.main_loop:
                 return True  # threads somewhat faster than the main process: kept
             retried = engine.kind in learned.no_gain
             learned.no_gain[engine.kind] = (loop, learned.epochs)
@@ -1267,7 +797,7 @@ class AutoIter:
             engine.workers,
             (window.main_loop or 0) * 1e3,
         )
-        if window.main_loop is not None and loop * NO_GAIN > window.main_loop:
+        if window.main_loop is not None and loop * policy.NO_GAIN > window.main_loop:
             # clearly slower than it: the main process serves the rest of the epoch, as many
             # processes start the next
             learned.deferred = engine.workers
@@ -1275,7 +805,7 @@ class AutoIter:
             return False
         return True
 
-    def _processes_next(self, engine: _Engine, window: Window) -> bool:
+    def _processes_next(self, engine: _Engine, window: policy.Window) -> bool:
         """Whether threads no faster than the main process make way for processes: under
         ``worker_type="auto"``, for work that holds its CPU, if a whole epoch could win their
         start back and processes were not found no faster themselves."""
@@ -1286,7 +816,7 @@ class AutoIter:
             or learned.tried  # (measured beside processes: ``_kind_trial``)
             or self._no_gain_loop("process") is not None
             or learned.cpu_share is None
-            or learned.cpu_share < WAITING_SHARE
+            or learned.cpu_share < policy.WAITING_SHARE
             or not learned.base_work
         ):
             return False
@@ -1301,7 +831,7 @@ class AutoIter:
             return False
         workers = max(engine.workers, 2)
         saved = (self._epoch_batches() or 0) * learned.base_work * (1 - 1 / workers)
-        saved *= PAYBACK_EPOCHS if self._persistent else 1
+        saved *= policy.PAYBACK_EPOCHS if self._persistent else 1
         return saved >= workers * self._start_cost("process")
 
     def _no_gain_loop(self, kind: str) -> Optional[float]:
@@ -1315,7 +845,7 @@ class AutoIter:
             return None
         return loop
 
-    def _window(self, engine: _Engine) -> Window:
+    def _window(self, engine: _Engine) -> policy.Window:
         """The current window's measurements (tests replace this)."""
         learned = self._learned
         if engine.workers == 0:
@@ -1331,22 +861,26 @@ class AutoIter:
             now = _stages(engine.it._stats.as_dict())
             work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
             cpu = None if learned.cpu_share is None else learned.cpu_share * work
-        now = clock()
+        now = measure.clock()
         if engine.kind == "process" and now >= engine.memory_due:
-            engine.memory_due = now + MEMORY_EVERY_S
-            _probe.request(worker_pids(engine.it))  # read on the probe's thread
-        measured = _probe.latest(worker_pids(engine.it)) if engine.kind == "process" else None
+            engine.memory_due = now + measure.MEMORY_EVERY_S
+            measure.probe.request(measure.worker_pids(engine.it))  # read on the probe's thread
+        measured = (
+            measure.probe.latest(measure.worker_pids(engine.it))
+            if engine.kind == "process"
+            else None
+        )
         if measured is not None:
             learned.per_worker = max(learned.per_worker or 0, measured)
         kind = engine.kind if engine.workers else self._kind()
         inflation = None
-        busy = self._w_wait > GROW_WAIT_SHARE * (self._w_wait + self._w_user)
+        busy = self._w_wait > policy.GROW_WAIT_SHARE * (self._w_wait + self._w_user)
         if kind == "thread" and engine.workers and learned.base_work and self._w_batches and busy:
             inflation = work / self._w_batches / learned.base_work
             self._inflation = inflation
         if kind == "thread" and engine.workers and self._w_steps:
             self._thread_step = statistics.median(self._w_steps)
-        return Window(
+        return policy.Window(
             batches=self._w_batches,
             wait_s=self._w_wait,
             user_s=self._w_user,
@@ -1371,7 +905,8 @@ class AutoIter:
             batch_bytes=self._batch_bytes,
             pool_batches=engine.lived + engine.handed if engine.workers else None,
             waited=learned.waited.get(kind),
-            process_cores=(cpu_clock() - self._w_process_cpu) / max(now - self._w_started, 1e-9),
+            process_cores=(measure.cpu_clock() - self._w_process_cpu)
+            / max(now - self._w_started, 1e-9),
             step=statistics.median(self._w_steps) if self._w_steps else None,
         )
 
@@ -1390,7 +925,7 @@ class AutoIter:
             return  # processes were measured beside these threads (``_kind_trial``)
         if (
             engine.workers >= 2
-            and (self._inflation or 0) > GIL_SHARE * engine.workers
+            and (self._inflation or 0) > policy.GIL_SHARE * engine.workers
             and self._processes_affordable(engine)
         ):
             why = f"{engine.workers} threads' work took {self._inflation:.2f}× the main process's"
@@ -1431,7 +966,7 @@ class AutoIter:
         or (``after_start``) since its first round, if it served ``MIN_WINDOW`` batches after."""
         start = engine.e_from
         warm = engine.warm_from
-        if after_start and warm is not None and self._e_batches - warm[0] >= MIN_WINDOW:
+        if after_start and warm is not None and self._e_batches - warm[0] >= policy.MIN_WINDOW:
             start = warm
         return self._e_batches - start[0], self._e_wait - start[1], self._e_user - start[2]
 
@@ -1444,7 +979,7 @@ class AutoIter:
         loop = (wait + user) / batches
         threads, thread_loop = learned.trial
         learned.trial, learned.tried = None, True
-        kept = trial_keeps_processes(thread_loop, loop)
+        kept = policy.trial_keeps_processes(thread_loop, loop)
         log.debug(
             "rloader auto: processes on trial: %.3f ms a batch against %d threads' %.3f ms: %s",
             loop * 1e3,
@@ -1466,12 +1001,12 @@ class AutoIter:
             or engine.kind != "thread"
             or self._stats.next_kind is not None
             or engine.e_from[0] > 0  # (a pool switched to in this epoch: its next one is judged)
-            or batches < 2 * MIN_WINDOW
+            or batches < 2 * policy.MIN_WINDOW
             or learned.epochs < 2  # (a loader's first epoch: its thread pools' is slower)
             or (self._persistent and not engine.lived)
-            or wait <= GROW_WAIT_SHARE * (wait + user)
+            or wait <= policy.GROW_WAIT_SHARE * (wait + user)
             or learned.cpu_share is None
-            or learned.cpu_share < WAITING_SHARE
+            or learned.cpu_share < policy.WAITING_SHARE
             or learned.main_loop is None
             or not learned.base_work
             or engine.workers * self._per_worker("process") > self._budget
@@ -1479,8 +1014,10 @@ class AutoIter:
         ):
             return
         loop = (wait + user) / batches
-        ideal = promised_loop(learned.main_loop, learned.base_work, engine.workers, self._cores)
-        if loop * TRIAL_EFFICIENCY <= ideal:
+        ideal = policy.promised_loop(
+            learned.main_loop, learned.base_work, engine.workers, self._cores
+        )
+        if loop * policy.TRIAL_EFFICIENCY <= ideal:
             return  # the threads reach their promise
         learned.trial = (engine.workers, loop)
         learned.kind, learned.workers = "process", engine.workers  # (as many: side by side)
@@ -1504,7 +1041,7 @@ class AutoIter:
             or learned.main_step is None
             or learned.main_loop is None
             or learned.cpu_share is None
-            or learned.cpu_share < WAITING_SHARE
+            or learned.cpu_share < policy.WAITING_SHARE
             or self._no_gain_loop("process") is not None
         ):
             return False
@@ -1512,18 +1049,18 @@ class AutoIter:
         extra = self._thread_step - main_step
         return (
             main_step > 0
-            and self._thread_step > CONSUMER_GIL * main_step
-            and extra > MIN_WAIT_SHARE * learned.main_loop
+            and self._thread_step > policy.CONSUMER_GIL * main_step
+            and extra > policy.MIN_WAIT_SHARE * learned.main_loop
         )
 
     def _per_worker(self, kind: str) -> int:
         if kind == "thread":
-            return THREAD_COST
+            return policy.THREAD_COST
         if self._learned.per_worker is not None:
             return self._learned.per_worker
         # Before a worker is measured: this process's resident size, which a worker that writes
         # to all it inherits (or imports as much) reaches.
-        return own_memory() or (1 << 30)
+        return measure.own_memory() or (1 << 30)
 
     def _epoch_batches(self) -> Optional[int]:
         if self._iterable:
@@ -1554,19 +1091,19 @@ class AutoIter:
             engine.warm = True
             self._window_reset()
             return
-        minimum = max(MIN_WINDOW, 2 * engine.workers * engine.prefetch) * self._w_scale
-        now = clock()
+        minimum = max(policy.MIN_WINDOW, 2 * engine.workers * engine.prefetch) * self._w_scale
+        now = measure.clock()
         if self._w_batches < max(minimum, self._w_hold_batches) or now - self._w_started < max(
-            MIN_WINDOW_S * self._w_scale,
+            policy.MIN_WINDOW_S * self._w_scale,
             self._w_hold_s,
-            LONG_STEPS * max(self._longest, self._w_longest),
+            policy.LONG_STEPS * max(self._longest, self._w_longest),
         ):
             return
         window = self._window(engine)
         if self._prefetch_auto and self._tune_prefetch(engine, window):
             return
-        decision = decide(window)
-        hold = NO_GAIN_WINDOW_S if engine.kind == "process" else NO_GAIN_THREADS_S
+        decision = policy.decide(window)
+        hold = policy.NO_GAIN_WINDOW_S if engine.kind == "process" else policy.NO_GAIN_THREADS_S
         if decision is not None and decision.no_gain and now - self._w_started < hold:
             self._w_hold_s = hold  # the window goes on: a pool judged no faster
             return  # wants more evidence
@@ -1583,7 +1120,7 @@ class AutoIter:
             decision = None  # the pool is kept to the epoch's end; processes follow
         engine.first_window = False  # (a new window begins, or a new engine)
         if decision is None:
-            self._w_scale = min(2 * self._w_scale, STEADY_GROWTH)  # steady: longer windows
+            self._w_scale = min(2 * self._w_scale, policy.STEADY_GROWTH)  # steady: longer windows
         if self._iterable:  # the count is for the next epoch
             self._learned.wanted = decision.workers if decision else engine.workers
             self._window_reset()
@@ -1600,7 +1137,7 @@ class AutoIter:
         if direction == 1 and learned.direction == -1 and learned.idle_shrink:
             # grown back after an idle shrink: the windows that read as idle were the
             # consumer's long steps, not too many workers
-            learned.floor = (decision.workers, learned.epochs, clock())
+            learned.floor = (decision.workers, learned.epochs, measure.clock())
         if direction == 1 and engine.workers and window.user_s > 0:
             learned.waited[engine.kind] = (engine.workers, window.work_s / window.user_s)
         learned.direction, learned.idle_shrink = direction, decision.idle
@@ -1610,7 +1147,7 @@ class AutoIter:
 
     def __next__(self):
         own = self._stats.own
-        called = clock()
+        called = measure.clock()
         if self._handed_at is not None:
             step = called - self._handed_at
             self._w_user += step
@@ -1626,11 +1163,11 @@ class AutoIter:
             return batch
         finally:
             own.next_returned(handed)
-            now = clock()
+            now = measure.clock()
             if handed:
                 self._handed_at = now
                 if self._w_batches == 0 and self._prefetch_auto:
-                    self._batch_bytes = batch_nbytes(batch)
+                    self._batch_bytes = measure.batch_nbytes(batch)
                 self._w_batches += 1
                 self._e_batches += 1
 
@@ -1641,18 +1178,18 @@ class AutoIter:
             if self._closed or not self._engines:
                 self._finished = True
                 raise StopIteration
-            decided = clock()
+            decided = measure.clock()
             self._decide()
             if self._w_started < decided:
                 # (the consumer waits for this bookkeeping too, and for the GIL it takes back
                 # from busy thread workers after each read of /proc: its own time, a pool's
                 # loop is measured with it; not where a window began in it)
-                self._w_user += clock() - decided
+                self._w_user += measure.clock() - decided
             engine = self._engines[0]
             in_process = engine.workers == 0
             if in_process:
-                cpu0 = cpu_clock()
-            wall0 = clock()
+                cpu0 = measure.cpu_clock()
+            wall0 = measure.clock()
             try:
                 # (only this is the consumer's wait for data to a decision: this iterator's own
                 # bookkeeping, a switch, a retired pool's stop are not what a pool can change)
@@ -1664,17 +1201,17 @@ class AutoIter:
                 self._end_epoch()
                 raise
             finally:
-                waited = clock() - wall0
+                waited = measure.clock() - wall0
                 self._w_wait += waited
                 self._e_wait += waited
                 if in_process:
-                    self._w_cpu += cpu_clock() - cpu0
+                    self._w_cpu += measure.cpu_clock() - cpu0
                     self._w_work += waited
                 elif engine.start_s is not None:
                     self._measure_start(engine, waited)
             return batch
 
-    def _tune_prefetch(self, engine: _Engine, window: Window) -> bool:
+    def _tune_prefetch(self, engine: _Engine, window: policy.Window) -> bool:
         """``prefetch_factor="auto"``: changes the pool's batches in flight per worker where
         ``window`` asks (``decide_prefetch``), in place (the pool's scheduler draws more, or
         fewer as batches are handed out); a pool that cannot (pinned worker processes, whose
@@ -1682,7 +1219,7 @@ class AutoIter:
         True: changed, and a new window measures it."""
         if engine.workers == 0 or engine.prefetch_fixed:
             return False
-        asked = decide_prefetch(window)
+        asked = policy.decide_prefetch(window)
         if asked is None:
             return False
         prefetch, why = asked
@@ -1707,11 +1244,14 @@ class AutoIter:
         if floor is None:
             return 0
         workers, epoch, since = floor
-        if self._learned.epochs - epoch >= FLOOR_EPOCHS or clock() - since >= FLOOR_S:
+        if (
+            self._learned.epochs - epoch >= policy.FLOOR_EPOCHS
+            or measure.clock() - since >= policy.FLOOR_S
+        ):
             return 0
         return workers
 
-    def _above_floor(self, decision: Decision, engine: _Engine) -> Optional[Decision]:
+    def _above_floor(self, decision: policy.Decision, engine: _Engine) -> Optional[policy.Decision]:
         """``decision``, an idle shrink stopped at the floor (``_floor``); None where the pool
         is at it already."""
         floor = self._floor()
@@ -1735,17 +1275,17 @@ class AutoIter:
         if self._iterable or engine is None or not engine.warm:
             return
         whole = self._whole_epoch(engine)
-        if whole is None and self._w_batches < MIN_WINDOW:
+        if whole is None and self._w_batches < policy.MIN_WINDOW:
             return
         window = whole or self._window(engine)._replace(remaining=None)
-        decision = decide(window)
+        decision = policy.decide(window)
         if decision is None or decision.workers == engine.workers:
             return
         decision = self._above_floor(decision, engine)
         if decision is None:
             return
         if decision.no_gain:
-            short = clock() - self._w_started < NO_GAIN_WINDOW_S
+            short = measure.clock() - self._w_started < policy.NO_GAIN_WINDOW_S
             if whole is None and not engine.first_window and short:
                 return  # a short tail after earlier windows: too little evidence
             if self._no_gain(engine, window) or self._stats.next_kind == "process":
@@ -1753,8 +1293,8 @@ class AutoIter:
         if decision.workers > engine.workers:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
             # (a persistent one: ``PAYBACK_EPOCHS``)
-            whole = (window.epoch_batches or 0) * saved_per_batch(window, decision.workers)
-            if whole * (PAYBACK_EPOCHS if self._persistent else 1) < decision.workers * (
+            whole = (window.epoch_batches or 0) * policy.saved_per_batch(window, decision.workers)
+            if whole * (policy.PAYBACK_EPOCHS if self._persistent else 1) < decision.workers * (
                 window.start_s or 0.0
             ):
                 return
@@ -1762,7 +1302,7 @@ class AutoIter:
         self._learned.workers = decision.workers
         self._stats.next_workers = decision.workers
 
-    def _whole_epoch(self, engine: _Engine) -> Optional[Window]:
+    def _whole_epoch(self, engine: _Engine) -> Optional[policy.Window]:
         """The epoch's measurements as one window, where a fresh pool of processes served all of
         it without persistent workers (each epoch's pool is fresh): its first epoch is a
         start's (``decide`` does not judge it window by window), and here it is judged whole,
@@ -1838,7 +1378,7 @@ class AutoIter:
         if self._iterable and self._engines and self._w_batches:
             engine = self._engines[-1]
             window = self._window(engine)._replace(remaining=None)
-            decision = decide(window)
+            decision = policy.decide(window)
             if decision is not None and decision.no_gain and self._no_gain(engine, window):
                 decision = None  # as many processes
             self._learned.wanted = decision.workers if decision else engine.workers

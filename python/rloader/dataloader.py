@@ -27,6 +27,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from . import (
     _auto,
+    _auto_policy,
     _cuda_host,
     _pin_policy,
     _process_pool,
@@ -141,7 +142,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
             if isinstance(num_workers, _auto.AutoWorkers):
                 prefetch_factor = _auto.AutoPrefetch()
             else:
-                prefetch_factor = None if num_workers == 0 else _auto.PREFETCH
+                prefetch_factor = None if num_workers == 0 else _auto_policy.PREFETCH
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "
