@@ -43,11 +43,14 @@ LONG_STEPS = 5  # ... and this many of the consumer's longest step in the last w
 # steps, a long one every few batches: a shorter window reads as idle or waiting by phase)
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
-PROCESS_START_PER_GIB = 0.02  # is measured: this, plus this per GiB of this process's RSS
-# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB. Then
-# the workers copy the pages they touch, which the RSS does not tell: 2 workers over 131k
-# in-memory (tensor, int) pairs cost the consumer ~0.43 s, over 8192 uint8 arrays ~0.2 s.
-# 90 ms per GiB, tried, kept pools from a large process altogether and did not help either)
+PROCESS_START_PER_GIB = 0.06  # is measured: this, plus this per GiB of this process's RSS
+# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB; then
+# the workers fault in and copy the pages they touch, and fill fresh batch slots, over their
+# first epoch: a process of ~1.6 GiB (131k in-memory (tensor, int) pairs; 8192 uint8 arrays)
+# lost 0.1-0.15 s per worker over the main process in it, 0.06-0.07 s per GiB. At 0.02, uint8
+# arrays, 20 ms an epoch to win, went to processes in one run of two and lost 0.2 s in their
+# first epoch. Measured each in a fresh process: earlier rows' datasets in one process grew
+# its RSS, and 0.09 then kept pools from every later workload)
 THREAD_START_S = 0.002  # ... one worker thread
 NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
 # process's is not worth it: back to the main process
