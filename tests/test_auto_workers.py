@@ -364,6 +364,27 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(
     assert loader.stats()["auto"]["next_worker_type"] == ("process" if slowed else None)
 
 
+def test_the_gil_measures_do_not_read_windows_of_a_loaded_machine(quick, monkeypatch):
+    # As above (slowed), but other processes keep 2 cores busy meanwhile: the consumer's slower
+    # step may be theirs, not the threads': no move to processes.
+    clock = fake_clock(monkeypatch)
+    scripted(monkeypatch, [2])
+    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
+    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
+    monkeypatch.setattr(_auto_measure, "loader_cpu", lambda pids: 0.0)
+    loader = rloader.DataLoader(
+        Ints(clock=clock, cost=0.005), batch_size=2, num_workers="auto", worker_type="auto"
+    )
+    got, it = [], iter(loader)
+    for b in it:
+        got.append(b.tolist())
+        clock.now += 0.004 if it._stats.workers > 0 else 0.002
+    assert got == batches(tud.DataLoader(Ints(), batch_size=2))[0]
+    assert it._stats.kind == "thread"
+    assert loader.stats()["auto"]["next_worker_type"] is None
+
+
 def _record_init(worker_id):
     info = tud.get_worker_info()
     with open(os.environ["RLOADER_TEST_INIT_LOG"], "a") as f:

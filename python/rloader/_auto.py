@@ -875,10 +875,15 @@ class AutoIter:
         kind = engine.kind if engine.workers else self._kind()
         inflation = None
         busy = self._w_wait > policy.GROW_WAIT_SHARE * (self._w_wait + self._w_user)
-        if kind == "thread" and engine.workers and learned.base_work and self._w_batches and busy:
+        others = self._others(engine)
+        # (the GIL measures read only windows the machine's load left alone: other processes'
+        # work slows the threads' and the consumer's as taking turns on the GIL would)
+        quiet = others is None or others < policy.OTHERS_MAX
+        threads = kind == "thread" and engine.workers and quiet
+        if threads and learned.base_work and self._w_batches and busy:
             inflation = work / self._w_batches / learned.base_work
             self._inflation = inflation
-        if kind == "thread" and engine.workers and self._w_steps:
+        if threads and self._w_steps:
             self._thread_step = statistics.median(self._w_steps)
         return policy.Window(
             batches=self._w_batches,
@@ -901,7 +906,7 @@ class AutoIter:
             main_work=learned.base_work,
             no_gain=self._no_gain_loop(kind),
             start_s=self._start_cost(kind),
-            others=self._others(engine),
+            others=others,
             batch_bytes=self._batch_bytes,
             pool_batches=engine.lived + engine.handed if engine.workers else None,
             waited=learned.waited.get(kind),
