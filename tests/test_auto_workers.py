@@ -1,9 +1,10 @@
 """num_workers="auto" (NOTE [Auto workers] in python/rloader/_auto.py).
 
-Decisions are made deterministic without timing: either ``_auto_policy.decide`` is replaced by a
-script (switch at given windows), or ``_auto_measure.clock`` by a fake clock that the dataset (in the
-main process) and the consumer advance, so the measured times are the test's numbers. The
-batches are checked against fixed loaders, which are the oracle (torch's for what torch does).
+Decisions are made deterministic without timing: either ``_auto_policy.decide`` is replaced by
+a script (switch at given windows), or ``_auto_measure.clock`` by a fake clock that the dataset
+(in the main process) and the consumer advance, so the measured times are the test's numbers.
+The batches are checked against fixed loaders, which are the oracle (torch's for what torch
+does).
 """
 
 import os
