@@ -1108,7 +1108,7 @@ class AutoIter:
         if self._prefetch_auto and self._tune_prefetch(engine, window):
             return
         decision = policy.decide(window)
-        hold = policy.NO_GAIN_WINDOW_S if engine.kind == "process" else policy.NO_GAIN_THREADS_S
+        hold = self._no_gain_hold(engine)
         if decision is not None and decision.no_gain and now - self._w_started < hold:
             self._w_hold_s = hold  # the window goes on: a pool judged no faster
             return  # wants more evidence
@@ -1264,6 +1264,11 @@ class AutoIter:
             return decision
         return decision._replace(workers=floor) if engine.workers > floor else None
 
+    @staticmethod
+    def _no_gain_hold(engine: _Engine) -> float:
+        """How long a window judging ``engine``'s pool no faster goes on, at least."""
+        return policy.NO_GAIN_WINDOW_S if engine.kind == "process" else policy.NO_GAIN_THREADS_S
+
     def _measure_start(self, engine: _Engine, waited: float) -> None:
         """A new pool's start: its creation and the consumer's waits for its first round."""
         engine.start_s += waited
@@ -1290,7 +1295,7 @@ class AutoIter:
         if decision is None:
             return
         if decision.no_gain:
-            short = measure.clock() - self._w_started < policy.NO_GAIN_WINDOW_S
+            short = measure.clock() - self._w_started < self._no_gain_hold(engine)
             if whole is None and not engine.first_window and short:
                 return  # a short tail after earlier windows: too little evidence
             if self._no_gain(engine, window) or self._stats.next_kind == "process":
