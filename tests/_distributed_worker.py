@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import torch.distributed as dist
 
@@ -44,15 +45,19 @@ def main(out_dir: str) -> None:
 
 def finish() -> None:
     """A rank's end, once its results are written: every rank reaches the barrier, then the
-    group is torn down. gloo's teardown has hung a rank past its work under load (torch 2.6,
-    a CI run on 2 cores: the other rank had ended, this one got its 180 s alarm): a rank whose
-    teardown takes over 30 s ends itself as the finished rank it is (the test checks the
-    results it wrote)."""
+    group is torn down. gloo's teardown has hung a rank past its work under load (torch 2.6 on
+    2 cores, two CI runs of about ten). It runs on a thread of its own: a rank whose teardown
+    takes over 30 s ends itself as the finished rank it is (the test checks the results it
+    wrote). (A Python SIGALRM handler, tried first, never ran: Python runs handlers between
+    bytecodes of the main thread, which was inside the teardown's C++.)"""
     dist.barrier()
-    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
-    signal.alarm(30)
-    dist.destroy_process_group()
     signal.alarm(0)
+    teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    teardown.start()
+    teardown.join(30)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def resumed(rank: int, world: int) -> dict:
