@@ -265,14 +265,17 @@ def test_an_iterable_dataset_keeps_one_count_per_epoch(quick, monkeypatch):
     assert counts[1] >= 1 and counts[2] == counts[1]
 
 
+def ticking_clock(monkeypatch):
+    """The loader's clock, each reading 1 s more than the last."""
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(_auto_measure, "clock", lambda: float(next(ticks)))
+
+
 @pytest.mark.parametrize("gil_bound, affordable", [(True, True), (False, True), (True, False)])
 def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
     quick, monkeypatch, gil_bound, affordable
 ):
-    ticks = iter(range(10**9))
-    monkeypatch.setattr(
-        _auto_measure, "clock", lambda: float(next(ticks))
-    )  # each reading: 1 s more
+    ticking_clock(monkeypatch)
     scripted(monkeypatch, [2])
     monkeypatch.setattr(_auto_policy, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
     # any measured slowdown of the threads' work reads as the GIL, or none does
@@ -293,10 +296,7 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
 def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_promise(
     quick, monkeypatch, keeps, resumed
 ):
-    ticks = iter(range(10**9))
-    monkeypatch.setattr(
-        _auto_measure, "clock", lambda: float(next(ticks))
-    )  # each reading: 1 s more
+    ticking_clock(monkeypatch)
     monkeypatch.setattr(
         _auto_measure, "cpu_clock", _auto_measure.clock
     )  # (work that holds its CPU)
@@ -338,15 +338,20 @@ def test_processes_on_trial_are_kept_only_if_faster():
 
 @pytest.mark.parametrize("slowed", [True, False])
 @pytest.mark.parametrize("uneven", [False, True])
+@pytest.mark.parametrize("loaded", [False, True])
 def test_threads_that_slow_the_consumers_step_make_way_for_processes(
-    quick, monkeypatch, slowed, uneven
+    quick, monkeypatch, slowed, uneven, loaded
 ):
     # 10 ms of work a batch and a 2 ms step beside the main process; beside 2 threads the step
     # takes 4 ms (they take the GIL from the consumer): the next epoch starts processes.
     # Uneven: a 30 ms step every 10th batch beside the main process and every 3rd beside the
     # threads (a window's phase): the steps' means (3.9 against 10.7 ms, or 12 ms slowed) tell
-    # nothing, their medians do.
+    # nothing, their medians do. Loaded: other processes keep 2 cores busy meanwhile, and the
+    # consumer's slower step may be theirs: no move.
     clock = fake_clock(monkeypatch)
+    if loaded:
+        monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
+        monkeypatch.setattr(_auto_measure, "loader_cpu", lambda pids: 0.0)
     scripted(monkeypatch, [2])
     monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
     monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
@@ -362,28 +367,8 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(
             clock.now += 0.028
     assert got == batches(tud.DataLoader(Ints(), batch_size=2))[0]
     assert it._stats.kind == "thread"
-    assert loader.stats()["auto"]["next_worker_type"] == ("process" if slowed else None)
-
-
-def test_the_gil_measures_do_not_read_windows_of_a_loaded_machine(quick, monkeypatch):
-    # As above (slowed), but other processes keep 2 cores busy meanwhile: the consumer's slower
-    # step may be theirs, not the threads': no move to processes.
-    clock = fake_clock(monkeypatch)
-    scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
-    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
-    monkeypatch.setattr(_auto_measure, "loader_cpu", lambda pids: 0.0)
-    loader = rloader.DataLoader(
-        Ints(clock=clock, cost=0.005), batch_size=2, num_workers="auto", worker_type="auto"
-    )
-    got, it = [], iter(loader)
-    for b in it:
-        got.append(b.tolist())
-        clock.now += 0.004 if it._stats.workers > 0 else 0.002
-    assert got == batches(tud.DataLoader(Ints(), batch_size=2))[0]
-    assert it._stats.kind == "thread"
-    assert loader.stats()["auto"]["next_worker_type"] is None
+    moved = slowed and not loaded
+    assert loader.stats()["auto"]["next_worker_type"] == ("process" if moved else None)
 
 
 def _record_init(worker_id):

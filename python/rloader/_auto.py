@@ -848,6 +848,7 @@ class AutoIter:
     def _window(self, engine: _Engine) -> policy.Window:
         """The current window's measurements (tests replace this)."""
         learned = self._learned
+        step = statistics.median(self._w_steps) if self._w_steps else None
         if engine.workers == 0:
             work, cpu = self._w_work, self._w_cpu
             if work > 0 and learned.kind is None:
@@ -855,23 +856,22 @@ class AutoIter:
             if self._w_batches:
                 learned.base_work = work / self._w_batches
                 learned.main_loop = (self._w_wait + self._w_user) / self._w_batches
-                if self._w_steps:
-                    learned.main_step = statistics.median(self._w_steps)
+                learned.main_step = step if step is not None else learned.main_step
         else:
-            now = _stages(engine.it._stats.as_dict())
-            work = sum(now[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s"))
+            stages = _stages(engine.it._stats.as_dict())
+            work = sum(
+                stages[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s")
+            )
             cpu = None if learned.cpu_share is None else learned.cpu_share * work
         now = measure.clock()
-        if engine.kind == "process" and now >= engine.memory_due:
-            engine.memory_due = now + measure.MEMORY_EVERY_S
-            measure.probe.request(measure.worker_pids(engine.it))  # read on the probe's thread
-        measured = (
-            measure.probe.latest(measure.worker_pids(engine.it))
-            if engine.kind == "process"
-            else None
-        )
-        if measured is not None:
-            learned.per_worker = max(learned.per_worker or 0, measured)
+        if engine.kind == "process":
+            pids = measure.worker_pids(engine.it)
+            if now >= engine.memory_due:
+                engine.memory_due = now + measure.MEMORY_EVERY_S
+                measure.probe.request(pids)  # read on the probe's thread
+            measured = measure.probe.latest(pids)
+            if measured is not None:
+                learned.per_worker = max(learned.per_worker or 0, measured)
         kind = engine.kind if engine.workers else self._kind()
         inflation = None
         busy = self._w_wait > policy.GROW_WAIT_SHARE * (self._w_wait + self._w_user)
@@ -883,8 +883,8 @@ class AutoIter:
         if threads and learned.base_work and self._w_batches and busy:
             inflation = work / self._w_batches / learned.base_work
             self._inflation = inflation
-        if threads and self._w_steps:
-            self._thread_step = statistics.median(self._w_steps)
+        if threads and step is not None:
+            self._thread_step = step
         return policy.Window(
             batches=self._w_batches,
             wait_s=self._w_wait,
@@ -912,7 +912,7 @@ class AutoIter:
             waited=learned.waited.get(kind),
             process_cores=(measure.cpu_clock() - self._w_process_cpu)
             / max(now - self._w_started, 1e-9),
-            step=statistics.median(self._w_steps) if self._w_steps else None,
+            step=step,
         )
 
     _inflation: Optional[float] = None  # the latest busy thread pool's (Window.inflation)
