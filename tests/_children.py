@@ -38,8 +38,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def worker_threads() -> list:
-    """The names of this process's rloader worker threads (``rloader-wN``) still running."""
+def thread_names(prefix: str = "") -> list:
+    """The names of this process's threads that begin with ``prefix``, Python's and Rust's
+    (``/proc``: the OS's names, 15 characters at most)."""
     names = []
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -47,9 +48,14 @@ def worker_threads() -> list:
                 name = f.read().strip()
         except OSError:
             continue  # a thread that ended meanwhile
-        if name.startswith("rloader-w"):
+        if name.startswith(prefix):
             names.append(name)
     return names
+
+
+def worker_threads() -> list:
+    """The names of this process's rloader worker threads (``rloader-wN``) still running."""
+    return thread_names("rloader-w")
 
 
 def no_worker_threads_within(seconds: float = 10) -> bool:

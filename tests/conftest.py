@@ -29,8 +29,11 @@ def engine(request) -> Engine:
 @pytest.fixture
 def quick(monkeypatch):
     """num_workers="auto" decides after every MIN_WINDOW batches, whatever the wall time (from
-    the first), on 4 cores."""
+    the first), on 4 cores; worker_type="auto" starts threads first (the GIL probe, which reads
+    the wall time, gives no verdict: the tests that check it use the real one)."""
     monkeypatch.setattr(_auto_policy, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(_auto_policy, "GIL_PROBE_S", float("inf"))
+    monkeypatch.setattr(_auto_policy, "GIL_PROBE_WAIT_S", 0.0)  # (no window waits for it)
     monkeypatch.setattr(_auto_policy, "LONG_STEPS", 0)
     monkeypatch.setattr(_auto_policy, "STEADY_GROWTH", 1)
     monkeypatch.setattr(_auto_policy, "MAIN_WARM_BATCHES", 0)

@@ -54,6 +54,8 @@ import torch.utils.data as tud
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _children import thread_names  # noqa: E402
+
 import rloader  # noqa: E402
 from rloader import _cuda_host, _pin_policy  # noqa: E402
 
@@ -140,17 +142,6 @@ def children() -> set[int]:
         except OSError:
             pass
     return out
-
-
-def thread_names() -> list[str]:
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            pass  # ended meanwhile
-    return names
 
 
 def shared_mappings() -> int:

@@ -7,12 +7,15 @@ The batches are checked against fixed loaders, which are the oracle (torch's for
 does).
 """
 
+import gc
 import os
 import pickle
+import time
 
 import pytest
 import torch
 import torch.utils.data as tud
+from _children import thread_names
 
 import rloader
 from rloader import _auto, _auto_measure, _auto_policy, _process_pool, _rloader
@@ -1212,3 +1215,139 @@ def test_the_memory_probe_reads_a_few_workers_spread_over_a_large_pool():
     assert _auto_measure.sampled([7, 8]) == [7, 8]
     assert _auto_measure.sampled(list(range(16))) == [0, 5, 10, 15]
     assert len(_auto_measure.sampled(list(range(5)))) == _auto_measure.PROBED_WORKERS
+
+
+class PurePython(tud.Dataset):
+    """About 0.2 ms of pure Python a sample: loading that holds the GIL."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        total = 0
+        for k in range(3000):
+            total += k * i
+        return total % 997
+
+
+def probed(load, seconds=0.05):
+    """The real GIL probe's ``share()`` over ``seconds`` of ``load()`` calls."""
+    probe = _rloader.GilProbe(_auto_policy.GIL_PROBE_PERIOD_S)
+    try:
+        while probe.share()[2] < seconds:
+            probe.loading(True)
+            try:
+                load()
+            finally:
+                probe.loading(False)
+        return probe.share()
+    finally:
+        probe.stop()
+
+
+def test_the_gil_probe_tells_loading_that_holds_the_gil_from_loading_that_lets_it_go():
+    # A second thread could not take the GIL through pure Python (it is given up only at the
+    # switch interval) and took it at once through sleeps. (Loosely: on a busy machine the main
+    # process waits for a core after each hand-over, and the probe takes the GIL meanwhile:
+    # pure Python read 0.90-0.99 beside 3 busy processes on 2 cores, 1.00 alone.)
+    dataset = PurePython(8)
+    blocked, observed, _ = probed(lambda: [dataset[i] for i in range(8)])
+    assert 0.5 * observed < blocked <= observed
+    blocked, observed, _ = probed(lambda: time.sleep(0.001))
+    assert blocked < 0.2 * observed
+
+
+def test_probed_kind():
+    kind = _auto_policy.probed_kind
+    assert kind(0.8, 1.0, _auto_policy.GIL_PROBE_S) == "process"
+    assert kind(0.79, 1.0, 1.0) is None  # a second thread could run Python for a fifth of it
+    assert kind(1.0, 1.0, 0.5 * _auto_policy.GIL_PROBE_S) is None  # too little probed
+
+
+def probe_threads():
+    """This process's threads named as the GIL probe's."""
+    return thread_names("rloader-gil")
+
+
+class ScriptedProbe:
+    """A GIL probe that reads ``blocked`` of its time blocked, over 1 ms of loading a batch."""
+
+    def __init__(self, blocked):
+        self.blocked, self.loading_s, self.stopped = blocked, 0.0, False
+
+    def loading(self, loading):
+        assert not self.stopped
+        self.loading_s += 0.001 if loading else 0.0
+
+    def share(self):
+        return self.blocked * self.loading_s, self.loading_s, self.loading_s
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("holds_gil", [True, False])
+def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil(monkeypatch, holds_gil):
+    # The main process's loading probed (here a scripted probe): loading that holds the GIL
+    # goes to processes without a trial of threads (which would take turns on it); loading
+    # that lets it go, to threads first. The batches are torch's.
+    probes = []
+
+    def probe(period_s):
+        probes.append(ScriptedProbe(0.95 if holds_gil else 0.05))
+        return probes[-1]
+
+    monkeypatch.setattr(_auto._rloader, "GilProbe", probe)
+    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: None)  # (the machine's load)
+    monkeypatch.setattr(_auto_measure, "usable_cores", lambda: 2)
+    # (a short epoch wins a process's start back)
+    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-4)
+    dataset = PurePython(400)
+    loader = rloader.DataLoader(dataset, batch_size=4, num_workers="auto", worker_type="auto")
+    expected = [b.tolist() for b in tud.DataLoader(dataset, batch_size=4)]
+    decisions = []
+    for _ in range(2):
+        assert [b.tolist() for b in loader] == expected
+        assert all(p.stopped for p in probes)  # (a pool started, or the epoch ended)
+        decisions += loader.stats()["auto"]["decisions"]
+    auto = loader.stats()["auto"]
+    kinds = [d["worker_type"] for d in decisions]
+    pools = [d for d in decisions if d["worker_type"] != "main"]
+    assert probes and pools, kinds
+    assert auto["gil_blocked"] == pytest.approx(0.95 if holds_gil else 0.05)
+    assert auto["gil_probed_s"] >= _auto_policy.GIL_PROBE_S
+    if holds_gil:
+        assert {d["worker_type"] for d in pools} == {"process"}, kinds
+        assert "could not take the GIL in 95% of the loading" in pools[0]["reason"]
+    else:
+        assert pools[0]["worker_type"] == "thread", kinds
+
+
+def test_an_iterator_dropped_while_probing_ends_the_probes_thread(monkeypatch):
+    monkeypatch.setattr(_auto_policy, "GIL_PROBE_S", float("inf"))  # (it goes on probing)
+    loader = rloader.DataLoader(
+        PurePython(400), batch_size=4, num_workers="auto", worker_type="auto"
+    )
+    it = iter(loader)
+    next(it)
+    assert it._probe is not None
+    # (a thread names itself once it runs)
+    assert until(lambda: probe_threads() == ["rloader-gil-pro"]), probe_threads()
+    del it
+    gc.collect()
+    # (its thread, told to end, ends at its next wake)
+    assert until(lambda: probe_threads() == []), probe_threads()
+
+
+def until(condition, seconds=30.0):
+    """Whether ``condition()`` held within ``seconds`` (checked every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

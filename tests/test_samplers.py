@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
 import pickle
 
 import pytest
 import torch
 import torch.utils.data as tud
+from _children import thread_names
 
 import rloader
 from rloader import (
@@ -459,14 +459,7 @@ def test_rloader_samplers_work_in_torchs_dataloader():
 
 def _indices_threads() -> int:
     # The thread is Rust's, not Python's: count it through /proc.
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            pass
-    return names.count("rloader-indices")
+    return thread_names().count("rloader-indices")
 
 
 def test_weighted_draws_ahead_on_a_thread_that_goes_with_the_iterator():

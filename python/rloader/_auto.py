@@ -86,7 +86,14 @@ change.
   and the consumer's waits for its first round), per kind; before a measurement it is
   estimated (``start_cost``: ``PROCESS_START_S`` plus ``PROCESS_START_PER_GIB`` per GiB of
   this process's RSS, which fork's page tables grow with; ``THREAD_START_S``).
-- Kind (``worker_type="auto"``): threads first (they start at once). A busy thread pool's work
+- Kind (``worker_type="auto"``): the main process's loading is probed first (``GilProbe``,
+  rloader-workers' gil_probe.rs: a thread that asks for the GIL while the main process loads
+  and times its waits; ``_probe_gil``): loading in which a second thread could not take the
+  GIL (``GIL_HELD`` of the probe's time, over ``GIL_PROBE_S`` of loading, read at a quiet
+  window) starts processes; the window that would start the first pool goes on up to
+  ``GIL_PROBE_WAIT_S`` for that much loading. The probe stops before any pool starts (its
+  thread is not forked into workers) and at the epoch's end. Else threads first (they start
+  at once; the probe does not see the cost of the GIL's hand-overs). A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number, the
   next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool short of
@@ -208,6 +215,10 @@ class Learned:
         # (the threads' number, their epoch's loop per batch); and whether one was made
         self.trial: Optional[tuple] = None
         self.tried = False
+        # worker_type="auto": the GIL probe's (seconds blocked, its seconds observed, seconds of
+        # loading) in the main process (``AutoIter._probe_gil``), while the kind was undecided
+        self.gil: Optional[tuple] = None
+        self.kind_why: Optional[str] = None  # why the probe chose processes (for the first pool)
 
 
 def learned_of(loader) -> Learned:
@@ -363,6 +374,7 @@ class AutoStats:
         self.prefetch: Optional[int] = None  # the pools' prefetch_factor
         self.next_kind: Optional[str] = None  # set when the next epoch changes the kind
         self.next_workers: Optional[int] = None  # a pool the next epoch starts on (deferred)
+        self.gil: Optional[tuple] = None  # Learned.gil
 
     def as_dict(self) -> dict:
         out = self.own.as_dict()
@@ -378,6 +390,10 @@ class AutoStats:
             prefetch_factor=self.prefetch,
             next_worker_type=self.next_kind,
             next_num_workers=self.next_workers,
+            # (the share of the main process's loading in which a second thread could not take
+            # the GIL, and the seconds probed; None: not probed)
+            gil_blocked=None if self.gil is None else round(self.gil[0] / self.gil[1], 4),
+            gil_probed_s=None if self.gil is None else round(self.gil[2], 6),
             decisions=[dict(d) for d in self.decisions],
         )
         return out
@@ -392,9 +408,10 @@ class AutoStats:
 
 
 def next_kind(worker_type: str, learned: Learned) -> str:
-    """The kind of a loader's next pool: the user's, the one auto chose, or threads first (they
-    start at once, and the work's CPU share in the main process does not say whether it holds
-    the GIL; a thread pool measures that: ``AutoIter._gil_check``)."""
+    """The kind of a loader's next pool: the user's, the one auto chose (processes where the
+    GIL probe found the main process's loading holding the GIL: ``AutoIter._probe_gil``), or
+    threads first (they start at once; a thread pool measures what the probe cannot: the
+    GIL's hand-overs, ``AutoIter._gil_check``)."""
     if worker_type != AUTO:
         return worker_type
     return learned.kind if learned.kind is not None else "thread"
@@ -496,6 +513,8 @@ class AutoIter:
         self._cores = measure.usable_cores()
         self._budget = measure.memory_budget()
         self._stats = AutoStats()
+        self._stats.gil = self._learned.gil
+        self._probe: Optional[Any] = None  # the GIL probe (``_probe_gil``), while it runs
         self._engines: list = []  # in hand-out order; the last draws the keys
         self._taken_done = 0  # batches handed out by engines that have ended
         self._finished = False
@@ -551,6 +570,7 @@ class AutoIter:
 
     def _shutdown_workers(self) -> None:
         self._closed = True
+        self._stop_probe()
         engines, self._engines = self._engines, []
         for engine in engines:
             engine.stop()
@@ -645,6 +665,8 @@ class AutoIter:
         of the stream; the current one draws nothing more and hands out what it has (NOTE
         [Auto workers])."""
         loader = self._loader
+        if workers > 0:
+            self._stop_probe()  # (its thread is not forked into the workers)
         if self._engines and self._engines[-1].segment is not None:
             self._engines[-1].segment.close()
         segment = None if self._iterable else self._source.segment()
@@ -686,6 +708,8 @@ class AutoIter:
             self._learned.kind = kind  # chosen once: it never changes within an epoch
         self._stats.workers, self._stats.kind = workers, kind
         self._stats.prefetch = engine.prefetch or None
+        if kind == "process" and self._learned.kind_why is not None:
+            why, self._learned.kind_why = f"{why}; processes: {self._learned.kind_why}", None
         self._record(workers, kind, why, window)
         self._w_scale = 1
         self._window_reset()
@@ -872,13 +896,17 @@ class AutoIter:
             measured = measure.probe.latest(pids)
             if measured is not None:
                 learned.per_worker = max(learned.per_worker or 0, measured)
+        others = self._others(engine)
+        # (the GIL measures read only windows the machine's load left alone: other processes'
+        # work slows the threads' and the consumer's as taking turns on the GIL would, and
+        # deschedules the main process holding the GIL, which the probe reads as held: token
+        # windows 0.05 alone, 0.26-0.73 beside 3 busy processes on 2 cores)
+        quiet = others is None or others < policy.OTHERS_MAX
+        if engine.workers == 0 and quiet:
+            self._probe_gil()
         kind = engine.kind if engine.workers else self._kind()
         inflation = None
         busy = self._w_wait > policy.GROW_WAIT_SHARE * (self._w_wait + self._w_user)
-        others = self._others(engine)
-        # (the GIL measures read only windows the machine's load left alone: other processes'
-        # work slows the threads' and the consumer's as taking turns on the GIL would)
-        quiet = others is None or others < policy.OTHERS_MAX
         threads = kind == "thread" and engine.workers and quiet
         if threads and learned.base_work and self._w_batches and busy:
             inflation = work / self._w_batches / learned.base_work
@@ -1108,6 +1136,8 @@ class AutoIter:
         if self._prefetch_auto and self._tune_prefetch(engine, window):
             return
         decision = policy.decide(window)
+        if decision is not None and decision.workers and self._probe_short(engine, now):
+            return  # the window goes on: the pool's kind is chosen by the GIL probe
         hold = self._no_gain_hold(engine)
         if decision is not None and decision.no_gain and now - self._w_started < hold:
             self._w_hold_s = hold  # the window goes on: a pool judged no faster
@@ -1147,6 +1177,68 @@ class AutoIter:
             learned.waited[engine.kind] = (engine.workers, window.work_s / window.user_s)
         learned.direction, learned.idle_shrink = direction, decision.idle
         self._switch(decision.workers, decision.reason, window)
+
+    # -- the GIL probe (worker_type="auto") -----------------------------------------------
+
+    _probe_from: tuple = (0.0, 0.0, 0.0)  # Learned.gil when this iterator's probe started
+
+    def _start_probe(self) -> Optional[Any]:
+        """The GIL probe of the main process's loading (``GilProbe``, rloader-workers), started
+        at its first batch: under ``worker_type="auto"`` while the kind is undecided."""
+        if self._probe is None and self._kind_fixed is None and self._learned.kind is None:
+            self._probe_from = self._learned.gil or (0.0, 0.0, 0.0)
+            self._probe = _rloader.GilProbe(policy.GIL_PROBE_PERIOD_S)
+        return self._probe
+
+    def _read_probe(self) -> Optional[tuple]:
+        """The probe's (seconds blocked, its seconds observed, seconds of loading), with those
+        of earlier epochs' probes (``Learned.gil``)."""
+        if self._probe is None:
+            return None
+        now = self._probe.share()
+        if now[1] <= 0:
+            return None
+        gil = tuple(a + b for a, b in zip(self._probe_from, now))
+        self._learned.gil = self._stats.gil = gil
+        return gil
+
+    def _probe_gil(self) -> None:
+        """At the main process's windows: where a second thread could not have taken the GIL
+        through the loading (``probed_kind``), the first pool is one of processes (if the budget
+        holds one), without a trial of threads that would take turns on it."""
+        if self._kind_fixed is not None or self._learned.kind is not None:
+            return
+        gil = self._read_probe() or self._learned.gil  # (the epoch's last window: stopped)
+        if gil is None or policy.probed_kind(*gil) is None:
+            return
+        if self._per_worker("process") > self._budget:
+            return
+        why = "a second thread could not take the GIL in %.0f%% of the loading" % (
+            100 * gil[0] / gil[1]
+        )
+        self._learned.kind, self._learned.kind_why = "process", why
+        log.debug("rloader auto: %s (%.3f s probed)", why, gil[2])
+        self._stop_probe()
+
+    def _probe_short(self, engine: _Engine, now: float) -> bool:
+        """Whether the main process's window that starts a pool goes on until the GIL probe has
+        read ``GIL_PROBE_S`` of loading, for at most ``GIL_PROBE_WAIT_S`` (on a busy machine a
+        window's 50 ms held 9 ms of pure-Python loading)"""
+        if engine.workers or self._probe is None or self._learned.kind is not None:
+            return False
+        gil = self._learned.gil
+        if gil is not None and gil[2] >= policy.GIL_PROBE_S:
+            return False
+        if now - self._w_started >= policy.GIL_PROBE_WAIT_S:
+            return False
+        self._w_hold_s = now - self._w_started + policy.GIL_PROBE_S  # (looked at again then)
+        return True
+
+    def _stop_probe(self) -> None:
+        if self._probe is not None:
+            self._read_probe()
+            self._probe.stop()
+            self._probe = None
 
     # -- handing out ----------------------------------------------------------------------
 
@@ -1192,8 +1284,11 @@ class AutoIter:
                 self._w_user += measure.clock() - decided
             engine = self._engines[0]
             in_process = engine.workers == 0
+            probe = self._start_probe() if in_process else None
             if in_process:
                 cpu0 = measure.cpu_clock()
+            if probe is not None:
+                probe.loading(True)
             wall0 = measure.clock()
             try:
                 # (only this is the consumer's wait for data to a decision: this iterator's own
@@ -1207,6 +1302,8 @@ class AutoIter:
                 raise
             finally:
                 waited = measure.clock() - wall0
+                if probe is not None:
+                    probe.loading(False)
                 self._w_wait += waited
                 self._e_wait += waited
                 if in_process:
@@ -1372,6 +1469,7 @@ class AutoIter:
 
     def _end_epoch(self) -> None:
         self._finished = True
+        self._stop_probe()
         learned = self._learned
         first_end = not self._finished_before
         if not self._finished_before:

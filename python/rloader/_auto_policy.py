@@ -31,6 +31,17 @@ GIL_CORES = 1.4  # threads whose process used more than this many cores over a w
 # 1.06, token windows from a memmap 1.25-1.33, tensor pairs 1.55-1.88), and short of their
 # promise only by what processes would be short of too (a first epoch's fresh memory): they
 # make way only if no faster than the main process
+GIL_HELD = 0.8  # worker_type="auto": loading in the main process during which a second thread
+# could not take the GIL for more than this share of its time (``GilProbe``, rloader-workers)
+# starts processes, not threads: threads would take turns (pure Python 1.00, pure Python beside
+# 1 ms steps 0.89-1.00; tensor pairs 0.20-0.23, token windows from a memmap 0.05-0.07, JPEG
+# decoding 0.01-0.03, uint8 arrays 0.01, 1 ms sleeps 0.00; the GIL given up and taken back at
+# once counts as free: token windows' threads are slower for their hand-overs, which a thread
+# pool measures)
+GIL_PROBE_S = 0.02  # ... a verdict needs this much loading probed (4 switch intervals)
+GIL_PROBE_WAIT_S = 0.2  # ... for which the main process's window that would start the first pool
+# goes on, up to this long
+GIL_PROBE_PERIOD_S = 0.0002  # the probe asks for the GIL this long after it last had it
 THREADS_PER_CORE = 16  # threads that mostly wait: at most this many per usable core
 PROCESSES_PER_CORE = 4  # ... processes
 WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time mostly waits
@@ -314,3 +325,12 @@ def decide_prefetch(w: Window) -> Optional[tuple]:
             f"the consumer waits though {w.workers} workers keep up on average ({numbers})",
         )
     return None
+
+
+def probed_kind(blocked_s: float, observed_s: float, loading_s: float) -> Optional[str]:
+    """The first pool's kind from the GIL probe (``GIL_HELD``): "process" where a second thread
+    could not have run Python through the loading (the probe blocked for that share of its own
+    time, ``observed_s``, over ``GIL_PROBE_S`` of loading), else None (threads first, measured)."""
+    if loading_s < GIL_PROBE_S or blocked_s < GIL_HELD * observed_s:
+        return None
+    return "process"

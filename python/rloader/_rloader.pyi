@@ -38,6 +38,7 @@ __all__ = [
     "ThreadIter",
     "Reporter",
     "Stats",
+    "GilProbe",
     "SlotView",
     "Lease",
     "PooledView",
@@ -431,6 +432,15 @@ class Stats:
     def next_called(self) -> None: ...
     def next_returned(self, batch: bool) -> None: ...
     def clear(self) -> None: ...
+
+@final
+class GilProbe:
+    """How much of the main process's loading a second thread could not take the GIL."""
+
+    def __new__(cls, period_s: float) -> GilProbe: ...
+    def loading(self, loading: bool) -> None: ...
+    def share(self) -> tuple[float, float, float]: ...
+    def stop(self) -> None: ...
 
 @final
 class Reporter:

@@ -34,6 +34,7 @@ use pyo3::prelude::*;
 mod collate;
 mod errors;
 mod fetch;
+mod gil_probe;
 mod handout;
 mod memory;
 mod process;
@@ -76,6 +77,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<threads::ThreadIter>()?;
     m.add_class::<threads::Reporter>()?;
     m.add_class::<stats::Stats>()?;
+    m.add_class::<gil_probe::GilProbe>()?;
     m.add_class::<memory::SlotView>()?;
     m.add_class::<memory::Lease>()?;
     m.add_class::<memory::PooledView>()?;

@@ -14,12 +14,15 @@
 //!   the device has read them (NOTE [Pinned slots]);
 //! - [`times`]: each worker's fetch and collate time, summed in the region for the main
 //!   process's `DataLoader.stats()`;
+//! - [`gil_probe`]: how often the main process's loading holds the GIL, sampled from a thread
+//!   of its own (`worker_type="auto"` chooses its first pool's kind by it);
 //! - [`parent`]: a worker watching its main process, so that it never outlives it;
 //! - [`PoolError`]: what can go wrong, which the binding crate maps to Python exceptions.
 //!
 //! The hand-off itself (rings and doorbell in shared memory) is `rloader-queue`'s.
 
 mod error;
+pub mod gil_probe;
 pub mod handouts;
 pub mod layout;
 pub mod parent;
