@@ -651,6 +651,15 @@ def test_decide():
     # ... unless other processes kept the machine busy meanwhile: then the low CPU share may
     # be this process's descheduling
     assert _auto_policy.decide(io._replace(others=1.0)).workers == 2
+    # ... and a thread pool's own CPU use, measured, bounds it rather than the main process's
+    # share (30 threads of 1 ms sleeps kept 0.15-0.28 of 2 cores busy; the main process's
+    # share, 0.067, allowed 29)
+    sleeps = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.067, kind="thread", cores=2)
+    assert _auto_policy.worker_cap(sleeps) == 29
+    pool = sleeps._replace(workers=29, wait_s=0.1, work_s=3.0, cpu_s=0.201)
+    assert _auto_policy.decide(pool) is None  # (at the cap)
+    assert _auto_policy.decide(pool._replace(process_cores=0.2)).workers == 32
+    assert _auto_policy.decide(pool._replace(process_cores=2.0)) is None  # (its cores are busy)
 
 
 def test_decide_prefetch():

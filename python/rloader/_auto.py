@@ -1287,13 +1287,11 @@ class AutoIter:
             probe = self._start_probe() if in_process else None
             if in_process:
                 cpu0 = measure.cpu_clock()
-            if probe is not None:
-                probe.loading(True)
             wall0 = measure.clock()
             try:
                 # (only this is the consumer's wait for data to a decision: this iterator's own
                 # bookkeeping, a switch, a retired pool's stop are not what a pool can change)
-                batch = engine.next()
+                batch = self._probed_next(engine, probe)
             except StopIteration:
                 if len(self._engines) > 1 or (engine.segment is not None and engine.segment.closed):
                     self._retire(engine)
@@ -1302,8 +1300,6 @@ class AutoIter:
                 raise
             finally:
                 waited = measure.clock() - wall0
-                if probe is not None:
-                    probe.loading(False)
                 self._w_wait += waited
                 self._e_wait += waited
                 if in_process:
@@ -1312,6 +1308,17 @@ class AutoIter:
                 elif engine.start_s is not None:
                     self._measure_start(engine, waited)
             return batch
+
+    @staticmethod
+    def _probed_next(engine: _Engine, probe: Optional[Any]):
+        """``engine``'s next batch, loaded under the GIL probe (if one runs)."""
+        if probe is None:
+            return engine.next()
+        probe.loading(True)
+        try:
+            return engine.next()
+        finally:
+            probe.loading(False)
 
     def _tune_prefetch(self, engine: _Engine, window: policy.Window) -> bool:
         """``prefetch_factor="auto"``: changes the pool's batches in flight per worker where

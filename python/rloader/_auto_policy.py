@@ -150,6 +150,12 @@ def worker_cap(w: Window) -> int:
         # needing its cores)
         per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
         cores = max(cores, int(cores / max(share, 1.0 / per_core)))
+        if w.kind == "thread" and w.workers and w.process_cores is not None:
+            # a thread pool's own CPU use, measured (with the consumer's), over the main
+            # process's share: 30 threads of 1 ms sleeps kept 0.15-0.28 of 2 cores busy, where
+            # the main process's share, 0.067, allowed 29
+            per_thread = w.process_cores / w.workers
+            cores = max(cores, int(w.cores / max(per_thread, 1.0 / per_core)))
     elif w.kind == "thread":
         cores = max(cores, w.workers)
     by_memory = w.budget // max(w.per_worker, 1)
