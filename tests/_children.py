@@ -16,9 +16,17 @@ import time
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_script(code: str, timeout: float = 150, **kwargs) -> subprocess.CompletedProcess:
+def run_script(
+    code: str, timeout: float = 150, own_tmp: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
     """`code` (dedented) run by a fresh interpreter from tests/, so that it imports the shared
-    modules (`from _datasets import Squares`) and pickles their classes by name."""
+    modules (`from _datasets import Squares`) and pickles their classes by name. `own_tmp`: its
+    TMPDIR is a directory of its own, removed after (torch's killed workers leave their
+    multiprocessing temp dirs, pymp-*, behind)."""
+    if own_tmp:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**kwargs.pop("env", os.environ), "TMPDIR": tmp}
+            return run_script(code, timeout, env=env, **kwargs)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,

@@ -326,9 +326,8 @@ def death(lib, how):
     own troubles must not take the suite down with them."""
     if lib is tud:
         import json
-        import subprocess
-        import sys
-        import tempfile
+
+        from _children import run_script
 
         script = DEATH_IN_A_CHILD.format(how=how)
         # torch itself races here: its SIGCHLD handler may notice the death first and raise
@@ -342,17 +341,7 @@ def death(lib, how):
         # its own: asked again too.
         theirs = None
         for _ in range(5):
-            # torch's dying workers leave their multiprocessing temp dirs (pymp-*) behind:
-            # in a directory of this test's, removed after.
-            with tempfile.TemporaryDirectory() as tmp:
-                done = subprocess.run(
-                    [sys.executable, "-c", script],
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    cwd=os.path.dirname(__file__),
-                    env={**os.environ, "TMPDIR": tmp},
-                )
+            done = run_script(script, timeout=120, own_tmp=True)
             if done.returncode != 0 and "'profiler._record_function_exit'" in done.stderr:
                 continue
             assert done.returncode == 0, done.stderr

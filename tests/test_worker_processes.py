@@ -188,21 +188,8 @@ signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 
 
 def run_ignoring_sigchld(body: str) -> str:
-    import subprocess
-    import sys
-    import tempfile
-
     script = IGNORED_SIGCHLD.format(tests=os.path.dirname(__file__), body=body)
-    # (torch's killed workers leave their multiprocessing temp dirs, pymp-*, behind: in a
-    # directory of this test's, removed after)
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "TMPDIR": tmp},
-        )
+    done = run_script(script, timeout=120, own_tmp=True)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

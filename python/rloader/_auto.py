@@ -1052,6 +1052,9 @@ class AutoIter:
         )
         if loop * policy.TRIAL_EFFICIENCY <= ideal:
             return  # the threads reach their promise
+        start = engine.workers * self._start_cost("process")
+        if not policy.trial_worth(loop, ideal, self._epoch_batches(), self._persistent, start):
+            return  # their shortfall would not pay for the processes' start
         learned.trial = (engine.workers, loop)
         learned.kind, learned.workers = "process", engine.workers  # (as many: side by side)
         self._stats.next_kind, self._stats.next_workers = "process", engine.workers

@@ -333,6 +333,21 @@ def decide_prefetch(w: Window) -> Optional[tuple]:
     return None
 
 
+def trial_worth(
+    loop: float, ideal: float, epoch_batches: Optional[int], persistent: bool, start_s: float
+) -> bool:
+    """Whether a thread pool short of its promise (its ``loop`` per batch against ``ideal``)
+    is worth a trial of as many processes (``AutoIter._kind_trial``): the most they could win
+    over the threads is the threads' shortfall (not all the main process's work, which the
+    threads already spread), over an epoch or ``PAYBACK_EPOCHS`` with persistent workers,
+    against starting them (``start_s``, all of them). Tensor pairs: 2 threads 1.8-2.0M samples
+    a second against 2.0M promised, 20 ms to win over 4 epochs, where the trial's fresh
+    processes of a 1.6 GiB process ran 0.3-0.45M for two epochs; JPEG decoding: 2 threads 1.76x
+    the main process against 2x promised, 0.7 s to win."""
+    shortfall = (loop - ideal / TRIAL_EFFICIENCY) * (epoch_batches or 0)
+    return shortfall * (PAYBACK_EPOCHS if persistent else 1) >= start_s
+
+
 def probed_kind(blocked_s: float, observed_s: float, loading_s: float) -> Optional[str]:
     """The first pool's kind from the GIL probe (``GIL_HELD``): "process" where a second thread
     could not have run Python through the loading (the probe blocked for that share of its own
