@@ -605,6 +605,15 @@ def test_decide():
     )._replace(first_epoch=False, epoch_batches=128, persistent=True, start_s=0.117)
     assert _auto_policy.decide(uint8) is None
     assert _auto_policy.decide(uint8._replace(epoch_batches=10_000)).workers == 2
+    # ... unless the budget holds fewer workers than the cores would carry only by the
+    # estimate of a worker's memory (the main process's RSS), and the pool the cores would
+    # carry wins its start back: one worker starts, to measure
+    sleeps = window(
+        wait_s=0.34, user_s=0.0, work_s=0.34, cpu_s=0.024, batches=10, cores=2, remaining=100
+    )._replace(first_epoch=False, epoch_batches=128, persistent=True, start_s=0.045)
+    estimated = sleeps._replace(budget=579 << 20, per_worker=500 << 20, memory_measured=False)
+    assert _auto_policy.decide(estimated).workers == 1
+    assert _auto_policy.decide(estimated._replace(memory_measured=True)) is None
     # ... where the consumer's own step is longer than the work, 1 worker saves all the wait
     # (2.5 ms a batch; 100 batches left: 250 ms against a 15 ms start)
     step = window(wait_s=0.025, user_s=0.04, work_s=0.025, remaining=100, start_s=0.015)

@@ -938,6 +938,7 @@ class AutoIter:
             batch_bytes=self._batch_bytes,
             pool_batches=engine.lived + engine.handed if engine.workers else None,
             waited=learned.waited.get(kind),
+            memory_measured=kind != "process" or learned.per_worker is not None,
             process_cores=(measure.cpu_clock() - self._w_process_cpu)
             / max(now - self._w_started, 1e-9),
             step=step,

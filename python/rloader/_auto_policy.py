@@ -129,6 +129,7 @@ class Window(NamedTuple):
     process_cores: Optional[float] = None  # this process's CPU time over the window's wall time
     step: Optional[float] = None  # the consumer's median step between next() calls
     waited: Optional[tuple] = None  # (workers, work / user) where a pool of this kind grew
+    memory_measured: bool = True  # per_worker is a worker's measured PSS, not an estimate
 
 
 class Decision(NamedTuple):
@@ -192,6 +193,23 @@ def saved_per_batch(w: Window, workers: int) -> float:
     to 1 worker saves all its wait)."""
     wait, user, work, _ = per_batch(w)
     return max(0.0, wait - max(0.0, work / max(workers, 1) - user))
+
+
+def _measures_memory(w: Window, cost: float) -> bool:
+    """Whether a pool that would not pay for itself is started all the same, to measure a
+    worker's memory: the budget holds fewer workers than the cores would carry only by the
+    estimate (this process's RSS per worker; a worker's PSS is often far less), and the pool
+    the cores would carry wins its start back (the budget row: 1 ms sleeps, a 579 MiB budget
+    against a 0.5 GiB RSS allowed 1 worker, which saves nothing without a consumer's step;
+    measured, a worker took 150 MiB, and 2-3 fit)."""
+    if w.memory_measured or w.kind != "process" or not w.epoch_batches:
+        return False
+    by_memory = w.budget // max(w.per_worker, 1)
+    cores = worker_cap(w._replace(budget=1 << 62))
+    if by_memory >= cores:
+        return False
+    whole = w.epoch_batches * saved_per_batch(w, cores)
+    return whole * (PAYBACK_EPOCHS if w.persistent else 1) >= cores * cost
 
 
 def decide(w: Window) -> Optional[Decision]:
@@ -288,7 +306,7 @@ def decide(w: Window) -> Optional[Decision]:
             return None
         if target <= w.workers:
             return None
-        if not w.first_epoch and w.epoch_batches and not pays:
+        if not w.first_epoch and w.epoch_batches and not pays and not _measures_memory(w, cost):
             # a pool started in a later epoch pays its start as well (uint8 arrays: 128
             # batches of 0.43 ms an epoch in the main process; 2 processes, whose start a
             # 1.7 GiB process puts at 0.23 s, would save 27 ms an epoch, and ran 45-67k samples
