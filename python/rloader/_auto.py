@@ -374,7 +374,7 @@ class AutoStats:
         self.prefetch: Optional[int] = None  # the pools' prefetch_factor
         self.next_kind: Optional[str] = None  # set when the next epoch changes the kind
         self.next_workers: Optional[int] = None  # a pool the next epoch starts on (deferred)
-        self.gil: Optional[tuple] = None  # Learned.gil
+        self.learned: Optional[Learned] = None  # its loader's (the GIL probe's figures)
 
     def as_dict(self) -> dict:
         out = self.own.as_dict()
@@ -384,6 +384,7 @@ class AutoStats:
             for k in _STAGES:
                 totals[k] += now[k] - engine.stages[k]
         out.update(totals)
+        gil = self.learned.gil if self.learned is not None else None
         out["auto"] = dict(
             num_workers=self.workers,
             worker_type=self.kind,
@@ -392,8 +393,8 @@ class AutoStats:
             next_num_workers=self.next_workers,
             # (the share of the main process's loading in which a second thread could not take
             # the GIL, and the seconds probed; None: not probed)
-            gil_blocked=None if self.gil is None else round(self.gil[0] / self.gil[1], 4),
-            gil_probed_s=None if self.gil is None else round(self.gil[2], 6),
+            gil_blocked=None if gil is None else round(gil[0] / gil[1], 4),
+            gil_probed_s=None if gil is None else round(gil[2], 6),
             decisions=[dict(d) for d in self.decisions],
         )
         return out
@@ -513,7 +514,7 @@ class AutoIter:
         self._cores = measure.usable_cores()
         self._budget = measure.memory_budget()
         self._stats = AutoStats()
-        self._stats.gil = self._learned.gil
+        self._stats.learned = self._learned
         self._probe: Optional[Any] = None  # the GIL probe (``_probe_gil``), while it runs
         self._engines: list = []  # in hand-out order; the last draws the keys
         self._taken_done = 0  # batches handed out by engines that have ended
@@ -1203,7 +1204,7 @@ class AutoIter:
         if now[1] <= 0:
             return None
         gil = tuple(a + b for a, b in zip(self._probe_from, now))
-        self._learned.gil = self._stats.gil = gil
+        self._learned.gil = gil
         return gil
 
     def _probe_gil(self) -> None:
