@@ -204,7 +204,7 @@ class PoolViews(tud.Dataset):
 
 class PoolTensors(PoolViews):
     """PoolViews' samples as tensors over a pool of 32, of `shape` and `dtype`, with batches of
-    64 over the 4 MiB from which unpinned tensor batches are stacked into recycled memory: by
+    64 over the 1 MiB from which unpinned tensor batches are stacked into recycled memory: by
     default float32 [3, 100, 100] items, under torch's grain (32768 elements: items the
     single-process loop's stack helpers split); uint8 [3, 160, 160] ones torch copies on its
     own threads."""

@@ -26,8 +26,13 @@ def expected(ds: PoolViews, idx: torch.Tensor) -> torch.Tensor:
 # Large batches of numpy arrays, and of tensors small and large (PoolTensors).
 SAMPLES = pytest.mark.parametrize(
     "make",
-    [PoolViews, PoolTensors, lambda n: PoolTensors(n, (3, 160, 160), np.uint8)],
-    ids=["arrays", "small-tensors", "large-tensors"],
+    [
+        PoolViews,
+        PoolTensors,
+        lambda n: PoolTensors(n, (3, 160, 160), np.uint8),
+        lambda n: PoolTensors(n, (3, 64, 64)),
+    ],
+    ids=["arrays", "small-tensors", "large-tensors", "3MiB-tensors"],
 )
 
 
@@ -79,10 +84,16 @@ def test_a_pooled_batch_behaves_like_torch_empty(make):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc tunables")
-def test_no_page_faults_per_batch_after_the_first_epoch():
-    # glibc with a fixed mmap threshold serves every 768 KiB batch from a fresh mapping and
-    # unmaps it when freed: memory from torch's allocator would fault all of its pages in for
-    # every batch. Recycled blocks fault in during the first epoch only.
+@pytest.mark.parametrize(
+    "dataset, item_bytes",
+    [("PoolViews(64 * 50)", 3 * 64 * 64), ("PoolTensors(64 * 50, (3, 64, 64))", 4 * 3 * 64 * 64)],
+    ids=["768KiB-arrays", "3MiB-tensors"],
+)
+def test_no_page_faults_per_batch_after_the_first_epoch(dataset, item_bytes):
+    # glibc with a fixed mmap threshold serves every batch from a fresh mapping and unmaps it
+    # when freed: memory from torch's allocator would fault all of its pages in for every batch
+    # (as glibc's dynamic threshold may too, trimming its heap). Recycled blocks fault in during
+    # the first epoch only.
     script = textwrap.dedent(
         """
         import resource, sys
@@ -90,7 +101,7 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
         import rloader
         from _datasets import PoolTensors, PoolViews
 
-        loader = rloader.DataLoader(PoolViews(64 * 50), batch_size=64, shuffle=True)
+        loader = rloader.DataLoader(DATASET, batch_size=64, shuffle=True)
         def epoch():
             for images, _ in loader:
                 images.view(-1)[::4096].sum()  # one byte per page, as a model reads it all
@@ -99,7 +110,7 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
         epoch()
         print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         """
-    )
+    ).replace("DATASET", dataset)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
     path = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(rloader.__file__))]
     out = subprocess.run(
@@ -110,8 +121,8 @@ def test_no_page_faults_per_batch_after_the_first_epoch():
         check=True,
     )
     faults = int(out.stdout.strip().splitlines()[-1])
-    pages_per_epoch = 50 * 64 * 3 * 64 * 64 // 4096
-    # The interpreter's own work faults a few pages; a fresh batch would fault all 192 of its own.
+    pages_per_epoch = 50 * 64 * item_bytes // 4096
+    # The interpreter's own work faults a few pages; a fresh batch would fault all of its own.
     assert faults < pages_per_epoch // 10, (faults, pages_per_epoch)
 
 

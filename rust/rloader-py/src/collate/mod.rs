@@ -26,6 +26,7 @@ use stack_helpers::{split_stacks, writer_of};
 use crate::memory::{pooled_empty, slot_empty, ArrayView};
 use crate::torch_api::{nbytes_of, torch_api, TorchApi};
 use pyo3::exceptions::PyBufferError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use rloader_memory::BatchMemory;
@@ -131,19 +132,23 @@ fn collate_items<'py>(
         if !items.iter().all(|x| x.get_type().is(&first_type)) {
             return Ok(None);
         }
-        if first.getattr("is_nested")?.is_truthy()?
-            || !first.getattr("layout")?.is(h.strided.bind(py))
+        if first.getattr(intern!(py, "is_nested"))?.is_truthy()?
+            || !first.getattr(intern!(py, "layout"))?.is(h.strided.bind(py))
         {
             return Ok(None);
         }
         let stack = h.stack.bind(py);
-        if first.getattr("is_cpu")?.is_truthy()? {
+        if first.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
             let mut shape = vec![items.len() as isize];
-            shape.extend(first.getattr("shape")?.extract::<Vec<isize>>()?);
-            let dtype = first.getattr("dtype")?;
+            shape.extend(
+                first
+                    .getattr(intern!(py, "shape"))?
+                    .extract::<Vec<isize>>()?,
+            );
+            let dtype = first.getattr(intern!(py, "dtype"))?;
             if let Some(out) = slot_empty(py, &shape, &dtype)? {
                 let kwargs = PyDict::new(py);
-                kwargs.set_item("out", out)?;
+                kwargs.set_item(intern!(py, "out"), out)?;
                 return Ok(Some(stack.call((batch, 0), Some(&kwargs))?));
             }
             if let Some(helpers) = to.helpers {
@@ -258,9 +263,11 @@ fn numbers_tensor<'py, T: Copy>(
     values: &[T],
 ) -> PyResult<Bound<'py, PyAny>> {
     let kwargs = PyDict::new(py);
-    kwargs.set_item("dtype", dtype.bind(py))?;
+    kwargs.set_item(intern!(py, "dtype"), dtype.bind(py))?;
     let out = h.empty.bind(py).call((values.len(),), Some(&kwargs))?;
-    let ptr = out.call_method0("data_ptr")?.extract::<usize>()? as *mut T;
+    let ptr = out
+        .call_method0(intern!(py, "data_ptr"))?
+        .extract::<usize>()? as *mut T;
     // SAFETY: `out` is a fresh contiguous CPU tensor of `values.len()` elements of this size.
     unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), ptr, values.len()) };
     Ok(out)
@@ -272,11 +279,17 @@ fn numbers_tensor<'py, T: Copy>(
 pub(crate) const POOLED_MIN: usize = 128 * 1024;
 
 /// Tensor batches from this size on come from the recycled batch memory when it is not pinned.
-/// Stacking into a block costs ~15 µs more than a plain `torch.stack` (the block's tensor and
-/// its writer are made through Python), which below a few MiB is more than the page faults it
-/// saves: glibc serves those sizes from its heap, mostly warm. Above 32 MiB (glibc's largest
-/// mmap threshold) every fresh batch is a new mapping: 38 MiB of images faults for ~35 ms.
-const POOLED_TENSOR_MIN: usize = 4 << 20;
+/// Stacking into a block costs more than a plain `torch.stack` (the block's tensor and its
+/// writer are made through Python, and each item's dtype is read: ~40 µs a batch of 256 small
+/// tensors), which on smaller batches is more than the page faults it saves: token windows'
+/// 256 KiB batches collated 40% slower. From 1 MiB glibc may serve each fresh batch with pages
+/// it has just given back (it trims its heap's top whenever more than its trim threshold lies
+/// free there, and where a batch lands depends on all else the process allocated): 3 MiB
+/// batches of (float32[3, 32, 32], int) pairs ran at 1.25-1.4M samples/s in some processes and
+/// 0.24-0.4M in others, faulting every page of every batch (torch's own loop too); from blocks,
+/// 1.05-1.1M in every one. Above 32 MiB (glibc's largest mmap threshold) every fresh batch is a
+/// new mapping: 38 MiB of images faults for ~35 ms.
+const POOLED_TENSOR_MIN: usize = 1 << 20;
 
 /// The size from which a tensor batch is stacked into `mem` (pinned memory: every large batch,
 /// since pinning one elsewhere copies it).
@@ -310,16 +323,19 @@ fn pooled_stack<'py>(
         return Ok(None);
     };
     for x in items {
-        if !x.getattr("dtype")?.is(dtype) {
+        if !x.getattr(intern!(py, "dtype"))?.is(dtype) {
             return Ok(None);
         }
     }
-    if !items[0].call_method0("is_contiguous")?.is_truthy()? {
+    if !items[0]
+        .call_method0(intern!(py, "is_contiguous"))?
+        .is_truthy()?
+    {
         return Ok(None);
     }
     let out = pooled_empty(py, h, mem, shape, dtype, nbytes)?;
     let kwargs = PyDict::new(py);
-    kwargs.set_item("out", writer_of(py, h, &out, shape, dtype)?)?;
+    kwargs.set_item(intern!(py, "out"), writer_of(py, h, &out, shape, dtype)?)?;
     match h.stack.bind(py).call((batch, 0), Some(&kwargs)) {
         Ok(_) => Ok(Some(out)),
         Err(_) => Ok(None),
@@ -371,14 +387,16 @@ fn arrays_tensor<'py>(
             }
             _ => {
                 let kwargs = PyDict::new(py);
-                kwargs.set_item("dtype", dtype.bind(py))?;
+                kwargs.set_item(intern!(py, "dtype"), dtype.bind(py))?;
                 h.empty
                     .bind(py)
                     .call((PyTuple::new(py, shape)?,), Some(&kwargs))?
             }
         },
     };
-    let base = out.call_method0("data_ptr")?.extract::<usize>()?;
+    let base = out
+        .call_method0(intern!(py, "data_ptr"))?
+        .extract::<usize>()?;
     let mut sources = Vec::with_capacity(views.len());
     for v in &views {
         let src = v.bytes();
