@@ -598,13 +598,14 @@ def test_decide():
     assert _auto_policy.decide(late._replace(epoch_batches=40)) is None
     later = late._replace(first_epoch=False)
     # ... and in a later epoch a pool starts only where a whole epoch (PAYBACK_EPOCHS with
-    # persistent workers) wins its start back: uint8 arrays, 128 batches of 0.43 ms, against
-    # 2 processes' start of 0.117 s each
+    # persistent workers) wins its start back: uint8 arrays, 0.43 ms a batch, against 2
+    # processes' start of 0.117 s each: 48 batches an epoch do not, 128 do
     uint8 = window(
         wait_s=0.0043, user_s=0.0, work_s=0.0043, batches=10, cores=2, remaining=100
-    )._replace(first_epoch=False, epoch_batches=128, persistent=True, start_s=0.117)
+    )._replace(first_epoch=False, epoch_batches=48, persistent=True, start_s=0.117)
     assert _auto_policy.decide(uint8) is None
-    assert _auto_policy.decide(uint8._replace(epoch_batches=10_000)).workers == 2
+    assert _auto_policy.decide(uint8._replace(epoch_batches=128)).workers == 2
+    assert _auto_policy.decide(uint8._replace(epoch_batches=128, persistent=False)) is None
     # ... unless the budget holds fewer workers than the cores would carry only by the
     # estimate of a worker's memory (the main process's RSS), and the pool the cores would
     # carry wins its start back: one worker starts, to measure

@@ -71,7 +71,7 @@ RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share 
 THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speedup their number
 # (up to the cores) promises over the main process may be taking turns on the GIL: processes
 # may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
-PAYBACK_EPOCHS = 4  # a persistent pool is worth starting if this many epochs win it back
+PAYBACK_EPOCHS = 10  # a persistent pool is worth starting if this many epochs win it back
 TRIAL_EFFICIENCY = 1.0  # a busy thread pool short of this share of the speedup its number
 # promises, for work that holds its CPU, is followed by one epoch of as many processes (a
 # trial: JPEG decoding, 2 threads 1.76x the main process, 2 processes 1.97x; 0.95 missed it
