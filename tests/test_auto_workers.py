@@ -299,6 +299,8 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
 def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_promise(
     quick, monkeypatch, keeps, resumed
 ):
+    # (the main process gave no verdict on its loading, as on a busy machine: threads first)
+    monkeypatch.setattr(_auto_policy, "holds_cpu", lambda share: False)
     ticking_clock(monkeypatch)
     monkeypatch.setattr(
         _auto_measure, "cpu_clock", _auto_measure.clock
@@ -362,6 +364,8 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(
     # threads (a window's phase): the steps' means (3.9 against 10.7 ms, or 12 ms slowed) tell
     # nothing, their medians do. Loaded: other processes keep 2 cores busy meanwhile, and the
     # consumer's slower step may be theirs: no move.
+    # (the main process gave no verdict on its loading, as on a busy machine: threads first)
+    monkeypatch.setattr(_auto_policy, "holds_cpu", lambda share: False)
     clock = fake_clock(monkeypatch)
     if loaded:
         monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
@@ -1062,6 +1066,8 @@ def test_threads_no_faster_than_the_main_process_make_way_for_processes(
     # processes; unless starting processes costs more than an epoch could save: then back to
     # the main process, or, threads somewhat faster (19 ms a batch against 21), kept. Threads
     # clearly slower (26 ms) go back to the main process at once, processes next all the same.
+    # (the main process gave no verdict on its loading, as on a busy machine: threads first)
+    monkeypatch.setattr(_auto_policy, "holds_cpu", lambda share: False)
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, pool_wait)
     monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
@@ -1327,15 +1333,26 @@ class ScriptedProbe:
         self.stopped = True
 
 
-@pytest.mark.parametrize("holds_gil", [True, False])
-def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil(monkeypatch, holds_gil):
+class Waiting(PurePython):
+    """0.5 ms of waiting a sample: loading that lets its core go."""
+
+    def __getitem__(self, i):
+        time.sleep(0.0005)
+        return torch.tensor([i, i * i])
+
+
+@pytest.mark.parametrize("loading", ["holds the GIL", "holds its CPU", "waits"])
+def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its_cpu(
+    monkeypatch, loading
+):
     # The main process's loading probed (here a scripted probe): loading that holds the GIL
-    # goes to processes without a trial of threads (which would take turns on it); loading
-    # that lets it go, to threads first. The batches are torch's.
+    # goes to processes without a trial of threads (which would take turns on it); so does
+    # loading that lets it go but keeps its core busy (threads would hand it over at each
+    # release); loading that waits, to threads first. The batches are torch's.
     probes = []
 
     def probe(period_s):
-        probes.append(ScriptedProbe(0.95 if holds_gil else 0.05))
+        probes.append(ScriptedProbe(0.95 if loading == "holds the GIL" else 0.05))
         return probes[-1]
 
     monkeypatch.setattr(_auto._rloader, "GilProbe", probe)
@@ -1344,7 +1361,7 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil(monkey
     # (a short epoch wins a process's start back)
     monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
     monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-4)
-    dataset = PurePython(400)
+    dataset = Waiting(400) if loading == "waits" else PurePython(400)
     loader = rloader.DataLoader(dataset, batch_size=4, num_workers="auto", worker_type="auto")
     expected = [b.tolist() for b in tud.DataLoader(dataset, batch_size=4)]
     decisions = []
@@ -1356,13 +1373,16 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil(monkey
     kinds = [d["worker_type"] for d in decisions]
     pools = [d for d in decisions if d["worker_type"] != "main"]
     assert probes and pools, kinds
-    assert auto["gil_blocked"] == pytest.approx(0.95 if holds_gil else 0.05)
+    assert auto["gil_blocked"] == pytest.approx(0.95 if loading == "holds the GIL" else 0.05)
     assert auto["gil_probed_s"] >= _auto_policy.GIL_PROBE_S
-    if holds_gil:
-        assert {d["worker_type"] for d in pools} == {"process"}, kinds
+    if loading == "waits":
+        assert pools[0]["worker_type"] == "thread", kinds
+        return
+    assert {d["worker_type"] for d in pools} == {"process"}, kinds
+    if loading == "holds the GIL":
         assert "could not take the GIL in 95% of the loading" in pools[0]["reason"]
     else:
-        assert pools[0]["worker_type"] == "thread", kinds
+        assert "the loading holds its CPU" in pools[0]["reason"]
 
 
 def test_an_iterator_dropped_while_probing_ends_the_probes_thread(monkeypatch):

@@ -92,8 +92,10 @@ change.
   GIL (``GIL_HELD`` of the probe's time, over ``GIL_PROBE_S`` of loading, read at a quiet
   window) starts processes; the window that would start the first pool goes on up to
   ``GIL_PROBE_WAIT_S`` for that much loading. The probe stops before any pool starts (its
-  thread is not forked into workers) and at the epoch's end. Else threads first (they start
-  at once; the probe does not see the cost of the GIL's hand-overs). A busy thread pool's work
+  thread is not forked into workers) and at the epoch's end. Loading that holds its CPU
+  (``holds_cpu``) starts processes too, where 2 would win their start back (the probe does not
+  see the cost of the GIL's hand-overs, which such loading pays on threads). Else threads
+  first (loading that waits; they start at once). A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number, the
   next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool short of
@@ -410,9 +412,9 @@ class AutoStats:
 
 def next_kind(worker_type: str, learned: Learned) -> str:
     """The kind of a loader's next pool: the user's, the one auto chose (processes where the
-    GIL probe found the main process's loading holding the GIL: ``AutoIter._probe_gil``), or
-    threads first (they start at once; a thread pool measures what the probe cannot: the
-    GIL's hand-overs, ``AutoIter._gil_check``)."""
+    GIL probe found the main process's loading holding the GIL, or where that loading holds
+    its CPU: ``AutoIter._probe_gil``), or threads first (they start at once; a thread pool
+    measures what the probe cannot: the GIL's hand-overs, ``AutoIter._gil_check``)."""
     if worker_type != AUTO:
         return worker_type
     return learned.kind if learned.kind is not None else "thread"
@@ -847,14 +849,15 @@ class AutoIter:
             return False
         return self._processes_affordable(engine)
 
-    def _processes_affordable(self, engine: _Engine) -> bool:
-        """Whether as many processes as ``engine`` has threads could win their start back:
-        in an epoch, or ``PAYBACK_EPOCHS`` if persistent (the main process's work per batch,
-        spread over them, is what they could save)."""
+    def _processes_affordable(self, engine: Optional[_Engine]) -> bool:
+        """Whether as many processes as ``engine`` has threads (at least 2, the least pool that
+        spreads the work; None: 2) could win their start back: in an epoch, or
+        ``PAYBACK_EPOCHS`` if persistent (the main process's work per batch, spread over them,
+        is what they could save)."""
         learned = self._learned
         if not learned.base_work:
             return False
-        workers = max(engine.workers, 2)
+        workers = max(engine.workers if engine is not None else 0, 2)
         saved = (self._epoch_batches() or 0) * learned.base_work * (1 - 1 / workers)
         saved *= policy.PAYBACK_EPOCHS if self._persistent else 1
         return saved >= workers * self._start_cost("process")
@@ -1209,20 +1212,25 @@ class AutoIter:
 
     def _probe_gil(self) -> None:
         """At the main process's windows: where a second thread could not have taken the GIL
-        through the loading (``probed_kind``), the first pool is one of processes (if the budget
-        holds one), without a trial of threads that would take turns on it."""
-        if self._kind_fixed is not None or self._learned.kind is not None:
+        through the loading (``probed_kind``), or the loading holds its CPU (``holds_cpu``) and
+        processes would win their start back (``_processes_affordable``), the first pool is one
+        of processes (if the budget holds one), without a trial of threads."""
+        learned = self._learned
+        if self._kind_fixed is not None or learned.kind is not None:
             return
-        gil = self._read_probe() or self._learned.gil  # (the epoch's last window: stopped)
-        if gil is None or policy.probed_kind(*gil) is None:
+        gil = self._read_probe() or learned.gil  # (the epoch's last window: stopped)
+        if gil is not None and policy.probed_kind(*gil) is not None:
+            why = "a second thread could not take the GIL in %.0f%% of the loading" % (
+                100 * gil[0] / gil[1]
+            )
+        elif policy.holds_cpu(learned.cpu_share) and self._processes_affordable(None):
+            why = "the loading holds its CPU (%.0f%% of its time)" % (100 * learned.cpu_share)
+        else:
             return
         if self._per_worker("process") > self._budget:
             return
-        why = "a second thread could not take the GIL in %.0f%% of the loading" % (
-            100 * gil[0] / gil[1]
-        )
-        self._learned.kind, self._learned.kind_why = "process", why
-        log.debug("rloader auto: %s (%.3f s probed)", why, gil[2])
+        learned.kind, learned.kind_why = "process", why
+        log.debug("rloader auto: %s (%.3f s probed)", why, 0.0 if gil is None else gil[2])
         self._stop_probe()
 
     def _probe_short(self, engine: _Engine, now: float) -> bool:

@@ -373,6 +373,18 @@ def trial_worth(
     return shortfall * (PAYBACK_EPOCHS if persistent else 1) >= start_s
 
 
+def holds_cpu(cpu_share: Optional[float]) -> bool:
+    """Whether the main process's loading, taking ``cpu_share`` of its time on a core, holds
+    its CPU (``WAITING_SHARE``): then processes before threads (``worker_type="auto"``). Where
+    the loading lets the GIL go in many short stretches (a numpy cast per sample: token windows)
+    worker threads hand it over at each and run slower than the main process alone (2 threads
+    0.64x it), which the GIL probe cannot see; where it lets it go in long ones (tensor pairs'
+    3 MiB stack) threads are as fast as processes on 2 cores (1.63M samples/s against 1.65M)
+    but not on 16 (0.8-0.9M against 3.0M); JPEG decoding, 2 threads 932-975 images/s, 2
+    processes 997-1,062. Threads are for loading that waits."""
+    return cpu_share is not None and cpu_share >= WAITING_SHARE
+
+
 def probed_kind(blocked_s: float, observed_s: float, loading_s: float) -> Optional[str]:
     """The first pool's kind from the GIL probe (``GIL_HELD``): "process" where a second thread
     could not have run Python through the loading (the probe blocked for that share of its own
