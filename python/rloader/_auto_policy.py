@@ -366,7 +366,7 @@ def trial_worth(
     over the threads is the threads' shortfall (not all the main process's work, which the
     threads already spread), over an epoch or ``PAYBACK_EPOCHS`` with persistent workers,
     against starting them (``start_s``, all of them). Tensor pairs: 2 threads 1.8-2.0M samples
-    a second against 2.0M promised, 20 ms to win over 4 epochs, where the trial's fresh
+    a second against 2.0M promised, 50 ms to win over 10 epochs, where the trial's fresh
     processes of a 1.6 GiB process ran 0.3-0.45M for two epochs; JPEG decoding: 2 threads 1.76x
     the main process against 2x promised, 0.7 s to win."""
     shortfall = (loop - ideal / TRIAL_EFFICIENCY) * (epoch_batches or 0)
