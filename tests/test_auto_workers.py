@@ -1361,6 +1361,10 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     # (a short epoch wins a process's start back)
     monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
     monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-4)
+    # (the window waits for the probe's verdict however long a busy machine stretches it)
+    monkeypatch.setattr(_auto_policy, "GIL_PROBE_WAIT_S", 60.0)
+    if loading != "waits":  # (its CPU share as on a quiet machine: a busy one deschedules it)
+        monkeypatch.setattr(_auto_measure, "cpu_clock", _auto_measure.clock)
     dataset = Waiting(400) if loading == "waits" else PurePython(400)
     loader = rloader.DataLoader(dataset, batch_size=4, num_workers="auto", worker_type="auto")
     expected = [b.tolist() for b in tud.DataLoader(dataset, batch_size=4)]
