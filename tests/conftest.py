@@ -29,8 +29,9 @@ def engine(request) -> Engine:
 @pytest.fixture
 def quick(monkeypatch):
     """num_workers="auto" decides after every MIN_WINDOW batches, whatever the wall time (from
-    the first), on 4 cores; worker_type="auto" starts threads first (the GIL probe, which reads
-    the wall time, gives no verdict: the tests that check it use the real one)."""
+    the first), on 4 cores; under worker_type="auto" the GIL probe, which reads the wall time,
+    gives no verdict (the tests that check it use the real one): threads first, unless the
+    loading reads as holding its CPU (``holds_cpu``: a fake clock that is the CPU clock too)."""
     monkeypatch.setattr(_auto_policy, "MIN_WINDOW_S", 0.0)
     monkeypatch.setattr(_auto_policy, "GIL_PROBE_S", float("inf"))
     monkeypatch.setattr(_auto_policy, "GIL_PROBE_WAIT_S", 0.0)  # (no window waits for it)

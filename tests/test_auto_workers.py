@@ -1341,14 +1341,39 @@ class Waiting(PurePython):
         return torch.tensor([i, i * i])
 
 
-@pytest.mark.parametrize("loading", ["holds the GIL", "holds its CPU", "waits"])
+class PurePythonStream(tud.IterableDataset):
+    """PurePython's samples as a stream, sharded by worker."""
+
+    def __init__(self, n):
+        self.items = PurePython(n)
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        first, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(first, len(self.items), step):
+            yield self.items[i]
+
+
+@pytest.mark.parametrize(
+    "loading",
+    [
+        "holds the GIL",
+        "holds its CPU",
+        "waits",
+        "holds its CPU, processes dear to start",
+        "holds its CPU, processes over the budget",
+        "holds its CPU, a stream",
+    ],
+)
 def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its_cpu(
     monkeypatch, loading
 ):
     # The main process's loading probed (here a scripted probe): loading that holds the GIL
     # goes to processes without a trial of threads (which would take turns on it); so does
     # loading that lets it go but keeps its core busy (threads would hand it over at each
-    # release); loading that waits, to threads first. The batches are torch's.
+    # release), where 2 processes win their start back and the budget holds one (an iterable
+    # dataset: at its first epoch's end, which ran in the main process); loading that waits,
+    # to threads first. The batches are torch's.
     probes = []
 
     def probe(period_s):
@@ -1358,19 +1383,30 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     monkeypatch.setattr(_auto._rloader, "GilProbe", probe)
     monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: None)  # (the machine's load)
     monkeypatch.setattr(_auto_measure, "usable_cores", lambda: 2)
-    # (a short epoch wins a process's start back)
+    # (a short epoch wins a process's start back; a worker process is estimated at 1 GiB)
     monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-4)
+    dear = loading.endswith("dear to start")
+    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e3 if dear else 1e-4)
+    if loading.endswith("over the budget"):
+        monkeypatch.setenv(_auto_measure.MEMORY_ENV, "512M")  # (threads fit: 8 MiB each)
     # (the window waits for the probe's verdict however long a busy machine stretches it)
     monkeypatch.setattr(_auto_policy, "GIL_PROBE_WAIT_S", 60.0)
     if loading != "waits":  # (its CPU share as on a quiet machine: a busy one deschedules it)
         monkeypatch.setattr(_auto_measure, "cpu_clock", _auto_measure.clock)
-    dataset = Waiting(400) if loading == "waits" else PurePython(400)
+    stream = loading.endswith("a stream")
+    dataset = (
+        Waiting(400) if loading == "waits" else PurePythonStream(400) if stream else PurePython(400)
+    )
     loader = rloader.DataLoader(dataset, batch_size=4, num_workers="auto", worker_type="auto")
-    expected = [b.tolist() for b in tud.DataLoader(dataset, batch_size=4)]
+
+    def samples(batches):  # (a stream's 2 workers each batch their own shard: the samples)
+        got = [b.tolist() for b in batches]
+        return sorted(row for b in got for row in b) if stream else got
+
+    expected = samples(tud.DataLoader(dataset, batch_size=4))
     decisions = []
     for _ in range(2):
-        assert [b.tolist() for b in loader] == expected
+        assert samples(loader) == expected
         assert all(p.stopped for p in probes)  # (a pool started, or the epoch ended)
         decisions += loader.stats()["auto"]["decisions"]
     auto = loader.stats()["auto"]
@@ -1379,7 +1415,7 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     assert probes and pools, kinds
     assert auto["gil_blocked"] == pytest.approx(0.95 if loading == "holds the GIL" else 0.05)
     assert auto["gil_probed_s"] >= _auto_policy.GIL_PROBE_S
-    if loading == "waits":
+    if loading == "waits" or dear or loading.endswith("over the budget"):
         assert pools[0]["worker_type"] == "thread", kinds
         return
     assert {d["worker_type"] for d in pools} == {"process"}, kinds

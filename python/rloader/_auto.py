@@ -93,9 +93,12 @@ change.
   window) starts processes; the window that would start the first pool goes on up to
   ``GIL_PROBE_WAIT_S`` for that much loading. The probe stops before any pool starts (its
   thread is not forked into workers) and at the epoch's end. Loading that holds its CPU
-  (``holds_cpu``) starts processes too, where 2 would win their start back (the probe does not
-  see the cost of the GIL's hand-overs, which such loading pays on threads). Else threads
-  first (loading that waits; they start at once). A busy thread pool's work
+  (``holds_cpu``, read once the probe had its say: ``_probed``) starts processes too, where 2
+  would win their start back (over the epoch's batches; an iterable dataset's, once its first
+  epoch ended) (the probe does not see the cost of the GIL's hand-overs, which such loading
+  pays on threads). Else threads first (loading that waits; they start at once). The CPU share
+  is this process's (``process_time``): a busy thread of the user's beside the loading counts
+  as the loading's. A busy thread pool's work
   per batch is compared with the main process's alone (``inflation``): threads that take turns
   on the GIL each take about their number times longer. Above ``GIL_SHARE`` × their number, the
   next epoch's pools are processes (``_gil_check``, at the epoch's end). A thread pool short of
@@ -858,7 +861,10 @@ class AutoIter:
         if not learned.base_work:
             return False
         workers = max(engine.workers if engine is not None else 0, 2)
-        saved = (self._epoch_batches() or 0) * learned.base_work * (1 - 1 / workers)
+        batches = self._epoch_batches()
+        if batches is None and self._finished:
+            batches = self._e_batches  # (an iterable dataset's epoch, once it ended)
+        saved = (batches or 0) * learned.base_work * (1 - 1 / workers)
         saved *= policy.PAYBACK_EPOCHS if self._persistent else 1
         return saved >= workers * self._start_cost("process")
 
@@ -1223,7 +1229,11 @@ class AutoIter:
             why = "a second thread could not take the GIL in %.0f%% of the loading" % (
                 100 * gil[0] / gil[1]
             )
-        elif policy.holds_cpu(learned.cpu_share) and self._processes_affordable(None):
+        elif (
+            policy.holds_cpu(learned.cpu_share)
+            and self._probed(gil)
+            and self._processes_affordable(None)
+        ):
             why = "the loading holds its CPU (%.0f%% of its time)" % (100 * learned.cpu_share)
         else:
             return
@@ -1232,6 +1242,13 @@ class AutoIter:
         learned.kind, learned.kind_why = "process", why
         log.debug("rloader auto: %s (%.3f s probed)", why, 0.0 if gil is None else gil[2])
         self._stop_probe()
+
+    def _probed(self, gil: Optional[tuple]) -> bool:
+        """Whether the GIL probe had its say: ``GIL_PROBE_S`` of loading probed, or the window
+        waited ``GIL_PROBE_WAIT_S`` for it (``_probe_short``), or the probe has stopped."""
+        if self._probe is None or (gil is not None and gil[2] >= policy.GIL_PROBE_S):
+            return True
+        return measure.clock() - self._w_started >= policy.GIL_PROBE_WAIT_S
 
     def _probe_short(self, engine: _Engine, now: float) -> bool:
         """Whether the main process's window that starts a pool goes on until the GIL probe has

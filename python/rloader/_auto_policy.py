@@ -388,7 +388,8 @@ def holds_cpu(cpu_share: Optional[float]) -> bool:
 def probed_kind(blocked_s: float, observed_s: float, loading_s: float) -> Optional[str]:
     """The first pool's kind from the GIL probe (``GIL_HELD``): "process" where a second thread
     could not have run Python through the loading (the probe blocked for that share of its own
-    time, ``observed_s``, over ``GIL_PROBE_S`` of loading), else None (threads first, measured)."""
+    time, ``observed_s``, over ``GIL_PROBE_S`` of loading), else None (no verdict: processes
+    still where the loading holds its CPU, ``holds_cpu``; threads first otherwise)."""
     if loading_s < GIL_PROBE_S or blocked_s < GIL_HELD * observed_s:
         return None
     return "process"
