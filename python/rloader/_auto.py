@@ -865,7 +865,7 @@ class AutoIter:
         if batches is None and self._finished:
             batches = self._e_batches  # (an iterable dataset's epoch, once it ended)
         saved = (batches or 0) * learned.base_work * (1 - 1 / workers)
-        saved *= policy.PAYBACK_EPOCHS if self._persistent else 1
+        saved *= policy.payback_epochs(self._persistent)
         return saved >= workers * self._start_cost("process")
 
     def _no_gain_loop(self, kind: str) -> Optional[float]:
@@ -1438,7 +1438,7 @@ class AutoIter:
             # every epoch starts its pool: worth it only if a whole epoch wins the start back
             # (a persistent one: ``PAYBACK_EPOCHS``)
             whole = (window.epoch_batches or 0) * policy.saved_per_batch(window, decision.workers)
-            if whole * (policy.PAYBACK_EPOCHS if self._persistent else 1) < decision.workers * (
+            if whole * policy.payback_epochs(self._persistent) < decision.workers * (
                 window.start_s or 0.0
             ):
                 return

@@ -195,6 +195,12 @@ def saved_per_batch(w: Window, workers: int) -> float:
     return max(0.0, wait - max(0.0, work / max(workers, 1) - user))
 
 
+def payback_epochs(persistent: bool) -> int:
+    """The epochs a pool's start may take to be won back: its own (each epoch starts a pool
+    without persistent workers), or ``PAYBACK_EPOCHS`` (a persistent pool is started once)."""
+    return PAYBACK_EPOCHS if persistent else 1
+
+
 def _measures_memory(w: Window, cost: float) -> bool:
     """Whether a pool that would not pay for itself is started all the same, to measure a
     worker's memory: the budget holds fewer workers than the cores would carry only by the
@@ -209,7 +215,7 @@ def _measures_memory(w: Window, cost: float) -> bool:
     if by_memory >= cores:
         return False
     whole = w.epoch_batches * saved_per_batch(w, cores)
-    return whole * (PAYBACK_EPOCHS if w.persistent else 1) >= cores * cost
+    return whole * payback_epochs(w.persistent) >= cores * cost
 
 
 def decide(w: Window) -> Optional[Decision]:
@@ -299,7 +305,7 @@ def decide(w: Window) -> Optional[Decision]:
         # From the next epoch on, if a whole epoch wins its start back (or the pool is started
         # once: persistent workers, over PAYBACK_EPOCHS).
         whole = (w.epoch_batches or 0) * saved_per_batch(w, wanted_later)
-        pays = whole * (PAYBACK_EPOCHS if w.persistent else 1) >= wanted_later * cost
+        pays = whole * payback_epochs(w.persistent) >= wanted_later * cost
         if w.first_epoch and (target <= w.workers or gain < target * cost):
             if pays:
                 return Decision(wanted_later, f"{reason}; from the next epoch on", deferred=True)
@@ -370,7 +376,7 @@ def trial_worth(
     processes of a 1.6 GiB process ran 0.3-0.45M for two epochs; JPEG decoding: 2 threads 1.76x
     the main process against 2x promised, 0.7 s to win."""
     shortfall = (loop - ideal / TRIAL_EFFICIENCY) * (epoch_batches or 0)
-    return shortfall * (PAYBACK_EPOCHS if persistent else 1) >= start_s
+    return shortfall * payback_epochs(persistent) >= start_s
 
 
 def holds_cpu(cpu_share: Optional[float]) -> bool:
