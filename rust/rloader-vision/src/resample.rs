@@ -1,0 +1,503 @@
+//! Pillow's `Image.resize(size, resample, box)` (no `reducing_gap`) for 8-bit L and RGB images,
+//! bit for bit: the convolution filters of `libImaging/Resample.c` and NEAREST, which Pillow
+//! runs as an affine transform (`libImaging/Geometry.c`).
+
+// NOTE [Pillow's resampling arithmetic]
+//
+// What Pillow 13 computes, and so what this file computes (same operations, same order, same
+// types: a different rounding anywhere changes some output byte).
+//
+// Entry (`_imaging.c` `_resize`). The box arrives as four C floats (f32, rounded from Python's
+// floats); sizes below 1, a negative box offset, a box past the image or with x1 < x0 are errors.
+// If box[0] and box[1] are whole and box[2] - box[0] == out_w and box[3] - box[1] == out_h (f32
+// arithmetic), the result is a plain crop of the source at the box, whatever the filter (Python's
+// own shortcut, same size and full box gives a copy, is a case of it). Otherwise NEAREST goes to
+// the affine transform and the other filters to `ImagingResample`.
+//
+// Filters, on f64: BOX 1 on (-0.5, 0.5], support 0.5; BILINEAR 1 - |x| on |x| < 1, support 1;
+// HAMMING sin(pi x)/(pi x) * (0.54f + 0.46f * cos(pi x)) with the two constants as f32 values
+// widened to f64, 1 at 0, 0 from |x| >= 1, support 1; BICUBIC Keys' cubic with a = -0.5, written
+// as Pillow writes it (((a+2)x - (a+3)) x x + 1 below 1, (((x-5)x + 8)x - 4) a below 2),
+// support 2; LANCZOS sinc(x) sinc(x/3) on [-3, 3), support 3. sin and cos are the C library's.
+//
+// Coefficients per axis (`precompute_coeffs`), for an input of `in_size` pixels, the box's edges
+// in0, in1 (f32) and `out_size` outputs:
+//   scale = f64(in1 - in0 computed in f32) / out_size; filterscale = max(scale, 1)
+//   support = filter_support * filterscale; ksize = ceil(support) * 2 + 1 (the row stride)
+//   for each output i: center = f64(in0) + (i + 0.5) * scale
+//     xmin = trunc(center - support + 0.5) clamped to >= 0
+//     xmax = trunc(center + support + 0.5) clamped to <= in_size; n = xmax - xmin taps
+//     w[x] = filter(((x + xmin) - center + 0.5) * (1 / filterscale)), summed left to right into
+//     ww; each w[x] /= ww unless ww == 0
+//   then to 22-bit fixed point (PRECISION_BITS = 32 - 8 - 2): trunc(w * 2^22 + 0.5) for w >= 0,
+//   trunc(w * 2^22 - 0.5) below 0, as i32.
+// A pixel is (2^21 + sum of pixel * coefficient) in i32, then clip8: (sum >> 22) clamped to
+// 0..=255. Integer sums are exact, so the order of the taps is free (we may vectorise).
+//
+// Passes (`ImagingResampleInner`): the vertical coefficients are computed first. The horizontal
+// pass runs when out_w != in_w or box[0] != 0 or box[2] != out_w (box[2] against the OUTPUT
+// width, as Pillow compares it), over only the source rows the vertical pass will read: from the
+// first output row's xmin to the last output row's xmin + n (the vertical bounds are shifted by
+// that first row). The vertical pass runs when out_h != in_h or box[1] != 0 or box[3] != out_h,
+// on the horizontal pass's result or the source. Neither: a copy.
+//
+// NEAREST (`ImagingTransform` affine -> `ImagingScaleAffine`, since the matrix has no shear):
+//   a0 = f64(box[2] - box[0] in f32) / out_w, a2 = box[0]; a4, a5 likewise for y.
+//   x positions: xo = a2 + a0 * 0.5, then xo += a0 after each column (f64 accumulation, not
+//   a2 + (x + 0.5) * a0); column x reads source column COORD(xo) = -1 if xo < 0 else trunc(xo).
+//   rows: yo = a5 + a4 * 0.5, yo += a4 after each row, source row COORD(yo).
+//   Output starts black; a row whose source row is outside the image stays black; within a row,
+//   the columns from the first to the last in-range one are copied (each from its tabulated
+//   column; a column never tabulated would read column 0), the rest stay black.
+
+use crate::image::Image;
+
+/// A resampling filter, as Pillow's `Image.Resampling` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    Nearest,
+    Box,
+    Bilinear,
+    Hamming,
+    Bicubic,
+    Lanczos,
+}
+
+/// Pillow's `img.resize((out_w, out_h), filter, box)`; box = (x0, y0, x1, y1) in f64 source pixels.
+///
+/// # Panics
+/// Where Pillow raises ValueError: an output size of 0, a negative box offset, a box past the
+/// image, a box with x1 < x0 or y1 < y0; and for images that are not 1 or 3 bands.
+pub fn resize(src: &Image, out_w: usize, out_h: usize, filter: Filter, bbox: [f64; 4]) -> Image {
+    resize_view(&View::whole(src), out_w, out_h, filter, bbox)
+}
+
+/// A rectangle of an image's pixels, read in place: `resize` reads a whole image through one,
+/// `geometry::crop_resize` a crop, so a crop inside the image is never copied out.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    data: &'a [u8],
+    /// Bytes from one source row to the next.
+    stride: usize,
+    /// Byte offset of the view's first pixel.
+    offset: usize,
+    pub(crate) width: usize,
+    pub(crate) height: usize,
+    pub(crate) bands: usize,
+}
+
+impl<'a> View<'a> {
+    pub(crate) fn whole(img: &'a Image) -> Self {
+        Self::rect(img, 0, 0, img.width, img.height)
+    }
+
+    /// The `width` x `height` pixels at (`left`, `top`), which must lie inside `img`.
+    pub(crate) fn rect(
+        img: &'a Image,
+        left: usize,
+        top: usize,
+        width: usize,
+        height: usize,
+    ) -> Self {
+        assert!(
+            img.bands == 1 || img.bands == 3,
+            "only 1- and 3-band images are supported"
+        );
+        assert!(
+            left + width <= img.width && top + height <= img.height,
+            "view outside the image"
+        );
+        let stride = img.width * img.bands;
+        Self {
+            data: &img.data,
+            stride,
+            offset: top * stride + left * img.bands,
+            width,
+            height,
+            bands: img.bands,
+        }
+    }
+
+    #[inline]
+    fn row(&self, y: usize) -> &'a [u8] {
+        let start = self.offset + y * self.stride;
+        &self.data[start..start + self.width * self.bands]
+    }
+
+    /// Sub-rectangle copied out, as `ImagingCrop` of a box inside the image.
+    pub(crate) fn copy_rect(&self, left: usize, top: usize, width: usize, height: usize) -> Image {
+        let b = self.bands;
+        let mut out = Vec::with_capacity(width * height * b);
+        for y in top..top + height {
+            out.extend_from_slice(&self.row(y)[left * b..(left + width) * b]);
+        }
+        Image::from_vec(width, height, b, out)
+    }
+}
+
+/// `resize` over a view: the view is the image Pillow would see.
+pub(crate) fn resize_view(
+    src: &View<'_>,
+    out_w: usize,
+    out_h: usize,
+    filter: Filter,
+    bbox: [f64; 4],
+) -> Image {
+    assert!(out_w >= 1 && out_h >= 1, "height and width must be > 0");
+    // `_resize` parses the box with "ffff": C floats.
+    let b = bbox.map(|v| v as f32);
+    assert!(b[0] >= 0.0 && b[1] >= 0.0, "box offset can't be negative");
+    assert!(
+        b[2] <= src.width as f32 && b[3] <= src.height as f32,
+        "box can't exceed original image size"
+    );
+    assert!(
+        b[2] - b[0] >= 0.0 && b[3] - b[1] >= 0.0,
+        "box can't be empty"
+    );
+
+    // A whole-pixel box of the output's size is a crop, for every filter.
+    if b[0] - b[0].trunc() == 0.0
+        && b[2] - b[0] == out_w as f32
+        && b[1] - b[1].trunc() == 0.0
+        && b[3] - b[1] == out_h as f32
+    {
+        return src.copy_rect(b[0] as usize, b[1] as usize, out_w, out_h);
+    }
+    match filter {
+        Filter::Nearest => nearest(src, out_w, out_h, b),
+        _ => convolve(src, out_w, out_h, Kernel::of(filter), b),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The convolution filters
+
+#[derive(Clone, Copy)]
+struct Kernel {
+    support: f64,
+    weight: fn(f64) -> f64,
+}
+
+impl Kernel {
+    fn of(filter: Filter) -> Self {
+        let (support, weight): (f64, fn(f64) -> f64) = match filter {
+            Filter::Box => (0.5, box_weight),
+            Filter::Bilinear => (1.0, bilinear_weight),
+            Filter::Hamming => (1.0, hamming_weight),
+            Filter::Bicubic => (2.0, bicubic_weight),
+            Filter::Lanczos => (3.0, lanczos_weight),
+            Filter::Nearest => unreachable!("NEAREST is the affine path"),
+        };
+        Self { support, weight }
+    }
+}
+
+fn box_weight(x: f64) -> f64 {
+    if x > -0.5 && x <= 0.5 {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+fn bilinear_weight(x: f64) -> f64 {
+    let x = x.abs();
+    if x < 1.0 {
+        1.0 - x
+    } else {
+        0.0
+    }
+}
+
+fn hamming_weight(x: f64) -> f64 {
+    let x = x.abs();
+    if x == 0.0 {
+        return 1.0;
+    }
+    if x >= 1.0 {
+        return 0.0;
+    }
+    let x = x * std::f64::consts::PI;
+    // Pillow's constants are C float literals (0.54f, 0.46f), widened to double.
+    x.sin() / x * (f64::from(0.54f32) + f64::from(0.46f32) * x.cos())
+}
+
+fn bicubic_weight(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+fn sinc(x: f64) -> f64 {
+    if x == 0.0 {
+        return 1.0;
+    }
+    let x = x * std::f64::consts::PI;
+    x.sin() / x
+}
+
+fn lanczos_weight(x: f64) -> f64 {
+    if (-3.0..3.0).contains(&x) {
+        sinc(x) * sinc(x / 3.0)
+    } else {
+        0.0
+    }
+}
+
+const PRECISION_BITS: u32 = 32 - 8 - 2;
+/// Half of the last fixed-point unit: every sum starts from it, so `>>` rounds.
+const HALF: i32 = 1 << (PRECISION_BITS - 1);
+
+#[inline(always)]
+fn clip8(sum: i32) -> u8 {
+    (sum >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// One axis's taps: output `i` reads `len[i]` inputs from `start[i]`, weighted by
+/// `k[i * ksize..][..len[i]]` (22-bit fixed point).
+struct Taps {
+    ksize: usize,
+    start: Vec<usize>,
+    len: Vec<usize>,
+    k: Vec<i32>,
+}
+
+impl Taps {
+    /// `precompute_coeffs` then `normalize_coeffs_8bpc`.
+    fn new(in_size: usize, in0: f32, in1: f32, out_size: usize, kernel: Kernel) -> Self {
+        let scale = f64::from(in1 - in0) / out_size as f64;
+        let filterscale = scale.max(1.0);
+        let support = kernel.support * filterscale;
+        let ksize = support.ceil() as usize * 2 + 1;
+        let inv = 1.0 / filterscale;
+        let mut start = Vec::with_capacity(out_size);
+        let mut len = Vec::with_capacity(out_size);
+        let mut k = vec![0i32; out_size * ksize];
+        let mut w = vec![0f64; ksize];
+        for (i, row) in k.chunks_exact_mut(ksize).enumerate() {
+            let center = f64::from(in0) + (i as f64 + 0.5) * scale;
+            // C's (int) truncates toward zero; `as` does too (values are far from i32's ends).
+            let xmin = ((center - support + 0.5) as i64).max(0);
+            let xmax = ((center + support + 0.5) as i64).min(in_size as i64);
+            let n = (xmax - xmin).max(0) as usize;
+            let mut ww = 0.0;
+            for (x, wx) in w[..n].iter_mut().enumerate() {
+                *wx = (kernel.weight)(((x as i64 + xmin) as f64 - center + 0.5) * inv);
+                ww += *wx;
+            }
+            for (kx, &wx) in row.iter_mut().zip(&w[..n]) {
+                let wx = if ww != 0.0 { wx / ww } else { wx };
+                let scaled = wx * f64::from(1u32 << PRECISION_BITS);
+                *kx = if wx < 0.0 {
+                    (-0.5 + scaled) as i32
+                } else {
+                    (0.5 + scaled) as i32
+                };
+            }
+            start.push(xmin as usize);
+            len.push(n);
+        }
+        Self {
+            ksize,
+            start,
+            len,
+            k,
+        }
+    }
+
+    #[inline(always)]
+    fn coeffs(&self, i: usize) -> &[i32] {
+        &self.k[i * self.ksize..i * self.ksize + self.len[i]]
+    }
+}
+
+/// `ImagingResampleInner` for the 8-bit convolution filters.
+fn convolve(src: &View<'_>, out_w: usize, out_h: usize, kernel: Kernel, b: [f32; 4]) -> Image {
+    let need_h = out_w != src.width || b[0] != 0.0 || b[2] != out_w as f32;
+    let need_v = out_h != src.height || b[1] != 0.0 || b[3] != out_h as f32;
+    let mut vert = Taps::new(src.height, b[1], b[3], out_h, kernel);
+    let first = vert.start[0];
+    let last = vert.start[out_h - 1] + vert.len[out_h - 1];
+
+    let temp;
+    let mut input = *src;
+    if need_h {
+        let horiz = Taps::new(src.width, b[0], b[2], out_w, kernel);
+        for s in &mut vert.start {
+            *s -= first;
+        }
+        let rows = last - first;
+        temp = horizontal_pass(src, first, rows, out_w, &horiz);
+        input = View::whole(&temp);
+    }
+    if need_v {
+        vertical_pass(&input, out_h, &vert)
+    } else {
+        input.copy_rect(0, 0, input.width, input.height)
+    }
+}
+
+/// Rows `first..first + rows` of `src`, each resampled to `out_w` pixels.
+fn horizontal_pass(src: &View<'_>, first: usize, rows: usize, out_w: usize, taps: &Taps) -> Image {
+    let bands = src.bands;
+    let mut out = vec![0u8; out_w * rows * bands];
+    for (y, out_row) in out.chunks_exact_mut(out_w * bands).enumerate() {
+        let in_row = src.row(first + y);
+        match bands {
+            3 => horizontal_row::<3>(in_row, out_row, taps),
+            _ => horizontal_row::<1>(in_row, out_row, taps),
+        }
+    }
+    Image::from_vec(out_w, rows, bands, out)
+}
+
+#[inline(always)]
+fn horizontal_row<const B: usize>(in_row: &[u8], out_row: &mut [u8], taps: &Taps) {
+    for (i, px) in out_row.chunks_exact_mut(B).enumerate() {
+        let k = taps.coeffs(i);
+        let start = taps.start[i] * B;
+        let input = &in_row[start..start + k.len() * B];
+        let mut sum = [HALF; B];
+        for (p, &kx) in input.chunks_exact(B).zip(k) {
+            for c in 0..B {
+                sum[c] += i32::from(p[c]) * kx;
+            }
+        }
+        for c in 0..B {
+            px[c] = clip8(sum[c]);
+        }
+    }
+}
+
+/// Every column of `src` resampled to `out_h` rows; `taps` index `src`'s rows.
+fn vertical_pass(src: &View<'_>, out_h: usize, taps: &Taps) -> Image {
+    let row_len = src.width * src.bands;
+    let mut out = vec![0u8; row_len * out_h];
+    if row_len == 0 {
+        return Image::from_vec(src.width, out_h, src.bands, out);
+    }
+    // One row of sums, reused: each tap adds a whole source row to it (contiguous, vectorised).
+    let mut acc = vec![0i32; row_len];
+    for (y, out_row) in out.chunks_exact_mut(row_len).enumerate() {
+        acc.fill(HALF);
+        let k = taps.coeffs(y);
+        for (j, &kx) in k.iter().enumerate() {
+            let in_row = src.row(taps.start[y] + j);
+            for (a, &p) in acc.iter_mut().zip(in_row) {
+                *a += i32::from(p) * kx;
+            }
+        }
+        for (o, &a) in out_row.iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+    }
+    Image::from_vec(src.width, out_h, src.bands, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEAREST
+
+/// Geometry.c's COORD: -1 for negatives (so that -0.5 is outside too), else truncation.
+#[inline]
+fn coord(v: f64) -> i64 {
+    if v < 0.0 {
+        -1
+    } else {
+        v as i64
+    }
+}
+
+/// `ImagingScaleAffine` with Pillow's resize matrix (see the NOTE).
+fn nearest(src: &View<'_>, out_w: usize, out_h: usize, b: [f32; 4]) -> Image {
+    let bands = src.bands;
+    let a0 = f64::from(b[2] - b[0]) / out_w as f64;
+    let a4 = f64::from(b[3] - b[1]) / out_h as f64;
+    let (a2, a5) = (f64::from(b[0]), f64::from(b[1]));
+
+    // Source column of each output column; [lo, hi) spans the in-range ones.
+    let mut table = vec![0usize; out_w];
+    let (mut lo, mut hi) = (out_w, 0);
+    let mut xo = a2 + a0 * 0.5;
+    for (x, t) in table.iter_mut().enumerate() {
+        let xin = coord(xo);
+        if xin >= 0 && (xin as usize) < src.width {
+            hi = x + 1;
+            lo = lo.min(x);
+            *t = xin as usize;
+        }
+        xo += a0;
+    }
+
+    let mut out = vec![0u8; out_w * out_h * bands];
+    let mut yo = a5 + a4 * 0.5;
+    for out_row in out.chunks_exact_mut(out_w * bands) {
+        let yin = coord(yo);
+        if yin >= 0 && (yin as usize) < src.height && lo < hi {
+            let in_row = src.row(yin as usize);
+            let span = &mut out_row[lo * bands..hi * bands];
+            match bands {
+                3 => copy_columns::<3>(in_row, span, &table[lo..hi]),
+                _ => copy_columns::<1>(in_row, span, &table[lo..hi]),
+            }
+        }
+        yo += a4;
+    }
+    Image::from_vec(out_w, out_h, bands, out)
+}
+
+#[inline(always)]
+fn copy_columns<const B: usize>(in_row: &[u8], out: &mut [u8], table: &[usize]) {
+    for (px, &x) in out.chunks_exact_mut(B).zip(table) {
+        px.copy_from_slice(&in_row[x * B..x * B + B]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gradient(w: usize, h: usize, bands: usize) -> Image {
+        let data = (0..w * h * bands).map(|i| (i * 37 % 251) as u8).collect();
+        Image::from_vec(w, h, bands, data)
+    }
+
+    #[test]
+    fn same_size_full_box_is_a_copy() {
+        let img = gradient(7, 5, 3);
+        for f in [Filter::Nearest, Filter::Bilinear, Filter::Lanczos] {
+            assert_eq!(resize(&img, 7, 5, f, [0.0, 0.0, 7.0, 5.0]), img);
+        }
+    }
+
+    #[test]
+    fn whole_pixel_box_of_the_output_size_is_a_crop() {
+        let img = gradient(9, 8, 1);
+        let out = resize(&img, 3, 2, Filter::Bicubic, [4.0, 5.0, 7.0, 7.0]);
+        assert_eq!(out, crate::geometry::crop(&img, 4, 5, 7, 7));
+    }
+
+    #[test]
+    fn bilinear_coefficients_sum_to_one_in_fixed_point() {
+        let taps = Taps::new(500, 0.0, 500.0, 224, Kernel::of(Filter::Bilinear));
+        for i in 0..224 {
+            let sum: i32 = taps.coeffs(i).iter().sum();
+            assert!(
+                (sum - (1 << PRECISION_BITS)).abs() <= taps.len[i] as i32,
+                "{i}: {sum}"
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "box can't exceed original image size")]
+    fn box_past_the_image_panics() {
+        resize(&gradient(4, 4, 1), 2, 2, Filter::Box, [0.0, 0.0, 4.5, 4.0]);
+    }
+}
