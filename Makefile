@@ -87,10 +87,13 @@ $(BENCH_STAMP): $(DEPS)
 	@touch $@
 
 # side_by_side.py, then the real pipelines' short version (--quick: a few hundred samples each,
-# about a minute; their data is generated into .bench-data/ at the first run).
+# about a minute; their data is generated into .bench-data/ at the first run), a smoke run whose
+# rows are shown but not scored; then one table of both. Each run is a dated JSON file in
+# benches/results/ (the smoke run's in benches/results/smoke/, git-ignored).
 bench: build $(BENCH_STAMP)
 	$(PY) benches/side_by_side.py
 	$(PY) benches/real_pipelines.py --quick
+	$(PY) benches/bench_results.py --latest side_by_side real_pipelines
 
 # The real pipelines in full (benches/real_pipelines.py; docs/benchmarks.md): the first run
 # generates ~110 MB of JPEGs, tar shards of them, a 200 MB token file and an Arrow table.

@@ -31,7 +31,7 @@ rate for the per-sample work measured in this process (``torch.set_num_threads(1
 worker) times the number of workers, and for the memmap the page-cache read bandwidth.
 
     python benches/real_pipelines.py                      # every pipeline, 3 repeats
-    python benches/real_pipelines.py --quick              # small sizes, a smoke test
+    python benches/real_pipelines.py --quick              # small sizes, a smoke test (not scored)
     python benches/real_pipelines.py --pipelines tokens,arrow --repeats 5
 
 On a machine other programs keep busy, set ``OMP_WAIT_POLICY=PASSIVE``: the num_workers=0 rows
@@ -39,6 +39,9 @@ run torch's transforms and collation on its intra-op threads (as many as the cor
 OpenMP barriers spin by default; with another process on a core they wait for a thread that is
 not running, and an ImageFolder epoch on 2 busy cores took 10-15x longer (20-30 images/s
 against 300). Worker processes run torch on one thread and are not affected.
+
+Each run is written to benches/results/ as a dated JSON file (bench_results.py; a --quick
+run's to benches/results/smoke/).
 
 The tokens pipeline needs only numpy; the others import torchvision, pillow, webdataset and
 datasets (``make bench-real`` installs them into the venv).
@@ -64,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import bench_results
 import numpy as np
 import torch
 import torch.utils.data as tud
@@ -715,8 +719,9 @@ STAGES = {
 }
 
 
-def report(res: Result) -> tuple[int, int]:
-    """Prints a pipeline's tables; returns (targets met, targets)."""
+def report(res: Result, smoke: bool) -> tuple[int, int, dict]:
+    """Prints a pipeline's tables; returns (targets met, targets) and its figures. A smoke
+    run's rows (``--quick``) are not scored."""
     p = res.pipeline
     median = {s: statistics.median(t) for s, t in res.times.items()}
     print(f"\n== {p.key}: {p.title}\n")
@@ -747,23 +752,42 @@ def report(res: Result) -> tuple[int, int]:
     )
     print()
     met = total = 0
-    comparisons = []
+    comparisons, figures = [], []
     for c in p.comparisons:
-        ratio = median[c.theirs] / median[c.ours]
-        pairs = [t / o for t, o in zip(res.times[c.theirs], res.times[c.ours])]
-        if c.target is None:
+        row = bench_results.comparison(
+            f"{p.key}: {c.label}",
+            res.times[c.theirs],
+            res.times[c.ours],
+            target=c.target,
+            smoke=smoke,
+            ours=c.ours.name,
+            theirs=c.theirs.name,
+        )
+        figures.append(row)
+        if smoke:
+            target, verdict = "-", "(smoke)"
+        elif c.target is None:
             target, verdict = "-", "(information)"
         else:
             total += 1
-            ok = round(ratio, 2) >= c.target  # (judged as printed: 1.50x meets 1.5x)
-            met += ok
-            target, verdict = f">= {c.target:g}x", "met" if ok else "MISSED"
-        spread = f"{min(pairs):.2f}-{max(pairs):.2f}x"
-        comparisons.append((c.label, f"{ratio:.2f}x", spread, target, verdict))
+            met += row["met"]
+            target, verdict = f">= {c.target:g}x", "met" if row["met"] else "MISSED"
+        lo, hi = row["spread"]
+        comparisons.append(
+            (c.label, f"{row['ratio']:.2f}x", f"{lo:.2f}-{hi:.2f}x", target, verdict)
+        )
     print_table(("rloader vs torch", "ratio", "runs", "target", ""), comparisons)
     for line in [*res.limits, *p.notes]:
         print(f"- {line}")
-    return met, total
+    pipeline = {
+        "title": p.title,
+        "unit": p.unit,
+        "samples": p.samples,
+        "seconds": {s.name: res.times[s] for s in p.settings},
+        "rloader_stats": {s.name: res.stats[s] for s in p.settings if res.stats[s]},
+        "limits": res.limits,
+    }
+    return met, total, {"pipeline": pipeline, "comparisons": figures}
 
 
 def load_average() -> str:
@@ -797,6 +821,7 @@ def main() -> None:
             else "--repeats must be at least 1"
         )
     started, load_before = time.perf_counter(), load_average()
+    started_at = bench_results.now()
     results = []
     for name in chosen:
         pipeline = PIPELINES[name](args.data_dir, args.quick)
@@ -817,10 +842,26 @@ def main() -> None:
         "(medians); runs: the lowest and highest ratio of one run to the run beside it."
     )
     met = total = 0
+    figures: dict = {"repeats": args.repeats, "pipelines": {}, "comparisons": []}
     for res in results:
-        m, t = report(res)
+        m, t, fig = report(res, args.quick)
         met, total = met + m, total + t
-    print(f"\n{met} of {total} targets met; {time.perf_counter() - started:.0f} s in all")
+        figures["pipelines"][res.pipeline.key] = fig["pipeline"]
+        figures["comparisons"] += fig["comparisons"]
+    elapsed = f"{time.perf_counter() - started:.0f} s in all"
+    if args.quick:
+        print(f"\nA smoke run (--quick, {elapsed}): its rows are too short to score.")
+    else:
+        print(f"\n{met} of {total} targets met; {elapsed}")
+    path = bench_results.save(
+        "real_pipelines",
+        figures,
+        smoke=args.quick,
+        started=started_at,
+        environment={"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+        load_average_at_start=load_before,
+    )
+    print(f"This run's figures: {path}")
 
 
 if __name__ == "__main__":

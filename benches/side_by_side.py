@@ -25,7 +25,10 @@ that same loader, as in a training loop that builds its DataLoader once and iter
 epoch.
 
     python benches/side_by_side.py            # everything, 3 repeats
-    python benches/side_by_side.py --quick    # smaller sizes, for a smoke test
+    python benches/side_by_side.py --quick    # smaller sizes, for a smoke test (not scored)
+
+Each run is written to benches/results/ as a dated JSON file (bench_results.py; a --quick
+run's to benches/results/smoke/).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import bench_results
 import numpy as np
 import torch
 import torch.utils.data as tud
@@ -610,11 +614,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--only", default="", help="run workloads whose name contains this")
     args = parser.parse_args()
+    started = bench_results.now()
     libs = {"torch": TorchNS(), "rloader": rloader}
     chosen = [w for w in workloads(args.quick) if args.only in w.name]
     steps = sum(args.repeats * (2 + (w.floor is not None)) + 1 for w in chosen)
     progress = Progress(steps)
-    rows = []
+    rows, comparisons = [], []
     stage_rows: list = []  # (workload, rloader's DataLoader.stats() of its last run)
     for w in chosen:
         data = w.data()
@@ -636,12 +641,14 @@ def main() -> None:
         data = None  # frees this workload's data (and loaders) before the next one's
         release_freed_memory()
         med = {k: statistics.median(v) for k, v in times.items() if v}
-        ratio = med["torch"] / med["rloader"]
+        # (a --quick run's rows are a smoke test: too short to score)
+        row = bench_results.comparison(
+            w.name, times["torch"], times["rloader"], target=w.target, smoke=args.quick
+        )
+        ratio, (lo, hi) = row["ratio"], row["spread"]
         # Each run of rloader against the torch run beside it: how far one run can stray.
-        pairs = [t / r for t, r in zip(times["torch"], times["rloader"])]
-        spread = f"{min(pairs):.2f}-{max(pairs):.2f}x"
-        # (judged as printed: a ratio shown as 1.50x meets 1.5x)
-        verdict = "met" if round(ratio, 2) >= w.target else "MISSED"
+        spread = f"{lo:.2f}-{hi:.2f}x"
+        verdict = "smoke" if args.quick else "met" if row["met"] else "MISSED"
         floor = f"{med['torch'] / med['floor']:.2f}x" if "floor" in med else "-"
         if w.unit == "bytes":  # the floor here is a plain memcpy of the same bytes
             floor = f"memcpy {w.count / med['floor'] / 1e9:.1f} GB/s"
@@ -651,6 +658,8 @@ def main() -> None:
             shown = {k: f"{med[k] / 1e9:.2f} GB" for k in ("torch", "rloader")}
         else:
             shown = {k: f"{human(w.count / med[k])}/s" for k in ("torch", "rloader")}
+        row.update(unit=w.unit, count=w.count, floor=None if floor == "-" else floor)
+        comparisons.append(row)
         rows.append(
             (
                 w.name,
@@ -658,7 +667,7 @@ def main() -> None:
                 shown["rloader"],
                 f"{ratio:.2f}x",
                 spread,
-                f">= {w.target:g}x",
+                "-" if args.quick else f">= {w.target:g}x",
                 verdict,
                 floor,
                 w.unit,
@@ -673,11 +682,18 @@ def main() -> None:
         "of one rloader run to the torch run beside it;\n"
         "floor: torch's time over the part no implementation can avoid (see --help).\n"
     )
-    missed = [r[0] for r in rows if r[6] != "met"]
-    summary = f"{len(rows) - len(missed)} of {len(rows)} targets met"
     print_table(headers, rows)
-    print(f"\n{summary}" + (f"; missed: {'; '.join(missed)}" if missed else ""))
+    if args.quick:
+        print("\nA smoke run (--quick): its rows are too short to score against the targets.")
+    else:
+        missed = [r[0] for r in rows if r[6] != "met"]
+        summary = f"{len(rows) - len(missed)} of {len(rows)} targets met"
+        print(f"\n{summary}" + (f"; missed: {'; '.join(missed)}" if missed else ""))
     print_stages(stage_rows)
+    stages = {name: stats for name, stats in stage_rows if stats is not None}
+    figures = {"repeats": args.repeats, "comparisons": comparisons, "rloader_stats": stages}
+    path = bench_results.save("side_by_side", figures, smoke=args.quick, started=started)
+    print(f"\nThis run's figures: {path}")
 
 
 def print_table(headers: tuple, rows: list) -> None:
