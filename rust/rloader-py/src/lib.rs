@@ -19,6 +19,7 @@
 //!   (`PinnedSlots`, `PinnedBlocks`);
 //! - `shared/`: `rloader.shared`'s read-only containers in shared memory, one copy per node
 //!   (`SharedList`, `SharedArray`, `SharedDict`, over rloader-shared);
+//! - `vision.rs`: rloader.vision's encoded files and the steps run on them (rloader-vision);
 //! - `torch_api.rs`: the torch objects the crate calls, looked up once;
 //! - `stats.rs`: `Stats`, where an epoch's time went (`DataLoader.stats()`);
 //! - `wait.rs`: waiting without the GIL (NOTE [Waiting]);
@@ -44,6 +45,7 @@ mod single_process;
 mod stats;
 mod threads;
 mod torch_api;
+mod vision;
 mod wait;
 
 /// Free-threaded CPython (3.13t, 3.14t): the module declares that it does not need the GIL, so
@@ -85,5 +87,6 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::slots::py_slot_empty, m)?)?;
     m.add_function(wrap_pyfunction!(memory::slots::in_slot_worker, m)?)?;
     shared::register(m)?;
+    vision::register(m)?;
     Ok(())
 }

@@ -1,0 +1,200 @@
+//! `rloader.vision`'s decoding and transforms: an encoded file (`EncodedImage`), and a
+//! sample's steps run on it without the GIL (rloader-vision does the pixel work).
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use rloader_vision::decode::{self, Format, Header, NotHandled};
+use rloader_vision::plan::{self, Output, Step};
+use rloader_vision::resample::Filter;
+use rloader_vision::tensor::Table;
+
+/// A file's bytes and header, read without the GIL; `None` from `open` where Pillow must decode
+/// it (the reason in `vision_open`'s second value).
+#[pyclass(frozen, module = "rloader._rloader")]
+pub struct EncodedImage {
+    data: Vec<u8>,
+    header: Header,
+}
+
+/// Reads `path` and its header without the GIL: `(EncodedImage, None)`, or `(None, why)` for a
+/// file to leave to Pillow (unreadable, another format, a mode not reproduced exactly).
+#[pyfunction]
+pub fn vision_open(py: Python<'_>, path: PathBuf) -> (Option<EncodedImage>, Option<String>) {
+    py.detach(|| {
+        let data = match std::fs::read(&path) {
+            Ok(data) => data,
+            Err(err) => return (None, Some(err.to_string())),
+        };
+        match decode::probe(&data) {
+            Ok(header) => (Some(EncodedImage { data, header }), None),
+            Err(why) => (None, Some(reason(why))),
+        }
+    })
+}
+
+fn reason(why: NotHandled) -> String {
+    match why {
+        NotHandled::Unsupported(s) | NotHandled::DecodeFailed(s) => s,
+    }
+}
+
+#[pymethods]
+impl EncodedImage {
+    /// The decoded size at full scale.
+    #[getter]
+    fn size(&self) -> (usize, usize) {
+        (self.header.width, self.header.height)
+    }
+
+    /// "JPEG" or "PNG".
+    #[getter]
+    fn format(&self) -> &'static str {
+        match self.header.format {
+            Format::Jpeg => "JPEG",
+            Format::Png => "PNG",
+        }
+    }
+
+    /// The size `steps` make from this image decoded at `1/scale_denom`.
+    fn output_size(
+        &self,
+        scale_denom: usize,
+        steps: Vec<Bound<'_, PyTuple>>,
+    ) -> PyResult<(usize, usize)> {
+        let (w, h) = decode::scaled_size(&self.header, scale_denom);
+        Ok(plan::output_size(w, h, &parse_steps(&steps)?))
+    }
+
+    /// Decodes at `1/scale_denom`, runs `steps` and writes the result to the `out_len` bytes
+    /// at `out_ptr`: CHW through `table` (`channels` tables of 256 values of `elem` bytes), or
+    /// RGB bytes without one. False (nothing written that counts) where the decoder failed
+    /// or warned: the caller gives the file to Pillow.
+    ///
+    /// SAFETY (the caller's): `out_ptr` is the start of `out_len` writable bytes that stay
+    /// alive and untouched by anyone else until this returns (a fresh tensor's storage, which
+    /// the caller holds), exactly the output's size.
+    #[pyo3(signature = (scale_denom, steps, out_ptr, out_len, table=None, elem=0, channels=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        scale_denom: usize,
+        steps: Vec<Bound<'_, PyTuple>>,
+        out_ptr: usize,
+        out_len: usize,
+        table: Option<Bound<'_, PyBytes>>,
+        elem: usize,
+        channels: usize,
+    ) -> PyResult<bool> {
+        if ![1, 2, 4, 8].contains(&scale_denom) {
+            return Err(PyValueError::new_err(format!(
+                "scale_denom {scale_denom}: 1, 2, 4 or 8"
+            )));
+        }
+        let steps = parse_steps(&steps)?;
+        let (w, h) = decode::scaled_size(&self.header, scale_denom);
+        let (w, h) = plan::output_size(w, h, &steps);
+        let values = table.as_ref().map(|t| t.as_bytes());
+        let output = match values {
+            Some(values) => {
+                if values.len() != channels * 256 * elem || ![1, 2, 4, 8].contains(&elem) {
+                    return Err(PyValueError::new_err(
+                        "table: channels * 256 values of 1, 2, 4 or 8 bytes",
+                    ));
+                }
+                Output::Chw(Table {
+                    values,
+                    elem,
+                    channels,
+                })
+            }
+            None => Output::Rgb,
+        };
+        let expected = match &output {
+            Output::Chw(t) => t.channels * w * h * t.elem,
+            Output::Rgb => w * h * 3,
+        };
+        if out_len != expected || out_ptr == 0 {
+            return Err(PyValueError::new_err(format!(
+                "output of {out_len} bytes; {expected} needed"
+            )));
+        }
+        let data = &self.data;
+        let header = &self.header;
+        py.detach(move || {
+            // SAFETY: the caller's contract above: out_len live, writable bytes no one else
+            // touches until this call returns.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_len) };
+            Ok(plan::run(data, header, scale_denom, &steps, &output, out).is_ok())
+        })
+    }
+}
+
+fn filter(code: &str) -> PyResult<Filter> {
+    Ok(match code {
+        "nearest" => Filter::Nearest,
+        "box" => Filter::Box,
+        "bilinear" => Filter::Bilinear,
+        "hamming" => Filter::Hamming,
+        "bicubic" => Filter::Bicubic,
+        "lanczos" => Filter::Lanczos,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "no resampling filter {other:?}"
+            )))
+        }
+    })
+}
+
+/// Steps as Python writes them: `("crop", left, top, right, bottom)`,
+/// `("resize", width, height, filter, x0, y0, x1, y1)`, `("flip_lr",)`, `("flip_tb",)`.
+fn parse_steps(steps: &[Bound<'_, PyTuple>]) -> PyResult<Vec<Step>> {
+    steps
+        .iter()
+        .map(|t| {
+            let kind: String = t.get_item(0)?.extract()?;
+            Ok(match kind.as_str() {
+                "crop" => {
+                    let (_, left, top, right, bottom): (String, i64, i64, i64, i64) =
+                        t.extract()?;
+                    Step::Crop {
+                        left,
+                        top,
+                        right,
+                        bottom,
+                    }
+                }
+                "resize" => {
+                    let (_, width, height, f, x0, y0, x1, y1): (
+                        String,
+                        usize,
+                        usize,
+                        String,
+                        f64,
+                        f64,
+                        f64,
+                        f64,
+                    ) = t.extract()?;
+                    Step::Resize {
+                        width,
+                        height,
+                        filter: filter(&f)?,
+                        bbox: [x0, y0, x1, y1],
+                    }
+                }
+                "flip_lr" => Step::FlipLeftRight,
+                "flip_tb" => Step::FlipTopBottom,
+                other => return Err(PyValueError::new_err(format!("no step {other:?}"))),
+            })
+        })
+        .collect()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<EncodedImage>()?;
+    m.add_function(wrap_pyfunction!(vision_open, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! Files to pixels: what `PIL.Image.open(f).convert("RGB")` gives, for the files this crate
+//! decodes exactly; `probe` says which those are, and anything else is left to Pillow.
+//!
+//! A file is decoded here only where the result is known to equal Pillow's bit for bit; every
+//! other file (another format, a mode whose conversion is not reproduced, any decoder error or
+//! warning) is reported as not handled and the caller hands it to Pillow, which then gives
+//! its own pixels or raises its own exception. So a corrupt file raises exactly what
+//! torchvision raises, and a warning libjpeg-turbo gives never changes a result.
+
+mod jpeg;
+mod png;
+
+use crate::image::Image;
+
+/// What a file holds, read from its header without decoding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub format: Format,
+    pub width: usize,
+    pub height: usize,
+    /// Bands of the decoded pixels (1: Pillow's "L", 3: "RGB"), before the conversion to RGB
+    /// the caller makes last (an L image is resampled as one band, the same arithmetic per band).
+    pub bands: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Jpeg,
+    Png,
+}
+
+/// Why a file was not decoded here: the caller gives it to Pillow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotHandled {
+    /// Not a JPEG or PNG, or one whose pixels Pillow converts in a way not reproduced here.
+    Unsupported(String),
+    /// The decoder failed or warned; Pillow decides what that file gives.
+    DecodeFailed(String),
+}
+
+/// Reads the header of a JPEG or PNG this crate decodes exactly; `Err` for anything else.
+pub fn probe(data: &[u8]) -> Result<Header, NotHandled> {
+    if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        jpeg::probe(data)
+    } else if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        png::probe(data)
+    } else {
+        Err(NotHandled::Unsupported("neither JPEG nor PNG".into()))
+    }
+}
+
+/// Decodes a file `probe` accepted. `scale_denom` (1, 2, 4 or 8) decodes a JPEG at that
+/// fraction of its size in the DCT, as Pillow's `draft` does; PNGs decode at 1 only.
+pub fn decode(data: &[u8], header: &Header, scale_denom: usize) -> Result<Image, NotHandled> {
+    match header.format {
+        Format::Jpeg => jpeg::decode(data, header, scale_denom),
+        Format::Png if scale_denom == 1 => png::decode(data, header),
+        Format::Png => Err(NotHandled::Unsupported(
+            "PNGs do not decode at a reduced scale".into(),
+        )),
+    }
+}
+
+/// The size a JPEG decodes to at `1/scale_denom` (libjpeg's rounding up, as Pillow's `draft`).
+pub fn scaled_size(header: &Header, scale_denom: usize) -> (usize, usize) {
+    (
+        header.width.div_ceil(scale_denom),
+        header.height.div_ceil(scale_denom),
+    )
+}
