@@ -38,6 +38,9 @@ loader first), and the peak of its workers' summed PSS (read every 20 ms) is set
 N-1 more times, in turn, each in a fresh process, and the ratios are of their medians (one
 run of a row on a 2-core VM moves by +-10% and more, and the best of 9-10 fixed rows is the
 luckiest of them).
+
+Each run is written to benches/results/ as a dated JSON file (bench_results.py; a --quick
+run's to benches/results/smoke/): every row's figures, and auto's ratios with their spread.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import bench_results
 import numpy as np
 import torch
 import torch.utils.data as tud
@@ -313,6 +317,10 @@ def main() -> None:
         return
     from real_pipelines import DEFAULT_DATA_DIR
 
+    started = bench_results.now()
+    figures: dict = {"epochs": args.epochs, "repeat": args.repeat, "workloads": {}}
+    figures["comparisons"] = comparisons = []
+
     data_dir = args.data_dir or DEFAULT_DATA_DIR
     print(
         f"cores usable: {_auto_measure.usable_cores()}, epochs: {args.epochs}, "
@@ -379,11 +387,54 @@ def main() -> None:
             for label, kw in auto_kw.items():
                 autos[label].append(row(label, kw))
         summarize(torch_firsts, fixed, best, autos, args.repeat)
+        comparisons += auto_comparisons(name, torch_firsts, fixed, best, autos, args.quick)
+        figures["workloads"][name] = {
+            "torch nw=0 first": torch_firsts,
+            "best fixed": best,
+            # label: [[first epoch, later epochs, peak PSS], ...] per run, samples/s and bytes
+            "rows": {**fixed, **autos},
+        }
+    path = bench_results.save(
+        "auto_workers", figures, smoke=args.quick, started=started, persistent=args.persistent
+    )
+    print(f"\nThis run's figures: {path}")
 
 
 def median_of(results: list, i: int) -> Optional[float]:
     values = [r[i] for r in results if r[i] is not None]
     return statistics.median(values) if values else None
+
+
+def auto_comparisons(
+    name: str, torch_firsts: list, fixed: dict, best: str, autos: dict, smoke: bool
+) -> list:
+    """Each auto row's first epoch against torch's ``num_workers=0`` and its later epochs against
+    the best fixed setting, run by run (their samples/s as seconds per sample)."""
+    rows = []
+    for label, results in autos.items():
+        firsts = [1 / r[0] for r in results]
+        rows.append(
+            bench_results.comparison(
+                f"{name}: {label}, first epoch vs torch nw=0",
+                [1 / f for f in torch_firsts[: len(firsts)]],
+                firsts,
+                target=0.95,
+                smoke=smoke,
+            )
+        )
+        best_runs = fixed[best]
+        laters = [r[1] for r in best_runs + results]
+        if len(best_runs) == len(results) and None not in laters:
+            rows.append(
+                bench_results.comparison(
+                    f"{name}: {label}, later epochs vs the best fixed ({best})",
+                    [1 / r[1] for r in best_runs],
+                    [1 / r[1] for r in results],
+                    target=0.9,
+                    smoke=smoke,
+                )
+            )
+    return rows
 
 
 def summarize(torch_firsts: list, fixed: dict, best: str, autos: dict, repeat: int) -> None:
