@@ -34,12 +34,18 @@
 // A pixel is (2^21 + sum of pixel * coefficient) in i32, then clip8: (sum >> 22) clamped to
 // 0..=255. Integer sums are exact, so the order of the taps is free (we may vectorise).
 //
-// Passes (`ImagingResampleInner`): the vertical coefficients are computed first. The horizontal
-// pass runs when out_w != in_w or box[0] != 0 or box[2] != out_w (box[2] against the OUTPUT
-// width, as Pillow compares it), over only the source rows the vertical pass will read: from the
-// first output row's xmin to the last output row's xmin + n (the vertical bounds are shifted by
-// that first row). The vertical pass runs when out_h != in_h or box[1] != 0 or box[3] != out_h,
-// on the horizontal pass's result or the source. Neither: a copy.
+// Passes (`ImagingResampleInner`). The horizontal pass is needed when out_w != in_w or
+// box[0] != 0 or box[2] != out_w (box[2] against the OUTPUT width, as Pillow compares it); the
+// vertical one when out_h != in_h or box[1] != 0 or box[3] != out_h. Neither: a copy. Both: the
+// horizontal pass runs first, over only the source rows the vertical pass will read (from the
+// first output row's xmin to the last one's xmin + n; the vertical bounds are shifted by that
+// first row), unless the height shrinks by more than twice what the width does:
+//   out_h < in_h and (in_h - out_h) > 2 * (in_w - out_w)   (image sizes, not the box's)
+// then the vertical pass runs first (over the columns the horizontal pass will read). Pillow 13
+// brought that second order in (python-pillow/Pillow#9549); the rule above is the one that
+// matches Pillow 13.0.0 on ~4400 random sizes and boxes, with its boundary checked both ways
+// (in_h - out_h == 2 * (in_w - out_w) stays horizontal-first). The order changes rounding, since
+// the first pass rounds to 8 bits.
 //
 // NEAREST (`ImagingTransform` affine -> `ImagingScaleAffine`, since the matrix has no shear):
 //   a0 = f64(box[2] - box[0] in f32) / out_w, a2 = box[0]; a4, a5 likewise for y.
@@ -115,6 +121,16 @@ impl<'a> View<'a> {
             width,
             height,
             bands: img.bands,
+        }
+    }
+
+    /// Columns `left..left + width` of the view.
+    fn columns(&self, left: usize, width: usize) -> Self {
+        assert!(left + width <= self.width, "columns outside the view");
+        Self {
+            offset: self.offset + left * self.bands,
+            width,
+            ..*self
         }
     }
 
@@ -312,6 +328,17 @@ impl Taps {
         }
     }
 
+    /// The inputs any output reads, `first..end`; the starts become relative to `first`.
+    fn span(&mut self) -> (usize, usize) {
+        let first = self.start[0];
+        let last = self.start.len() - 1;
+        let end = self.start[last] + self.len[last];
+        for s in &mut self.start {
+            *s -= first;
+        }
+        (first, end)
+    }
+
     #[inline(always)]
     fn coeffs(&self, i: usize) -> &[i32] {
         &self.k[i * self.ksize..i * self.ksize + self.len[i]]
@@ -323,18 +350,25 @@ fn convolve(src: &View<'_>, out_w: usize, out_h: usize, kernel: Kernel, b: [f32;
     let need_h = out_w != src.width || b[0] != 0.0 || b[2] != out_w as f32;
     let need_v = out_h != src.height || b[1] != 0.0 || b[3] != out_h as f32;
     let mut vert = Taps::new(src.height, b[1], b[3], out_h, kernel);
-    let first = vert.start[0];
-    let last = vert.start[out_h - 1] + vert.len[out_h - 1];
+    let mut horiz = need_h.then(|| Taps::new(src.width, b[0], b[2], out_w, kernel));
+
+    let vertical_first = need_h
+        && need_v
+        && out_h < src.height
+        && (src.height - out_h) as i64 > 2 * (src.width as i64 - out_w as i64);
+    if let (true, Some(horiz)) = (vertical_first, horiz.as_mut()) {
+        // Only the columns the horizontal pass reads.
+        let (first, end) = horiz.span();
+        let temp = vertical_pass(&src.columns(first, end - first), out_h, &vert);
+        return horizontal_pass(&View::whole(&temp), 0, out_h, out_w, horiz);
+    }
 
     let temp;
     let mut input = *src;
-    if need_h {
-        let horiz = Taps::new(src.width, b[0], b[2], out_w, kernel);
-        for s in &mut vert.start {
-            *s -= first;
-        }
-        let rows = last - first;
-        temp = horizontal_pass(src, first, rows, out_w, &horiz);
+    if let Some(horiz) = &horiz {
+        // Only the rows the vertical pass reads.
+        let (first, end) = vert.span();
+        temp = horizontal_pass(src, first, end - first, out_w, horiz);
         input = View::whole(&temp);
     }
     if need_v {
