@@ -28,9 +28,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+# (RLOADER_BENCH_RESULTS: another folder, for the tests of the bench scripts)
+RESULTS_DIR = Path(os.environ.get("RLOADER_BENCH_RESULTS") or REPO / "benches" / "results")
 SMOKE_DIR = RESULTS_DIR / "smoke"
-REPO = RESULTS_DIR.parent.parent
 
 
 def now() -> dt.datetime:
