@@ -50,6 +50,26 @@ ifneq ($(call PY_ID,$(PY)),$(call PY_ID,$(PYTHON)))
 $(DEPS): FORCE
 endif
 
+# rloader.vision's tests compare with torchvision and Pillow (the `vision` extra). torchvision
+# must match the venv's torch, and pip would otherwise replace torch to suit a newer
+# torchvision: a constraint holds torch at the installed distribution's version
+# (importlib.metadata's, which pip compares; torch.__version__ may carry a "+cu..." label).
+define VISION_TOOLS
+	$(1) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > $(dir $(1))../torch-constraint.txt
+	$(1) -m pip install -q --no-cache-dir -c $(dir $(1))../torch-constraint.txt torchvision pillow
+endef
+
+# The wheel's JPEG decoder is libjpeg-turbo, built from the turbojpeg-sys crate's vendored source
+# with cmake and nasm (its SIMD). Debian's packages; installed here when missing (as root).
+NATIVE_TOOLS := cmake nasm
+define NEED_NATIVE_TOOLS
+	@for t in $(NATIVE_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$${missing:-}" ]; then \
+		echo "== installing$$missing (Debian's packages) to build libjpeg-turbo"; \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y -q$$missing >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q$$missing >/dev/null; }; \
+		else echo "error: building rloader needs$$missing: sudo apt-get install$$missing"; exit 1; fi; fi
+endef
+
 # --no-cache-dir: torch and its CUDA libraries are ~3 GB of downloads; a pip cache would hold a
 # second copy of them beside the installed ~5 GB, and CI machines can be short of disk.
 $(DEPS): Makefile
@@ -59,11 +79,13 @@ $(DEPS): Makefile
 	$(PY) -m pip install -q --no-cache-dir --upgrade pip
 	$(PY) -m pip install -q --no-cache-dir torch "maturin>=1.5,<2" $(TEST_TOOLS)
 	$(PY) -m pip install -q --no-cache-dir --no-deps "$(TORCHDATA)"
+	$(call VISION_TOOLS,$(PY))
 	@touch $@
 
 # rloader is installed into the venv as a wheel, the way users get it.
 $(WHEEL_STAMP): $(DEPS) $(RUST_SOURCES) $(PY_SOURCES)
 	@echo "== building rloader's wheel (release build of the Rust core) and installing it into $(VENV)"
+	$(NEED_NATIVE_TOOLS)
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --interpreter $(PY) -o dist
 	$(PY) -m pip install -q --force-reinstall --no-deps dist/rloader-*.whl
@@ -109,6 +131,7 @@ bench-resume: build
 test: test-rust test-python
 
 test-rust:
+	$(NEED_NATIVE_TOOLS)
 	@echo "== Rust tests (cargo test --workspace --release)"
 	cargo test --workspace --release
 
@@ -158,10 +181,12 @@ $(OLDEST_DEPS): Makefile
 	$(OLDEST_PY) -m pip install -q --no-cache-dir --upgrade pip
 	$(OLDEST_PY) -m pip install -q --no-cache-dir "torch==$(OLDEST_TORCH)" "maturin>=1.5,<2" $(TEST_TOOLS)
 	$(OLDEST_PY) -m pip install -q --no-cache-dir --no-deps "$(TORCHDATA)"
+	$(call VISION_TOOLS,$(OLDEST_PY))
 	@touch $@
 
 $(OLDEST_WHEEL_STAMP): $(OLDEST_DEPS) $(RUST_SOURCES) $(PY_SOURCES)
 	@echo "== building rloader's wheel for $(OLDEST_PY) ($$($(OLDEST_PY) --version)) and installing it there"
+	$(NEED_NATIVE_TOOLS)
 	rm -rf $(OLDEST_DIST)
 	$(OLDEST_VENV)/bin/maturin build --release --interpreter $(OLDEST_PY) -o $(OLDEST_DIST)
 	$(OLDEST_PY) -m pip install -q --force-reinstall --no-deps $(OLDEST_DIST)/rloader-*.whl

@@ -2,6 +2,7 @@
 # Keep it in step with the Rust signatures: `make lint` checks it against the built module
 # with `python -m mypy.stubtest rloader._rloader`.
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from types import TracebackType
@@ -686,3 +687,29 @@ class SharedIter:
 
 def _attach_shared(family: str, name: bytes, hash: bytes, key: str | None) -> Any:
     """Unpickles a shared container's handle: attaches to the copy this node serves."""
+
+@final
+class EncodedImage:
+    """A JPEG or PNG file's bytes and header (rloader.vision), read without the GIL."""
+
+    @property
+    def size(self) -> tuple[int, int]: ...
+    @property
+    def format(self) -> str: ...
+    def output_size(self, scale_denom: int, steps: list[tuple[Any, ...]]) -> tuple[int, int]: ...
+    def run(
+        self,
+        scale_denom: int,
+        steps: list[tuple[Any, ...]],
+        out_ptr: int,
+        out_len: int,
+        table: bytes | None = None,
+        elem: int = 0,
+        channels: int = 0,
+    ) -> bool:
+        """Decodes, runs the steps and writes the result at ``out_ptr`` without the GIL; False
+        where the decoder failed or warned (Pillow decides that file)."""
+
+def vision_open(path: str | os.PathLike[str]) -> tuple[EncodedImage | None, str | None]:
+    """Reads a file and its header without the GIL: the image, or None and why Pillow must
+    decode it."""

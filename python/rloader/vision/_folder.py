@@ -1,0 +1,149 @@
+"""`ImageFolder` and `DatasetFolder`: torchvision's, whose samples are decoded and transformed
+in Rust where that gives torchvision's result bit for bit."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+from torchvision import datasets, get_image_backend
+from torchvision.datasets.folder import default_loader, pil_loader
+
+from rloader import _rloader
+
+from ._plan import _FILTERS, Plan
+
+
+class _RustSamples:
+    """`__getitem__` through a plan of the transform, for torchvision's folder datasets.
+
+    A sample takes the Rust path only where torchvision would open it with Pillow
+    (`default_loader` or `pil_loader`, the PIL backend), its file is a JPEG or PNG decoded here
+    exactly and under Pillow's decompression-bomb limit; otherwise, or where Rust's decoder
+    fails, torchvision's own loader opens it (raising what torchvision raises for a bad file).
+    """
+
+    draft: bool
+
+    def _plan(self) -> Plan | None:
+        # Read again whenever the transform is replaced, as torchvision reads it every call.
+        cached = self.__dict__.get("_rloader_plan")
+        if cached is not None and cached[0] is self.transform:
+            return cached[1]
+        plan = None
+        if self.transform is not None:
+            plan = Plan(self.transform)
+            if plan.empty:
+                plan = None
+        self.__dict__["_rloader_plan"] = (self.transform, plan)
+        return plan
+
+    def __getitem__(self, index: int):
+        path, target = self.samples[index]
+        plan = self._plan() if self.loader in (default_loader, pil_loader) else None
+        if plan is None or get_image_backend() != "PIL":
+            return super().__getitem__(index)
+        encoded, _why = _rloader.vision_open(path)
+        limit = Image.MAX_IMAGE_PIXELS
+        if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
+            return super().__getitem__(index)
+        sample = _run(plan, encoded, path, self.loader)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_rloader_plan", None)
+        return state
+
+
+def _run(plan: Plan, encoded, path: str, loader):
+    steps, done = plan.record(encoded.size)
+    conversion, rest = plan.conversion, plan.rest
+    if done < len(plan.geometry):  # a fixed transform needs pixels: torchvision goes on from it
+        rest = plan.geometry[done:] + (conversion.transforms if conversion else []) + rest
+        conversion = None
+    width, height = encoded.output_size(1, steps)
+    if conversion is not None:
+        out = torch.empty((3, height, width), dtype=conversion.dtype)
+        ok = encoded.run(1, steps, out.data_ptr(), out.nbytes, conversion.table, conversion.elem, 3)
+        sample = out if conversion.kind is torch.Tensor else out.as_subclass(conversion.kind)
+    else:
+        out = torch.empty((height, width, 3), dtype=torch.uint8)
+        ok = encoded.run(1, steps, out.data_ptr(), out.nbytes)
+        sample = Image.frombuffer("RGB", (width, height), out.numpy(), "raw", "RGB", 0, 1)
+    if not ok:
+        # Rust's decoder failed or warned: Pillow decodes (or raises), and the calls the
+        # transforms made on the recorder are made on its image, so nothing is drawn twice.
+        sample = _replay(loader(path), steps)
+        if conversion is not None:
+            for t in conversion.transforms:
+                sample = t(sample)
+    for t in rest:
+        sample = t(sample)
+    return sample
+
+
+def _replay(img: Image.Image, steps: list) -> Image.Image:
+    names = {v: k for k, v in _FILTERS.items()}
+    for step in steps:
+        kind = step[0]
+        if kind == "crop":
+            img = img.crop(step[1:])
+        elif kind == "resize":
+            img = img.resize(step[1:3], names[step[3]], step[4:])
+        elif kind == "flip_lr":
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        else:
+            img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    return img
+
+
+class DatasetFolder(_RustSamples, datasets.DatasetFolder):
+    """torchvision's `DatasetFolder`, its samples decoded and transformed in Rust where the
+    result is torchvision's bit for bit (see `ImageFolder`)."""
+
+    def __init__(
+        self,
+        root,
+        loader,
+        extensions=None,
+        transform=None,
+        target_transform=None,
+        is_valid_file=None,
+        allow_empty=False,
+        *,
+        draft: bool = False,
+    ):
+        super().__init__(
+            root, loader, extensions, transform, target_transform, is_valid_file, allow_empty
+        )
+        self.draft = draft
+
+
+class ImageFolder(_RustSamples, datasets.ImageFolder):
+    """torchvision's `ImageFolder` (same arguments, attributes and files found), whose JPEG
+    and PNG samples are decoded and transformed in Rust with the GIL released.
+
+    The transform is read once: its leading run of crops, resizes and flips (`Resize`,
+    `CenterCrop`, `RandomResizedCrop`, `RandomCrop` without padding, the random flips), then
+    the conversion to a tensor (`ToTensor`, `PILToTensor`, `ToImage`, then `ConvertImageDtype`,
+    `ToDtype`, `Normalize`), v1 or v2, runs in Rust; random parameters are drawn by
+    torchvision's own code from torch's generator, in its order. Every sample equals
+    torchvision + Pillow's bit for bit, and torch's generator ends where it would. What
+    follows the first other transform runs in torchvision, on the image it would have had.
+    """
+
+    def __init__(
+        self,
+        root,
+        transform=None,
+        target_transform=None,
+        loader=default_loader,
+        is_valid_file=None,
+        allow_empty=False,
+        *,
+        draft: bool = False,
+    ):
+        super().__init__(root, transform, target_transform, loader, is_valid_file, allow_empty)
+        self.draft = draft

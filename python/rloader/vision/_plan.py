@@ -1,0 +1,198 @@
+"""A transform pipeline read once: the part that runs in Rust, and the rest.
+
+A plan is the pipeline's leading run of supported transforms, split into two stages:
+
+- geometry: crops, resizes and flips of the PIL image. Per sample they run as torchvision
+  runs them, on a `_Recorder` (a `PIL.Image.Image` that holds only a size): the transform's
+  own `forward` draws its random parameters from torch's generator in its own order and calls
+  the recorder's `crop`, `resize` and `transpose`, which write the call down instead of
+  touching pixels. Rust then makes exactly those calls' pixels, as Pillow would.
+- conversion: `ToTensor`/`PILToTensor`/`ToImage`, then any of `ConvertImageDtype`, `ToDtype`
+  and `Normalize`. Each maps a channel's byte to a value on its own, so the stage is computed
+  once, by torchvision itself, over the 256 bytes of each channel (`Conversion.table`).
+
+What follows the first other transform runs in torchvision, on the image (or tensor) it would
+have had.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision import transforms as v1
+
+try:  # torchvision >= 0.16
+    from torchvision.transforms import v2
+except ImportError:  # pragma: no cover - the oldest torchvision rloader runs with has v2
+    v2 = None
+
+# Pillow's resampling filters, by the names Rust takes.
+_FILTERS = {
+    Image.Resampling.NEAREST: "nearest",
+    Image.Resampling.BOX: "box",
+    Image.Resampling.BILINEAR: "bilinear",
+    Image.Resampling.HAMMING: "hamming",
+    Image.Resampling.BICUBIC: "bicubic",
+    Image.Resampling.LANCZOS: "lanczos",
+}
+
+
+class Unrecordable(Exception):
+    """A transform asked the recorder for something only real pixels can give."""
+
+
+class _Recorder(Image.Image):
+    """A PIL image with a size and no pixels: it writes down the crops, resizes and flips made
+    on it (`steps`), with Pillow's own argument checks, and answers size queries."""
+
+    def __init__(self, size: tuple[int, int], steps: list):
+        super().__init__()
+        self._mode = "RGB"
+        self._size = size
+        self.steps = steps
+
+    def _then(self, size, step) -> _Recorder:
+        self.steps.append(step)
+        return _Recorder(size, self.steps)
+
+    def crop(self, box=None):
+        if box is None:
+            return _Recorder(self._size, self.steps)
+        # Image.crop's checks and _crop's rounding.
+        if box[2] < box[0]:
+            raise ValueError("Coordinate 'right' is less than 'left'")
+        if box[3] < box[1]:
+            raise ValueError("Coordinate 'lower' is less than 'upper'")
+        x0, y0, x1, y1 = (int(round(n)) for n in box)
+        Image._decompression_bomb_check((abs(x1 - x0), abs(y1 - y0)))
+        return self._then((x1 - x0, y1 - y0), ("crop", x0, y0, x1, y1))
+
+    def resize(self, size, resample=None, box=None, reducing_gap=None):
+        if resample is None:
+            resample = Image.Resampling.BICUBIC
+        if resample not in _FILTERS or reducing_gap is not None:
+            raise Unrecordable(f"resize(resample={resample!r}, reducing_gap={reducing_gap!r})")
+        size = tuple(int(s) for s in size)
+        if box is None:
+            box = (0, 0) + self._size
+        if self._size == size and tuple(box) == (0, 0) + self._size:
+            return _Recorder(self._size, self.steps)  # Image.resize's copy
+        w, h = self._size
+        x0, y0, x1, y1 = (float(b) for b in box)
+        # _imaging.c's checks, in its order and words.
+        if size[0] < 1 or size[1] < 1:
+            raise ValueError("height and width must be > 0")
+        if x0 < 0 or y0 < 0:
+            raise ValueError("box offset can't be negative")
+        if x1 > w or y1 > h:
+            raise ValueError("box can't exceed original image size")
+        if x1 - x0 < 0 or y1 - y0 < 0:
+            raise ValueError("box can't be empty")
+        return self._then(size, ("resize", size[0], size[1], _FILTERS[resample], x0, y0, x1, y1))
+
+    def transpose(self, method):
+        if method == Image.Transpose.FLIP_LEFT_RIGHT:
+            return self._then(self._size, ("flip_lr",))
+        if method == Image.Transpose.FLIP_TOP_BOTTOM:
+            return self._then(self._size, ("flip_tb",))
+        raise Unrecordable(f"transpose({method!r})")
+
+    def load(self):
+        raise Unrecordable("pixels")
+
+    def copy(self):
+        return _Recorder(self._size, self.steps)
+
+
+def _classes(*names: str, where=(v1, v2)) -> tuple[type, ...]:
+    return tuple(getattr(m, n) for m in where if m is not None for n in names if hasattr(m, n))
+
+
+_RANDOM_GEOMETRY = _classes(
+    "RandomResizedCrop", "RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip"
+)
+_FIXED_GEOMETRY = _classes("Resize", "CenterCrop")
+_TO_TENSOR = _classes("ToTensor", "PILToTensor", "ToImage")
+_ELEMENTWISE = _classes("ConvertImageDtype", "ToDtype", "Normalize")
+
+
+def _geometry(t) -> bool:
+    """Whether `t` is a transform whose PIL calls are crops, resizes and flips only."""
+    if type(t) not in _RANDOM_GEOMETRY + _FIXED_GEOMETRY:
+        return False
+    if type(t).__name__ == "RandomCrop":  # padding needs pixels
+        return t.padding is None and not t.pad_if_needed
+    return True
+
+
+def _needs_pixels(t, size: tuple[int, int]) -> bool:
+    """Whether the fixed transform `t` would pad an image of `size` (only CenterCrop can)."""
+    if type(t).__name__ != "CenterCrop":
+        return False
+    crop_h, crop_w = t.size if len(t.size) == 2 else (t.size[0], t.size[0])
+    return crop_w > size[0] or crop_h > size[1]
+
+
+class Conversion:
+    """The PIL-to-tensor stage: its transforms, and the tensor each channel's 256 bytes
+    become through them (computed once, by torchvision)."""
+
+    def __init__(self, transforms: list):
+        self.transforms = transforms
+        ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)  # 1x256 RGB
+        probe = Image.fromarray(ramp, "RGB")
+        for t in transforms:
+            probe = t(probe)
+        if not (isinstance(probe, torch.Tensor) and probe.shape == (3, 1, 256)):
+            raise Unrecordable(f"conversion gives {type(probe).__name__}")
+        self.dtype = probe.dtype
+        self.kind = type(probe)  # torch.Tensor, or tv_tensors.Image after ToImage
+        values = probe.as_subclass(torch.Tensor).contiguous()
+        self.elem = values.element_size()
+        self.table = values.view(torch.uint8).numpy().tobytes()
+
+
+class Plan:
+    """`transform` read once: `geometry` (transforms recorded per sample), `conversion` (or
+    None: the plan's result is a PIL image) and `rest` (run by torchvision after)."""
+
+    def __init__(self, transform):
+        if v2 is not None and isinstance(transform, v2.Compose):
+            steps = list(transform.transforms)
+        elif isinstance(transform, v1.Compose):
+            steps = list(transform.transforms)
+        else:
+            steps = [transform]
+        n = 0
+        while n < len(steps) and _geometry(steps[n]):
+            n += 1
+        self.geometry = steps[:n]
+        m = n
+        if m < len(steps) and type(steps[m]) in _TO_TENSOR:
+            m += 1
+            while m < len(steps) and type(steps[m]) in _ELEMENTWISE:
+                m += 1
+        self.conversion = None
+        if m > n:
+            try:
+                self.conversion = Conversion(steps[n:m])
+            except Unrecordable:
+                m = n
+        self.rest = steps[m:]
+
+    @property
+    def empty(self) -> bool:
+        return not self.geometry and self.conversion is None
+
+    def record(self, size: tuple[int, int]):
+        """Runs the geometry on a recorder of `size` (drawing its random parameters as
+        torchvision does): `(steps, done)`, `done` being how many transforms were recorded
+        (fewer than all where a fixed transform would need pixels: those run in torchvision)."""
+        steps: list = []
+        img = _Recorder(size, steps)
+        for i, t in enumerate(self.geometry):
+            if _needs_pixels(t, img.size):
+                return steps, i
+            img = t(img)
+        return steps, len(self.geometry)

@@ -1,0 +1,366 @@
+"""rloader.vision against torchvision + Pillow: the same files, transforms and seeds give the
+same samples bit for bit (values, dtype, tensor type), the same errors, and leave torch's
+generator in the same state."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets
+from torchvision import transforms as T
+from torchvision.transforms import v2
+
+import rloader
+import rloader.vision as RV
+from rloader import _rloader
+
+import _vision_corpus
+
+NORM = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+M = T.InterpolationMode
+INTERPOLATIONS = [M.NEAREST, M.BILINEAR, M.BICUBIC, M.BOX, M.HAMMING, M.LANCZOS]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    return _vision_corpus.write(str(tmp_path_factory.mktemp("corpus")))
+
+
+def _as_tensor(x):
+    return torch.from_numpy(np.array(x)) if isinstance(x, Image.Image) else x
+
+
+def assert_same_samples(transform, root, *, seeds=range(2), indices=None, **kw):
+    """Every sample of rloader.vision's ImageFolder equals torchvision's for each seed: value,
+    dtype, type (PIL image, tensor, tv_tensors.Image), target; and torch's generator ends in
+    the same state."""
+    ours, theirs = (
+        RV.ImageFolder(root, transform, **kw),
+        datasets.ImageFolder(root, transform, **kw),
+    )
+    for i in indices if indices is not None else range(len(theirs)):
+        for seed in seeds:
+            torch.manual_seed(seed * 1000 + i)
+            want, want_target = theirs[i]
+            want_rng = torch.get_rng_state()
+            torch.manual_seed(seed * 1000 + i)
+            got, got_target = ours[i]
+            where = f"{theirs.samples[i][0]} seed {seed}"
+            assert type(got) is type(want), where
+            assert got_target == want_target, where
+            if isinstance(want, Image.Image):
+                assert (got.mode, got.size) == (want.mode, want.size), where
+            got, want = _as_tensor(got), _as_tensor(want)
+            assert got.dtype == want.dtype and got.shape == want.shape, where
+            assert torch.equal(got, want), (
+                f"{where}: max diff {(got.double() - want.double()).abs().max()}"
+            )
+            assert torch.equal(torch.get_rng_state(), want_rng), f"{where}: generator state"
+
+
+def test_every_file_decodes_to_pillows_pixels(corpus):
+    assert_same_samples(T.PILToTensor(), corpus, seeds=[0])
+
+
+def test_the_rust_path_takes_jpegs_and_pngs_and_leaves_the_rest_to_pillow(corpus):
+    kinds = {}
+    for path, _ in datasets.ImageFolder(corpus).samples:
+        encoded, why = _rloader.vision_open(path)
+        kinds.setdefault(os.path.basename(os.path.dirname(path)), set()).add(encoded is not None)
+    assert kinds == {"jpeg": {True}, "gray": {True}, "png": {True}, "other": {False}}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: T.Resize(37, interpolation=m),
+        lambda m: T.Resize((20, 300), interpolation=m),
+        lambda m: T.Resize(50, interpolation=m, max_size=60),
+        lambda m: T.RandomResizedCrop(41, interpolation=m),
+        lambda m: T.RandomResizedCrop(
+            (17, 90), scale=(0.01, 1.0), ratio=(0.2, 5.0), interpolation=m
+        ),
+        lambda m: v2.Resize(37, interpolation=m),
+        lambda m: v2.RandomResizedCrop(41, interpolation=m),
+    ],
+    ids=["resize", "resize-hw", "resize-max", "rrc", "rrc-wild", "v2-resize", "v2-rrc"],
+)
+@pytest.mark.parametrize("mode", INTERPOLATIONS, ids=lambda m: m.value)
+def test_resizing_transforms_alone_for_every_interpolation(corpus, make, mode):
+    assert_same_samples(make(mode), corpus, indices=range(0, 40, 3))
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        T.CenterCrop(30),
+        T.CenterCrop((400, 13)),
+        T.CenterCrop(2000),
+        T.RandomCrop(1),
+        T.RandomCrop((5, 3)),
+        T.RandomHorizontalFlip(),
+        T.RandomVerticalFlip(p=0.7),
+        v2.CenterCrop(30),
+        v2.RandomCrop(5),
+        v2.RandomHorizontalFlip(),
+        v2.RandomVerticalFlip(),
+    ],
+    ids=repr,
+)
+def test_crops_and_flips_alone(corpus, transform):
+    samples = datasets.ImageFolder(corpus).samples
+    big_enough = [i for i, (p, _) in enumerate(samples) if min(Image.open(p).size) >= 5]
+    assert_same_samples(transform, corpus, seeds=range(3), indices=big_enough)
+
+
+def test_random_crop_larger_than_the_image_raises_torchvisions_error(corpus):
+    ours, theirs = (
+        RV.ImageFolder(corpus, T.RandomCrop(100)),
+        datasets.ImageFolder(corpus, T.RandomCrop(100)),
+    )
+    small = next(i for i, (p, _) in enumerate(theirs.samples) if "s2x3" in p)
+    with pytest.raises(ValueError) as want:
+        theirs[small]
+    with pytest.raises(ValueError) as got:
+        ours[small]
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*NORM)]
+        ),
+        T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(*NORM)]),
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(224),
+                v2.RandomHorizontalFlip(),
+                v2.ToImage(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(*NORM),
+            ]
+        ),
+        v2.Compose(
+            [
+                v2.Resize(256),
+                v2.CenterCrop(224),
+                v2.PILToTensor(),
+                v2.ToDtype(torch.float16, scale=True),
+            ]
+        ),
+        T.Compose(
+            [T.Resize(64), T.PILToTensor(), T.ConvertImageDtype(torch.float64), T.Normalize(*NORM)]
+        ),
+        T.Compose([T.RandomCrop(1), T.ToTensor()]),
+        T.ToTensor(),
+        v2.ToImage(),
+    ],
+    ids=[
+        "train",
+        "eval",
+        "v2-train",
+        "v2-eval-half",
+        "double",
+        "one-pixel",
+        "to-tensor",
+        "to-image",
+    ],
+)
+def test_composed_pipelines(corpus, transform):
+    assert_same_samples(transform, corpus)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        # An unsupported transform in the middle: torchvision goes on from the same PIL image.
+        T.Compose(
+            [
+                T.RandomResizedCrop(64),
+                T.ColorJitter(0.4, 0.4, 0.4),
+                T.RandomHorizontalFlip(),
+                T.ToTensor(),
+                T.Normalize(*NORM),
+            ]
+        ),
+        T.Compose(
+            [T.RandomResizedCrop(64), T.ToTensor(), T.RandomErasing(p=0.9), T.Normalize(*NORM)]
+        ),
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(64),
+                v2.RandomRotation(30),
+                v2.ToImage(),
+                v2.ToDtype(torch.float32, scale=True),
+            ]
+        ),
+        T.Compose([T.Grayscale(), T.Resize(32), T.ToTensor()]),
+        T.Compose([T.Resize(32), T.Lambda(lambda img: img.rotate(10)), T.ToTensor()]),
+        T.Compose([T.RandomCrop(4, padding=2), T.ToTensor()]),
+        T.Compose(
+            [T.Resize(32), T.CenterCrop(48), T.ToTensor()]
+        ),  # CenterCrop pads: in torchvision
+    ],
+    ids=[
+        "jitter",
+        "erasing",
+        "v2-rotation",
+        "grayscale-first",
+        "lambda",
+        "padded-crop",
+        "center-pad",
+    ],
+)
+def test_an_unsupported_transform_hands_its_image_on(corpus, transform):
+    assert_same_samples(transform, corpus, indices=range(0, 45, 2))
+
+
+def test_attributes_and_files_found_are_torchvisions(corpus):
+    def valid(p):
+        return not p.endswith(".gif")
+
+    for kw in [{}, {"is_valid_file": valid}]:
+        ours, theirs = RV.ImageFolder(corpus, **kw), datasets.ImageFolder(corpus, **kw)
+        assert isinstance(ours, datasets.ImageFolder) and isinstance(ours, datasets.DatasetFolder)
+        for name in ("classes", "class_to_idx", "samples", "targets", "imgs", "root"):
+            assert getattr(ours, name) == getattr(theirs, name), name
+        assert len(ours) == len(theirs)
+
+
+def test_empty_class_folder_is_refused_as_torchvision_does(tmp_path):
+    (tmp_path / "a").mkdir()
+    with pytest.raises(FileNotFoundError) as want:
+        datasets.ImageFolder(str(tmp_path))
+    with pytest.raises(FileNotFoundError) as got:
+        RV.ImageFolder(str(tmp_path))
+    assert str(got.value) == str(want.value)
+    assert len(RV.ImageFolder(str(tmp_path), allow_empty=True)) == 0
+
+
+def test_dataset_folder_and_a_custom_loader(corpus):
+    def loader(path):
+        return Image.open(path).convert("L")
+
+    tf = T.Compose([T.Resize(20), T.PILToTensor()])
+    ours = RV.DatasetFolder(corpus, loader, extensions=(".jpg", ".png"), transform=tf)
+    theirs = datasets.DatasetFolder(corpus, loader, extensions=(".jpg", ".png"), transform=tf)
+    assert ours.samples == theirs.samples
+    for i in range(0, len(theirs), 5):
+        assert torch.equal(ours[i][0], theirs[i][0])  # a custom loader: torchvision's path, L
+
+
+def test_a_replaced_transform_is_read_again(corpus):
+    ds = RV.ImageFolder(corpus, T.Compose([T.Resize(10), T.PILToTensor()]))
+    assert ds[0][0].shape[-2:].numel() and min(ds[0][0].shape[-2:]) == 10
+    ds.transform = T.Compose([T.Resize(12), T.PILToTensor()])
+    assert min(ds[0][0].shape[-2:]) == 12
+
+
+def _bad_files(root):
+    good = os.path.join(root, "good.jpg")
+    Image.fromarray(np.full((40, 50, 3), 128, np.uint8)).save(good, quality=90)
+    data = open(good, "rb").read()
+    bad = {
+        "empty.jpg": b"",
+        "text.jpg": b"this is not an image\n" * 10,
+        "truncated.jpg": data[: len(data) // 2],
+        "header_only.jpg": data[:200],
+        "corrupt.jpg": data[:300] + bytes(b ^ 0x5A for b in data[300:400]) + data[400:],
+        "truncated.png": None,
+    }
+    png = os.path.join(root, "tmp.png")
+    Image.fromarray(np.full((40, 50, 3), 7, np.uint8)).save(png)
+    bad["truncated.png"] = open(png, "rb").read()[:60]
+    os.remove(png)
+    os.remove(good)
+    os.makedirs(os.path.join(root, "c"))
+    for name, blob in bad.items():
+        with open(os.path.join(root, "c", name), "wb") as f:
+            f.write(blob)
+    return root
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [T.PILToTensor(), T.Compose([T.RandomResizedCrop(16), T.ToTensor()])],
+    ids=["to-tensor", "rrc"],
+)
+def test_bad_files_raise_what_torchvision_raises(tmp_path, transform):
+    root = _bad_files(str(tmp_path))
+    ours, theirs = RV.ImageFolder(root, transform), datasets.ImageFolder(root, transform)
+    for i, (path, _) in enumerate(theirs.samples):
+        try:
+            want = theirs[i][0]
+        except Exception as e:  # noqa: BLE001 - whichever Pillow raises is the expectation
+            with pytest.raises(type(e)) as got:
+                ours[i]
+            assert str(got.value) == str(e), path
+        else:  # Pillow decodes some damaged files: so must we, to the same pixels
+            torch.manual_seed(0)
+            want = theirs[i][0]
+            torch.manual_seed(0)
+            assert torch.equal(ours[i][0], want), path
+
+
+def test_the_decompression_bomb_limit_is_pillows(corpus, monkeypatch):
+    big = next(p for p, _ in datasets.ImageFolder(corpus).samples if "3840x2160" in p)
+    root = os.path.join(os.path.dirname(os.path.dirname(big)), "..", "bomb")
+    os.makedirs(os.path.join(root, "c"), exist_ok=True)
+    shutil.copy(big, os.path.join(root, "c", "big.jpg"))
+    ours, theirs = (
+        RV.ImageFolder(root, T.PILToTensor()),
+        datasets.ImageFolder(root, T.PILToTensor()),
+    )
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3840 * 2160 // 2 + 1)
+    with pytest.warns(Image.DecompressionBombWarning):
+        assert torch.equal(ours[0][0], theirs[0][0])
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3840 * 2160 // 3)
+    for ds in (theirs, ours):
+        with pytest.raises(Image.DecompressionBombError):
+            ds[0]
+
+
+def test_a_dataset_pickles_without_its_plan(corpus):
+    ds = RV.ImageFolder(corpus, T.Compose([T.Resize(16), T.PILToTensor()]))
+    first = ds[0][0]
+    again = pickle.loads(pickle.dumps(ds))
+    assert "_rloader_plan" not in again.__dict__
+    assert torch.equal(again[0][0], first)
+
+
+TRAIN = T.Compose(
+    [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*NORM)]
+)
+EVAL = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(*NORM)])
+
+
+@pytest.mark.parametrize("transform", [TRAIN, EVAL], ids=["train", "eval"])
+def test_loaders_give_torchs_batches(corpus, engine, transform):
+    root = os.path.join(corpus, "..", "loader")
+    if not os.path.exists(root):
+        shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("*3840x2160*", "other"))
+    if engine.name == "thread" and transform is TRAIN:
+        # Thread workers share torch's generator: random draws interleave between threads.
+        transform = EVAL
+    theirs, ours = datasets.ImageFolder(root, transform), RV.ImageFolder(root, transform)
+
+    def order():  # torch's sampler in both: rloader's own random orders are not torch's
+        return torch.utils.data.RandomSampler(theirs, generator=torch.Generator().manual_seed(3))
+
+    torch.manual_seed(5)  # the workers' seeds and the main process's draws
+    want = list(
+        torch.utils.data.DataLoader(theirs, **engine.torch_kwargs(batch_size=5, sampler=order()))
+    )
+    torch.manual_seed(5)
+    got = list(rloader.DataLoader(ours, **engine.kwargs(batch_size=5, sampler=order())))
+    assert len(got) == len(want)
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
