@@ -4,7 +4,7 @@
 //! random parameters exactly as torchvision would (same generator, same order), so what comes
 //! here is fixed: which crops, resizes and flips, in order, and what the pixels become.
 
-use crate::decode::{self, Header, NotHandled};
+use crate::decode::{self, Header, NotHandled, Region};
 use crate::geometry;
 use crate::image::Image;
 use crate::resample::{self, Filter};
@@ -66,7 +66,8 @@ pub fn output_size(mut width: usize, mut height: usize, steps: &[Step]) -> (usiz
 }
 
 /// Decodes `data` (whose header is `header`) at `1/scale_denom`, runs `steps` and writes the
-/// result into `out` as `output` says; `out` must be its exact size (`output_size`).
+/// result into `out` as `output` says; `out` must be its exact size (`output_size`). Where
+/// the steps start with a crop, only the part of the file the crop covers is decoded.
 pub fn run(
     data: &[u8],
     header: &Header,
@@ -75,7 +76,59 @@ pub fn run(
     output: &Output<'_>,
     out: &mut [u8],
 ) -> Result<(), NotHandled> {
-    let mut img = decode::decode(data, header, scale_denom)?;
+    let (width, height) = decode::scaled_size(header, scale_denom);
+    let mut steps = steps.to_vec();
+    let region = match steps.first() {
+        Some(&Step::Crop {
+            left,
+            top,
+            right,
+            bottom,
+        }) => covered(width, height, left, top, right, bottom),
+        _ => None,
+    };
+    let decoded = decode::decode(data, header, scale_denom, region)?;
+    if let Some(Step::Crop {
+        left,
+        top,
+        right,
+        bottom,
+    }) = steps.first_mut()
+    {
+        // The crop in the decoded part's coordinates: what lies outside it lies outside the
+        // image too, and stays black.
+        let (dx, dy) = (decoded.x as i64, decoded.y as i64);
+        (*left, *right, *top, *bottom) = (*left - dx, *right - dx, *top - dy, *bottom - dy);
+    }
+    let img = apply(decoded.image, &steps);
+    match output {
+        Output::Rgb => tensor::write_rgb(&img, out),
+        Output::Chw(table) => tensor::write_chw(&img, table, out),
+    }
+    Ok(())
+}
+
+/// The part of a `width` x `height` image a crop covers; None where it covers nothing (the
+/// whole file is decoded then: a corrupt one must still fail as in Pillow).
+fn covered(
+    width: usize,
+    height: usize,
+    left: i64,
+    top: i64,
+    right: i64,
+    bottom: i64,
+) -> Option<Region> {
+    let (x0, x1) = (left.clamp(0, width as i64), right.clamp(0, width as i64));
+    let (y0, y1) = (top.clamp(0, height as i64), bottom.clamp(0, height as i64));
+    (x1 > x0 && y1 > y0).then(|| Region {
+        x: x0 as usize,
+        y: y0 as usize,
+        width: (x1 - x0) as usize,
+        height: (y1 - y0) as usize,
+    })
+}
+
+fn apply(mut img: Image, steps: &[Step]) -> Image {
     let mut rest = steps;
     while let Some((step, tail)) = rest.split_first() {
         rest = tail;
@@ -103,7 +156,7 @@ pub fn run(
                 height,
                 filter,
                 bbox,
-            } => resize(&img, width, height, filter, bbox),
+            } => resample::resize(&img, width, height, filter, bbox),
             Step::FlipLeftRight => {
                 geometry::flip_left_right(&mut img);
                 img
@@ -114,13 +167,5 @@ pub fn run(
             }
         };
     }
-    match output {
-        Output::Rgb => tensor::write_rgb(&img, out),
-        Output::Chw(table) => tensor::write_chw(&img, table, out),
-    }
-    Ok(())
-}
-
-fn resize(img: &Image, width: usize, height: usize, filter: Filter, bbox: [f64; 4]) -> Image {
-    resample::resize(img, width, height, filter, bbox)
+    img
 }

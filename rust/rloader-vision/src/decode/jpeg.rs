@@ -1,58 +1,128 @@
-//! JPEG by libjpeg-turbo (the `turbojpeg` crate's vendored 3.1), the decoder Pillow's wheels
-//! bundle. Pillow's decoder sets nothing beyond libjpeg's defaults outside `draft` (the islow
-//! IDCT, fancy upsampling), and TurboJPEG's defaults are the same, so the pixels are Pillow's.
+//! JPEG by libjpeg-turbo (the `turbojpeg` crate's vendored 3.1, through its raw TurboJPEG 3
+//! API), the decoder Pillow's wheels bundle. Pillow's decoder sets nothing beyond libjpeg's
+//! defaults outside `draft` (the islow IDCT, fancy upsampling), and TurboJPEG's defaults are
+//! the same, so the pixels are Pillow's.
+//!
+//! A region decodes only the iMCU columns and the rows it covers (TurboJPEG's cropping region:
+//! jpeg_crop_scanline and jpeg_skip_scanlines), whose pixels equal the same region of the whole
+//! decode: the tests compare both over every subsampling, progressive files and odd sizes.
 
 use std::cell::RefCell;
+use std::ptr::NonNull;
 
-use turbojpeg::{Colorspace, Decompressor, PixelFormat, ScalingFactor};
+use turbojpeg::raw;
 
-use super::{Format, Header, NotHandled};
+use super::{Decoded, Format, Header, NotHandled, Region};
 use crate::image::Image;
 
-thread_local! {
-    // A decompressor per thread, made once: tj3Init allocates libjpeg's state each time.
-    static DECOMPRESSOR: RefCell<Option<Decompressor>> = const { RefCell::new(None) };
+/// A TurboJPEG decompressor: libjpeg's state, made once per thread (tj3Init allocates it).
+struct Handle(NonNull<libc::c_void>);
+
+impl Handle {
+    fn new() -> Result<Self, NotHandled> {
+        // SAFETY: tj3Init has no preconditions; null is its failure.
+        let ptr = unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as libc::c_int) };
+        NonNull::new(ptr)
+            .map(Handle)
+            .ok_or_else(|| NotHandled::DecodeFailed("tj3Init failed".into()))
+    }
+
+    fn ptr(&self) -> raw::tjhandle {
+        self.0.as_ptr()
+    }
+
+    /// The error of the call that just failed, as TurboJPEG words it.
+    fn error(&self) -> NotHandled {
+        // SAFETY: a live handle; the string is TurboJPEG's, copied before the next call.
+        let msg = unsafe { std::ffi::CStr::from_ptr(raw::tj3GetErrorStr(self.ptr())) };
+        NotHandled::DecodeFailed(msg.to_string_lossy().into_owned())
+    }
+
+    fn check(&self, rc: libc::c_int) -> Result<(), NotHandled> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(self.error())
+        }
+    }
+
+    fn get(&self, param: raw::TJPARAM) -> libc::c_int {
+        // SAFETY: a live handle; tj3Get only reads.
+        unsafe { raw::tj3Get(self.ptr(), param as libc::c_int) }
+    }
+
+    fn read_header(&self, data: &[u8]) -> Result<(), NotHandled> {
+        // SAFETY: data is a live slice of data.len() bytes.
+        self.check(unsafe {
+            raw::tj3DecompressHeader(self.ptr(), data.as_ptr(), data.len() as raw::size_t)
+        })
+    }
 }
 
-fn with_decompressor<T>(
-    f: impl FnOnce(&mut Decompressor) -> Result<T, NotHandled>,
-) -> Result<T, NotHandled> {
-    DECOMPRESSOR.with(|cell| {
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: made by tj3Init, destroyed once.
+        unsafe { raw::tj3Destroy(self.ptr()) }
+    }
+}
+
+// SAFETY: a TurboJPEG handle holds no thread-affine state; it is used by one thread at a time
+// (thread-local below).
+unsafe impl Send for Handle {}
+
+/// turbojpeg.h's `tjMCUWidth` (a static table in the header, not a symbol of the library): the
+/// iMCU width of each TJSAMP (4:4:4, 4:2:2, 4:2:0, gray, 4:4:0, 4:1:1, 4:4:1).
+const MCU_WIDTH: [usize; 7] = [8, 16, 16, 8, 8, 32, 8];
+
+/// The tallest iMCU (4:2:0, 4:4:0): rows a region takes above and below it.
+const MAX_MCU_HEIGHT: usize = 16;
+
+thread_local! {
+    static HANDLE: RefCell<Option<Handle>> = const { RefCell::new(None) };
+}
+
+fn with_handle<T>(f: impl FnOnce(&Handle) -> Result<T, NotHandled>) -> Result<T, NotHandled> {
+    HANDLE.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
-            *slot = Some(Decompressor::new().map_err(failed)?);
+            *slot = Some(Handle::new()?);
         }
-        f(slot.as_mut().expect("made above"))
+        f(slot.as_ref().expect("made above"))
     })
 }
 
-fn failed(err: turbojpeg::Error) -> NotHandled {
-    NotHandled::DecodeFailed(err.to_string())
-}
-
 pub(super) fn probe(data: &[u8]) -> Result<Header, NotHandled> {
-    let header = with_decompressor(|d| {
-        d.set_scaling_factor(ScalingFactor::ONE).map_err(failed)?;
-        d.read_header(data).map_err(failed)
-    })?;
-    if header.is_lossless {
-        return Err(NotHandled::Unsupported("lossless JPEG".into()));
-    }
-    let bands = match header.colorspace {
-        Colorspace::Gray => 1,
-        Colorspace::YCbCr | Colorspace::RGB => 3,
-        // Pillow opens these as CMYK (Adobe's inverted too) and converts with its own formula.
-        other => {
-            return Err(NotHandled::Unsupported(format!(
-                "JPEG colorspace {other:?}"
-            )))
+    with_handle(|h| {
+        h.read_header(data)?;
+        if h.get(raw::TJPARAM_TJPARAM_LOSSLESS) != 0 {
+            return Err(NotHandled::Unsupported("lossless JPEG".into()));
         }
-    };
-    Ok(Header {
-        format: Format::Jpeg,
-        width: header.width,
-        height: header.height,
-        bands,
+        let colorspace = h.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+        let bands = if colorspace == raw::TJCS_TJCS_GRAY as libc::c_int {
+            1
+        } else if colorspace == raw::TJCS_TJCS_YCbCr as libc::c_int
+            || colorspace == raw::TJCS_TJCS_RGB as libc::c_int
+        {
+            3
+        } else {
+            // Pillow opens CMYK and YCCK as CMYK (Adobe's inverted too), with its own conversion.
+            return Err(NotHandled::Unsupported(format!(
+                "JPEG colorspace {colorspace}"
+            )));
+        };
+        let subsamp = h.get(raw::TJPARAM_TJPARAM_SUBSAMP);
+        // An unknown subsampling has no iMCU width to align a region to: 0, no regions.
+        let mcu = usize::try_from(subsamp)
+            .ok()
+            .and_then(|s| MCU_WIDTH.get(s).copied())
+            .unwrap_or(0);
+        Ok(Header {
+            format: Format::Jpeg,
+            width: h.get(raw::TJPARAM_TJPARAM_JPEGWIDTH) as usize,
+            height: h.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT) as usize,
+            bands,
+            mcu_width: mcu,
+        })
     })
 }
 
@@ -60,26 +130,71 @@ pub(super) fn decode(
     data: &[u8],
     header: &Header,
     scale_denom: usize,
-) -> Result<Image, NotHandled> {
-    let (width, height) = super::scaled_size(header, scale_denom);
+    region: Option<Region>,
+) -> Result<Decoded, NotHandled> {
+    let (full_w, full_h) = super::scaled_size(header, scale_denom);
+    // The region widened to whole scaled iMCUs on the left, as TurboJPEG requires.
+    let mcu = header.mcu_width.div_ceil(scale_denom);
+    let (x, y, width, height) = match region {
+        Some(r)
+            if mcu > 0
+                && r.width > 0
+                && r.height > 0
+                && (r.width, r.height) != (full_w, full_h) =>
+        {
+            // One iMCU more on every side: fancy upsampling reads each chroma sample's
+            // neighbours, and at a region's edge TurboJPEG would replicate the edge instead.
+            let x = (r.x / mcu).saturating_sub(1) * mcu;
+            let y = r.y.saturating_sub(MAX_MCU_HEIGHT.div_ceil(scale_denom));
+            let right = (r.x + r.width + mcu).min(full_w);
+            let bottom = (r.y + r.height + MAX_MCU_HEIGHT.div_ceil(scale_denom)).min(full_h);
+            (x, y, right - x, bottom - y)
+        }
+        _ => (0, 0, full_w, full_h),
+    };
     let format = if header.bands == 1 {
-        PixelFormat::GRAY
+        raw::TJPF_TJPF_GRAY
     } else {
-        PixelFormat::RGB
+        raw::TJPF_TJPF_RGB
     };
     let mut image = Image::new(width, height, header.bands);
-    with_decompressor(|d| {
-        d.set_scaling_factor(ScalingFactor::new(1, scale_denom))
-            .map_err(failed)?;
-        let out = turbojpeg::Image {
-            pixels: image.data.as_mut_slice(),
-            width,
-            pitch: width * header.bands,
-            height,
-            format,
+    with_handle(|h| {
+        h.read_header(data)?;
+        let factor = raw::tjscalingfactor {
+            num: 1,
+            denom: scale_denom as libc::c_int,
         };
+        // SAFETY: a live handle whose header was just read.
+        h.check(unsafe { raw::tj3SetScalingFactor(h.ptr(), factor) })?;
+        let crop = if (x, y, width, height) == (0, 0, full_w, full_h) {
+            raw::tjregion {
+                x: 0,
+                y: 0,
+                w: 0,
+                h: 0,
+            }
+        } else {
+            raw::tjregion {
+                x: x as libc::c_int,
+                y: y as libc::c_int,
+                w: width as libc::c_int,
+                h: height as libc::c_int,
+            }
+        };
+        // SAFETY: as above; the region lies inside the scaled image (Region's contract).
+        h.check(unsafe { raw::tj3SetCroppingRegion(h.ptr(), crop) })?;
         // A warning (corrupt data, a premature end) fails too: Pillow decides those files.
-        d.decompress(data, out).map_err(failed)
+        // SAFETY: image.data holds height rows of width * bands bytes, the pitch given.
+        h.check(unsafe {
+            raw::tj3Decompress8(
+                h.ptr(),
+                data.as_ptr(),
+                data.len() as raw::size_t,
+                image.data.as_mut_ptr(),
+                (width * header.bands) as libc::c_int,
+                format as libc::c_int,
+            )
+        })
     })?;
-    Ok(image)
+    Ok(Decoded { image, x, y })
 }

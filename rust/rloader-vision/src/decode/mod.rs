@@ -21,6 +21,26 @@ pub struct Header {
     /// Bands of the decoded pixels (1: Pillow's "L", 3: "RGB"), before the conversion to RGB
     /// the caller makes last (an L image is resampled as one band, the same arithmetic per band).
     pub bands: usize,
+    /// The width of a JPEG's iMCU (8 or 16 pixels; 0 where unknown: no regions), to which a
+    /// region's left edge is aligned; 0 for PNG.
+    pub mcu_width: usize,
+}
+
+/// A rectangle of the (scaled) image, the part of it a sample's steps need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub x: usize,
+    pub y: usize,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// Decoded pixels, and where their top-left corner lies in the whole (scaled) image: a region
+/// decodes to at least the region, from `x <= region.x` (a JPEG's iMCU column), `y`.
+pub struct Decoded {
+    pub image: Image,
+    pub x: usize,
+    pub y: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,11 +70,22 @@ pub fn probe(data: &[u8]) -> Result<Header, NotHandled> {
 }
 
 /// Decodes a file `probe` accepted. `scale_denom` (1, 2, 4 or 8) decodes a JPEG at that
-/// fraction of its size in the DCT, as Pillow's `draft` does; PNGs decode at 1 only.
-pub fn decode(data: &[u8], header: &Header, scale_denom: usize) -> Result<Image, NotHandled> {
+/// fraction of its size in the DCT, as Pillow's `draft` does; PNGs decode at 1 only. A
+/// `region` (inside the scaled image) may decode only what covers it (JPEG); its pixels are
+/// those of the whole decode.
+pub fn decode(
+    data: &[u8],
+    header: &Header,
+    scale_denom: usize,
+    region: Option<Region>,
+) -> Result<Decoded, NotHandled> {
     match header.format {
-        Format::Jpeg => jpeg::decode(data, header, scale_denom),
-        Format::Png if scale_denom == 1 => png::decode(data, header),
+        Format::Jpeg => jpeg::decode(data, header, scale_denom, region),
+        Format::Png if scale_denom == 1 => Ok(Decoded {
+            image: png::decode(data, header)?,
+            x: 0,
+            y: 0,
+        }),
         Format::Png => Err(NotHandled::Unsupported(
             "PNGs do not decode at a reduced scale".into(),
         )),

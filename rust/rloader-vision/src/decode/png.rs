@@ -44,6 +44,7 @@ pub(super) fn probe(data: &[u8]) -> Result<Header, NotHandled> {
         width: info.width as usize,
         height: info.height as usize,
         bands,
+        mcu_width: 0,
     })
 }
 
