@@ -547,7 +547,8 @@ mod avx2 {
 
     use super::{clip8, View, Windows, HALF};
 
-    /// Eight bytes from `bytes[at..]`, widened to eight i32 lanes.
+    /// Eight bytes from `bytes[at..]`, widened to eight i32 lanes. Callers need AVX2 (both
+    /// helpers inline into `window_row`).
     #[inline(always)]
     unsafe fn widen8(bytes: &[u8], at: usize) -> __m256i {
         let eight: [u8; 8] = bytes[at..at + 8].try_into().expect("8 bytes");
@@ -557,6 +558,7 @@ mod avx2 {
     #[inline(always)]
     unsafe fn lanes(k: &[i32]) -> __m256i {
         let k = &k[..8];
+        // SAFETY: `k` is 8 i32, the 32 bytes read; loadu needs no alignment.
         _mm256_loadu_si256(k.as_ptr().cast())
     }
 
@@ -629,6 +631,7 @@ mod avx2 {
                     _mm256_permutevar8x32_epi32(acc, fold),
                 ));
                 let to = &mut sums[i * 3..i * 3 + 4];
+                // SAFETY: `to` is 4 i32, the 16 bytes written; storeu needs no alignment.
                 _mm_storeu_si128(to.as_mut_ptr().cast(), rgb);
             } else {
                 let x = _mm_add_epi32(
