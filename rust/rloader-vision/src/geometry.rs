@@ -101,6 +101,8 @@ pub fn flip_top_bottom(img: &mut Image) {
 /// taps at the image's edges, not the box's), and positions are `box0 + (i + 0.5) * scale` in
 /// f64 rather than `(i + 0.5) * scale`, so weights differ in their last bits; NEAREST's
 /// accumulated `xo` starts at `box0 + a0 / 2` instead of `a0 / 2` and rounds differently too.
+/// (Pillow 13, 50 random crops of a 160x120 picture: the box resize differs from crop + resize
+/// in 50 of 50 for BILINEAR, HAMMING, BICUBIC and LANCZOS, 14 for NEAREST, 8 for BOX.)
 /// The view keeps the crop's own edges and coordinates, so every filter matches crop + resize.
 /// A crop reaching outside the image (zeros there) is copied out first.
 ///
