@@ -56,6 +56,8 @@
 //   the columns from the first to the last in-range one are copied (each from its tabulated
 //   column; a column never tabulated would read column 0), the rest stay black.
 
+use std::ops::Range;
+
 use crate::image::Image;
 
 /// A resampling filter, as Pillow's `Image.Resampling` names them.
@@ -76,6 +78,324 @@ pub enum Filter {
 /// image, a box with x1 < x0 or y1 < y0; and for images that are not 1 or 3 bands.
 pub fn resize(src: &Image, out_w: usize, out_h: usize, filter: Filter, bbox: [f64; 4]) -> Image {
     resize_view(&View::whole(src), out_w, out_h, filter, bbox)
+}
+
+/// The pixels of `resize(src, out_w, out_h, filter, bbox)` inside `window`, byte for byte, with
+/// only those computed (see NOTE [Resizing a window]).
+///
+/// # Panics
+/// As `resize`, and where `window` is empty or passes the output's edges.
+pub fn resize_window(
+    src: &Image,
+    out_w: usize,
+    out_h: usize,
+    filter: Filter,
+    bbox: [f64; 4],
+    window: Window,
+) -> Image {
+    let size = (src.width, src.height);
+    WindowedResize::new(size, (out_w, out_h), filter, bbox, window).run(src, 0, 0)
+}
+
+/// A rectangle of an image: columns `x..x + width`, rows `y..y + height`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub x: usize,
+    pub y: usize,
+    pub width: usize,
+    pub height: usize,
+}
+
+impl Window {
+    /// All of a `width` x `height` image.
+    pub fn whole(width: usize, height: usize) -> Self {
+        Self {
+            x: 0,
+            y: 0,
+            width,
+            height,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.width == 0 || self.height == 0
+    }
+
+    /// From the ends of its columns and rows (`x0..x1`, `y0..y1`).
+    fn spanning((x0, x1): (usize, usize), (y0, y1): (usize, usize)) -> Self {
+        Self {
+            x: x0,
+            y: y0,
+            width: x1 - x0,
+            height: y1 - y0,
+        }
+    }
+}
+
+// NOTE [Resizing a window]
+//
+// Each output pixel of Pillow's resize is a function of its own coordinates alone: its
+// horizontal and vertical taps depend only on its column and row (`center = in0 + (i + 0.5) *
+// scale`, not on any other output), the intermediate pixel the first pass rounds to 8 bits
+// depends only on one source row (or column) and those taps, and integer sums are exact. So a
+// window of the output is computed with the taps of its own columns and rows, the first pass
+// over only the source rows (columns) those taps read, and gives the same bytes as the whole
+// resize cut to the window. What must still be the whole resize's:
+// - the taps' arithmetic: in_size (where `xmax` is clamped) is the whole source's, scale the
+//   whole box over the whole output;
+// - which passes run and in which order: Pillow decides from the whole sizes and box
+//   (NOTE [Pillow's resampling arithmetic]), and the order changes the rounding;
+// - NEAREST's positions: `xo` is accumulated from column 0 (f64 sums), so the table of source
+//   columns is built from column 0 and then cut; rows likewise;
+// - the crop shortcut (a whole-pixel box of the output's size) stays a crop, of the window.
+// The pixels read are `WindowedResize::source()`: a caller may hold only those (a decoder's
+// region), with the taps' positions moved by where its pixels start.
+
+/// A resize of which only a window of the output is computed, planned before the source's
+/// pixels exist: `source` says which of them it reads, so that a decoder may decode only
+/// those, and `run` computes the window from them.
+pub struct WindowedResize {
+    window: Window,
+    source: Window,
+    how: How,
+}
+
+enum How {
+    /// A whole-pixel box of the output's size: the window is the source's pixels at (x, y).
+    Crop { x: usize, y: usize },
+    /// NEAREST: the window's columns `span.0..span.1` read source columns `columns`, each row
+    /// in `rows` reads its source row (None: the row stays black), the rest is black.
+    Nearest {
+        columns: Vec<usize>,
+        span: (usize, usize),
+        rows: Vec<Option<usize>>,
+    },
+    /// The convolution filters: taps of the window's columns (None: no horizontal pass) and
+    /// rows (None: no vertical pass), and Pillow's order of the passes.
+    Convolve {
+        horiz: Option<Taps>,
+        vert: Option<Taps>,
+        vertical_first: bool,
+    },
+}
+
+impl WindowedResize {
+    /// `window` of `resize` to `out_size` of an image of `in_size`.
+    ///
+    /// # Panics
+    /// As `resize_window`.
+    pub fn new(
+        in_size: (usize, usize),
+        out_size: (usize, usize),
+        filter: Filter,
+        bbox: [f64; 4],
+        window: Window,
+    ) -> Self {
+        let ((in_w, in_h), (out_w, out_h)) = (in_size, out_size);
+        assert!(out_w >= 1 && out_h >= 1, "height and width must be > 0");
+        // `_resize` parses the box with "ffff": C floats.
+        let b = bbox.map(|v| v as f32);
+        assert!(b[0] >= 0.0 && b[1] >= 0.0, "box offset can't be negative");
+        assert!(
+            b[2] <= in_w as f32 && b[3] <= in_h as f32,
+            "box can't exceed original image size"
+        );
+        assert!(
+            b[2] - b[0] >= 0.0 && b[3] - b[1] >= 0.0,
+            "box can't be empty"
+        );
+        assert!(
+            !window.is_empty()
+                && window.x + window.width <= out_w
+                && window.y + window.height <= out_h,
+            "window outside the output"
+        );
+        let columns = (window.x, window.x + window.width);
+        let rows = (window.y, window.y + window.height);
+
+        // A whole-pixel box of the output's size is a crop, for every filter.
+        if b[0] - b[0].trunc() == 0.0
+            && b[2] - b[0] == out_w as f32
+            && b[1] - b[1].trunc() == 0.0
+            && b[3] - b[1] == out_h as f32
+        {
+            let (x, y) = (b[0] as usize + window.x, b[1] as usize + window.y);
+            return Self {
+                window,
+                source: Window { x, y, ..window },
+                how: How::Crop { x, y },
+            };
+        }
+        if filter == Filter::Nearest {
+            return Self::nearest(in_size, out_size, b, window);
+        }
+
+        let kernel = Kernel::of(filter);
+        let need_h = out_w != in_w || b[0] != 0.0 || b[2] != out_w as f32;
+        let need_v = out_h != in_h || b[1] != 0.0 || b[3] != out_h as f32;
+        let vertical_first = need_h
+            && need_v
+            && out_h < in_h
+            && (in_h - out_h) as i64 > 2 * (in_w as i64 - out_w as i64);
+        let horiz =
+            need_h.then(|| Taps::new(in_w, b[0], b[2], out_w, kernel, columns.0..columns.1));
+        let vert = need_v.then(|| Taps::new(in_h, b[1], b[3], out_h, kernel, rows.0..rows.1));
+        // Without a pass, output column (row) i is source column (row) i.
+        let source = Window::spanning(
+            horiz.as_ref().map_or(columns, Taps::span),
+            vert.as_ref().map_or(rows, Taps::span),
+        );
+        Self {
+            window,
+            source,
+            how: How::Convolve {
+                horiz,
+                vert,
+                vertical_first,
+            },
+        }
+    }
+
+    /// `ImagingScaleAffine`'s tables (see NOTE [Pillow's resampling arithmetic]), cut to the
+    /// window.
+    fn nearest(
+        in_size: (usize, usize),
+        out_size: (usize, usize),
+        b: [f32; 4],
+        window: Window,
+    ) -> Self {
+        let ((in_w, in_h), (out_w, out_h)) = (in_size, out_size);
+        let a0 = f64::from(b[2] - b[0]) / out_w as f64;
+        let a4 = f64::from(b[3] - b[1]) / out_h as f64;
+        let (a2, a5) = (f64::from(b[0]), f64::from(b[1]));
+
+        // Source column of each output column; [lo, hi) spans the in-range ones.
+        let mut table = vec![0usize; out_w];
+        let (mut lo, mut hi) = (out_w, 0);
+        let mut xo = a2 + a0 * 0.5;
+        for (x, t) in table.iter_mut().enumerate() {
+            let xin = coord(xo);
+            if xin >= 0 && (xin as usize) < in_w {
+                hi = x + 1;
+                lo = lo.min(x);
+                *t = xin as usize;
+            }
+            xo += a0;
+        }
+        let mut rows = Vec::with_capacity(window.height);
+        let mut yo = a5 + a4 * 0.5;
+        for y in 0..window.y + window.height {
+            let yin = coord(yo);
+            if y >= window.y {
+                rows.push((yin >= 0 && (yin as usize) < in_h).then_some(yin as usize));
+            }
+            yo += a4;
+        }
+
+        // The window's part of [lo, hi), relative to the window.
+        let end = window.x + window.width;
+        let (lo, hi) = (lo.clamp(window.x, end), hi.clamp(window.x, end));
+        let span = (lo - window.x, hi.max(lo) - window.x);
+        let columns = table[lo..hi.max(lo)].to_vec();
+        let read_rows = rows.iter().flatten();
+        let source = match (
+            columns.iter().min().zip(columns.iter().max()),
+            read_rows.clone().min().zip(read_rows.max()),
+        ) {
+            (Some((&x0, &x1)), Some((&y0, &y1))) => Window::spanning((x0, x1 + 1), (y0, y1 + 1)),
+            _ => Window::whole(0, 0),
+        };
+        Self {
+            window,
+            source,
+            how: How::Nearest {
+                columns,
+                span,
+                rows,
+            },
+        }
+    }
+
+    /// The source pixels the window reads (empty where it reads none: all black).
+    pub fn source(&self) -> Window {
+        self.source
+    }
+
+    /// The window's pixels, from `part`: the source's pixels at (`x`, `y`), covering `source()`.
+    ///
+    /// # Panics
+    /// Where `part` does not cover `source()`, or is not 1 or 3 bands.
+    pub fn run(self, part: &Image, x: usize, y: usize) -> Image {
+        self.run_view(&View::whole(part), x, y)
+    }
+
+    fn run_view(self, pixels: &View<'_>, x: usize, y: usize) -> Image {
+        let s = self.source;
+        assert!(
+            s.is_empty()
+                || (x <= s.x
+                    && y <= s.y
+                    && s.x + s.width <= x + pixels.width
+                    && s.y + s.height <= y + pixels.height),
+            "the pixels do not cover what the window reads"
+        );
+        let (w, h) = (self.window.width, self.window.height);
+        match self.how {
+            How::Crop { x: cx, y: cy } => pixels.copy_rect(cx - x, cy - y, w, h),
+            How::Nearest {
+                mut columns,
+                span,
+                rows,
+            } => {
+                for c in &mut columns {
+                    *c -= x;
+                }
+                let bands = pixels.bands;
+                let mut out = vec![0u8; w * h * bands];
+                for (out_row, row) in out.chunks_exact_mut(w * bands).zip(rows) {
+                    let Some(sy) = row else { continue };
+                    let in_row = pixels.row(sy - y);
+                    let to = &mut out_row[span.0 * bands..span.1 * bands];
+                    match bands {
+                        3 => copy_columns::<3>(in_row, to, &columns),
+                        _ => copy_columns::<1>(in_row, to, &columns),
+                    }
+                }
+                Image::from_vec(w, h, bands, out)
+            }
+            How::Convolve {
+                horiz,
+                vert,
+                vertical_first,
+            } => match (horiz, vert) {
+                (None, None) => pixels.copy_rect(self.window.x - x, self.window.y - y, w, h),
+                (Some(mut horiz), None) => {
+                    horiz.shift(x);
+                    horizontal_pass(pixels, self.window.y - y, h, w, &horiz)
+                }
+                (None, Some(mut vert)) => {
+                    vert.shift(y);
+                    vertical_pass(&pixels.columns(self.window.x - x, w), h, &vert)
+                }
+                (Some(mut horiz), Some(mut vert)) if vertical_first => {
+                    // Only the columns the horizontal pass reads.
+                    let (first, end) = horiz.span();
+                    horiz.shift(first);
+                    vert.shift(y);
+                    let temp = vertical_pass(&pixels.columns(first - x, end - first), h, &vert);
+                    horizontal_pass(&View::whole(&temp), 0, h, w, &horiz)
+                }
+                (Some(mut horiz), Some(mut vert)) => {
+                    // Only the rows the vertical pass reads.
+                    let (first, end) = vert.span();
+                    vert.shift(first);
+                    horiz.shift(x);
+                    let temp = horizontal_pass(pixels, first - y, end - first, w, &horiz);
+                    vertical_pass(&View::whole(&temp), h, &vert)
+                }
+            },
+        }
+    }
 }
 
 /// A rectangle of an image's pixels, read in place: `resize` reads a whole image through one,
@@ -159,31 +479,10 @@ pub(crate) fn resize_view(
     filter: Filter,
     bbox: [f64; 4],
 ) -> Image {
-    assert!(out_w >= 1 && out_h >= 1, "height and width must be > 0");
-    // `_resize` parses the box with "ffff": C floats.
-    let b = bbox.map(|v| v as f32);
-    assert!(b[0] >= 0.0 && b[1] >= 0.0, "box offset can't be negative");
-    assert!(
-        b[2] <= src.width as f32 && b[3] <= src.height as f32,
-        "box can't exceed original image size"
-    );
-    assert!(
-        b[2] - b[0] >= 0.0 && b[3] - b[1] >= 0.0,
-        "box can't be empty"
-    );
-
-    // A whole-pixel box of the output's size is a crop, for every filter.
-    if b[0] - b[0].trunc() == 0.0
-        && b[2] - b[0] == out_w as f32
-        && b[1] - b[1].trunc() == 0.0
-        && b[3] - b[1] == out_h as f32
-    {
-        return src.copy_rect(b[0] as usize, b[1] as usize, out_w, out_h);
-    }
-    match filter {
-        Filter::Nearest => nearest(src, out_w, out_h, b),
-        _ => convolve(src, out_w, out_h, Kernel::of(filter), b),
-    }
+    let (size, out) = ((src.width, src.height), (out_w, out_h));
+    // An empty output panics in `new`, before the window is checked.
+    let window = Window::whole(out_w, out_h);
+    WindowedResize::new(size, out, filter, bbox, window).run_view(src, 0, 0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -286,18 +585,26 @@ struct Taps {
 }
 
 impl Taps {
-    /// `precompute_coeffs` then `normalize_coeffs_8bpc`.
-    fn new(in_size: usize, in0: f32, in1: f32, out_size: usize, kernel: Kernel) -> Self {
+    /// `precompute_coeffs` then `normalize_coeffs_8bpc`, for the outputs `outputs` of
+    /// `out_size` (the whole resize's positions; see NOTE [Resizing a window]).
+    fn new(
+        in_size: usize,
+        in0: f32,
+        in1: f32,
+        out_size: usize,
+        kernel: Kernel,
+        outputs: Range<usize>,
+    ) -> Self {
         let scale = f64::from(in1 - in0) / out_size as f64;
         let filterscale = scale.max(1.0);
         let support = kernel.support * filterscale;
         let ksize = support.ceil() as usize * 2 + 1;
         let inv = 1.0 / filterscale;
-        let mut start = Vec::with_capacity(out_size);
-        let mut len = Vec::with_capacity(out_size);
-        let mut k = vec![0i32; out_size * ksize];
+        let mut start = Vec::with_capacity(outputs.len());
+        let mut len = Vec::with_capacity(outputs.len());
+        let mut k = vec![0i32; outputs.len() * ksize];
         let mut w = vec![0f64; ksize];
-        for (i, row) in k.chunks_exact_mut(ksize).enumerate() {
+        for (i, row) in outputs.zip(k.chunks_exact_mut(ksize)) {
             let center = f64::from(in0) + (i as f64 + 0.5) * scale;
             // C's (int) truncates toward zero; `as` does too (values are far from i32's ends).
             let xmin = ((center - support + 0.5) as i64).max(0);
@@ -328,53 +635,22 @@ impl Taps {
         }
     }
 
-    /// The inputs any output reads, `first..end`; the starts become relative to `first`.
-    fn span(&mut self) -> (usize, usize) {
-        let first = self.start[0];
+    /// The inputs any output reads, `first..end` (starts are monotonic, as Pillow assumes).
+    fn span(&self) -> (usize, usize) {
         let last = self.start.len() - 1;
-        let end = self.start[last] + self.len[last];
+        (self.start[0], self.start[last] + self.len[last])
+    }
+
+    /// Inputs counted from `first`: the taps of pixels that start there.
+    fn shift(&mut self, first: usize) {
         for s in &mut self.start {
             *s -= first;
         }
-        (first, end)
     }
 
     #[inline(always)]
     fn coeffs(&self, i: usize) -> &[i32] {
         &self.k[i * self.ksize..i * self.ksize + self.len[i]]
-    }
-}
-
-/// `ImagingResampleInner` for the 8-bit convolution filters.
-fn convolve(src: &View<'_>, out_w: usize, out_h: usize, kernel: Kernel, b: [f32; 4]) -> Image {
-    let need_h = out_w != src.width || b[0] != 0.0 || b[2] != out_w as f32;
-    let need_v = out_h != src.height || b[1] != 0.0 || b[3] != out_h as f32;
-    let mut vert = Taps::new(src.height, b[1], b[3], out_h, kernel);
-    let mut horiz = need_h.then(|| Taps::new(src.width, b[0], b[2], out_w, kernel));
-
-    let vertical_first = need_h
-        && need_v
-        && out_h < src.height
-        && (src.height - out_h) as i64 > 2 * (src.width as i64 - out_w as i64);
-    if let (true, Some(horiz)) = (vertical_first, horiz.as_mut()) {
-        // Only the columns the horizontal pass reads.
-        let (first, end) = horiz.span();
-        let temp = vertical_pass(&src.columns(first, end - first), out_h, &vert);
-        return horizontal_pass(&View::whole(&temp), 0, out_h, out_w, horiz);
-    }
-
-    let temp;
-    let mut input = *src;
-    if let Some(horiz) = &horiz {
-        // Only the rows the vertical pass reads.
-        let (first, end) = vert.span();
-        temp = horizontal_pass(src, first, end - first, out_w, horiz);
-        input = View::whole(&temp);
-    }
-    if need_v {
-        vertical_pass(&input, out_h, &vert)
-    } else {
-        input.copy_rect(0, 0, input.width, input.height)
     }
 }
 
@@ -709,44 +985,6 @@ fn coord(v: f64) -> i64 {
     }
 }
 
-/// `ImagingScaleAffine` with Pillow's resize matrix (see the NOTE).
-fn nearest(src: &View<'_>, out_w: usize, out_h: usize, b: [f32; 4]) -> Image {
-    let bands = src.bands;
-    let a0 = f64::from(b[2] - b[0]) / out_w as f64;
-    let a4 = f64::from(b[3] - b[1]) / out_h as f64;
-    let (a2, a5) = (f64::from(b[0]), f64::from(b[1]));
-
-    // Source column of each output column; [lo, hi) spans the in-range ones.
-    let mut table = vec![0usize; out_w];
-    let (mut lo, mut hi) = (out_w, 0);
-    let mut xo = a2 + a0 * 0.5;
-    for (x, t) in table.iter_mut().enumerate() {
-        let xin = coord(xo);
-        if xin >= 0 && (xin as usize) < src.width {
-            hi = x + 1;
-            lo = lo.min(x);
-            *t = xin as usize;
-        }
-        xo += a0;
-    }
-
-    let mut out = vec![0u8; out_w * out_h * bands];
-    let mut yo = a5 + a4 * 0.5;
-    for out_row in out.chunks_exact_mut(out_w * bands) {
-        let yin = coord(yo);
-        if yin >= 0 && (yin as usize) < src.height && lo < hi {
-            let in_row = src.row(yin as usize);
-            let span = &mut out_row[lo * bands..hi * bands];
-            match bands {
-                3 => copy_columns::<3>(in_row, span, &table[lo..hi]),
-                _ => copy_columns::<1>(in_row, span, &table[lo..hi]),
-            }
-        }
-        yo += a4;
-    }
-    Image::from_vec(out_w, out_h, bands, out)
-}
-
 #[inline(always)]
 fn copy_columns<const B: usize>(in_row: &[u8], out: &mut [u8], table: &[usize]) {
     for (px, &x) in out.chunks_exact_mut(B).zip(table) {
@@ -780,7 +1018,7 @@ mod tests {
 
     #[test]
     fn bilinear_coefficients_sum_to_one_in_fixed_point() {
-        let taps = Taps::new(500, 0.0, 500.0, 224, Kernel::of(Filter::Bilinear));
+        let taps = Taps::new(500, 0.0, 500.0, 224, Kernel::of(Filter::Bilinear), 0..224);
         for i in 0..224 {
             let sum: i32 = taps.coeffs(i).iter().sum();
             assert!(
@@ -814,7 +1052,7 @@ mod tests {
                 (50, 7, 3.5, 41.25),
                 (9, 9, 0.5, 9.0),
             ] {
-                let taps = Taps::new(in_w, box0, box1, out_w, Kernel::of(filter));
+                let taps = Taps::new(in_w, box0, box1, out_w, Kernel::of(filter), 0..out_w);
                 for bands in [1, 3] {
                     let input = &row[..in_w * bands];
                     let mut want = vec![0u8; out_w * bands];
