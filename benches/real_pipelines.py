@@ -1,11 +1,15 @@
 """rloader vs torch.utils.data on pipelines built from library code (issue #24).
 
-Four pipelines as users write them, over data generated at the first run (no downloads) and
+Six pipelines as users write them, over data generated at the first run (no downloads) and
 cached in a git-ignored folder (``.bench-data/`` at the repository's root; ``--data-dir``):
 
   imagefolder  torchvision ``ImageFolder`` over 1,500 photo-like JPEGs (300-600 px, quality 90,
                10 class folders) with the ImageNet training transforms (``RandomResizedCrop(224)``,
                ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize``), batch 64.
+  vision-train the same folder and transforms through ``rloader.vision.ImageFolder`` on
+               rloader's side (decoding and transforms in Rust, torchvision's pixels exactly).
+  vision-eval  the same with the ImageNet evaluation transforms (``Resize(256)``,
+               ``CenterCrop(224)``, ``ToTensor``, ``Normalize``).
   webdataset   the same JPEGs in WebDataset tar shards (an ``IterableDataset`` split between
                workers by ``wds.split_by_worker``), decoded to PIL, the same transforms, batch 64.
                Every epoch checks that each sample came exactly once.
@@ -405,6 +409,8 @@ class Pipeline:
     # Lines saying the machine's limit for this pipeline, measured in this process.
     limits: Callable[[], list] = lambda: []
     notes: list = field(default_factory=list)
+    # What rloader's loaders read, where it is not `dataset` (rloader.vision's ImageFolder).
+    rloader_dataset: object = None
 
 
 TORCH0, OURS0 = Setting("torch", 0), Setting("rloader", 0)
@@ -419,7 +425,7 @@ def build_loader(p: Pipeline, s: Setting):
         )
     extra = {"worker_type": "thread"} if s.threads else {}
     return rloader.DataLoader(
-        p.dataset,
+        p.dataset if p.rloader_dataset is None else p.rloader_dataset,
         num_workers=s.num_workers,
         persistent_workers=s.persistent,
         **p.loader_args,
@@ -487,6 +493,85 @@ def imagefolder(root: Path, quick: bool) -> Pipeline:
             Comparison("num_workers=0", OURS0, TORCH0, 1.0),
             Comparison("2 processes", OURS2, TORCH2, 1.3),
             Comparison("2 threads vs torch's 2 processes", THREADS2, TORCH2, 1.2),
+        ],
+        epoch=count_epoch,
+        limits=limits,
+    )
+
+
+def imagenet_eval_transform():
+    from torchvision import transforms
+
+    return transforms.Compose(
+        [
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def vision(root: Path, quick: bool, train: bool) -> Pipeline:
+    """The same folder and transforms through torchvision's ImageFolder (torch's loaders) and
+    rloader.vision's (rloader's), whose samples are torchvision's bit for bit."""
+    from torchvision import datasets as tv_datasets
+
+    import rloader.vision
+
+    folder = str(jpeg_folder(root, quick) / "train")
+    transform = imagenet_train_transform() if train else imagenet_eval_transform()
+    theirs = tv_datasets.ImageFolder(folder, transform=transform)
+    ours = rloader.vision.ImageFolder(folder, transform=transform)
+    n = len(theirs)
+    k = min(n, 300)
+    torch.manual_seed(0)
+    for i in range(0, n, max(1, n // 20)):  # a check, not a test: tests/test_vision.py is
+        state = torch.get_rng_state()
+        want = theirs[i][0]
+        torch.set_rng_state(state)
+        if not torch.equal(ours[i][0], want):
+            raise AssertionError(f"rloader.vision's sample {i} is not torchvision's")
+
+    def limits() -> list:
+        lines = []
+        for name, ds in (("torchvision", theirs), ("rloader.vision", ours)):
+            rate = one_core(lambda ds=ds: sum(1 for i in range(k) if ds[i] is not None))
+            lines += workers_limit("images", f"{name} opens, decodes and transforms", rate)
+        return lines
+
+    which = "training" if train else "evaluation"
+    steps = (
+        "RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize"
+        if train
+        else "Resize(256), CenterCrop(224), ToTensor, Normalize"
+    )
+    return Pipeline(
+        key=f"vision-{'train' if train else 'eval'}",
+        title=(
+            f"rloader.vision.ImageFolder vs torchvision's, {n:,} JPEGs of 300-600 px, "
+            f"ImageNet {which} transforms ({steps}), batch 64, shuffled"
+        ),
+        unit="images",
+        samples=n,
+        dataset=theirs,
+        rloader_dataset=ours,
+        loader_args=dict(batch_size=64, shuffle=True),
+        settings=[TORCH0, OURS0, TORCH2, OURS2, THREADS2],
+        comparisons=[
+            Comparison("num_workers=0", OURS0, TORCH0, 2.5),
+            *(
+                [
+                    Comparison("2 processes", OURS2, TORCH2, 2.5),
+                    Comparison("2 threads vs torch's 2 processes", THREADS2, TORCH2, 2.5),
+                    Comparison("2 threads vs rloader.vision's num_workers=0", THREADS2, OURS0, 1.8),
+                ]
+                if train
+                else [
+                    Comparison("2 processes", OURS2, TORCH2, None),
+                    Comparison("2 threads vs torch's 2 processes", THREADS2, TORCH2, None),
+                ]
+            ),
         ],
         epoch=count_epoch,
         limits=limits,
@@ -638,6 +723,8 @@ def arrow(root: Path, quick: bool) -> Pipeline:
 
 PIPELINES = {
     "imagefolder": imagefolder,
+    "vision-train": lambda root, quick: vision(root, quick, train=True),
+    "vision-eval": lambda root, quick: vision(root, quick, train=False),
     "webdataset": webdataset,
     "tokens": tokens,
     "arrow": arrow,
@@ -694,7 +781,7 @@ def run(p: Pipeline, repeats: int) -> Result:
             )
     limits = p.limits()
     loaders.clear()  # their workers and buffers go before the next pipeline's
-    p.dataset = p.epoch = p.limits = None  # only what the report prints is kept
+    p.dataset = p.rloader_dataset = p.epoch = p.limits = None  # only what the report prints is kept
     release_freed_memory()
     return Result(p, times, stats, limits)
 

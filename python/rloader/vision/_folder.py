@@ -10,6 +10,7 @@ from torchvision.datasets.folder import default_loader, pil_loader
 
 from rloader import _rloader
 
+from ._draws import worker_draws
 from ._plan import _FILTERS, Plan
 
 
@@ -20,6 +21,8 @@ class _RustSamples:
     (`default_loader` or `pil_loader`, the PIL backend), its file is a JPEG or PNG decoded here
     exactly and under Pillow's decompression-bomb limit; otherwise, or where Rust's decoder
     fails, torchvision's own loader opens it (raising what torchvision raises for a bad file).
+    On a thread worker, torch's random draws come from the worker's own generator
+    (`_draws.py`).
     """
 
     draft: bool
@@ -38,6 +41,10 @@ class _RustSamples:
         return plan
 
     def __getitem__(self, index: int):
+        with worker_draws():
+            return self._sample(index)
+
+    def _sample(self, index: int):
         path, target = self.samples[index]
         plan = self._plan() if self.loader in (default_loader, pil_loader) else None
         if plan is None or get_image_backend() != "PIL":

@@ -1,0 +1,64 @@
+"""Random draws on thread workers from the worker's own generator.
+
+A worker process of torch's seeds torch's global generator with ``base_seed + worker_id``, and
+torchvision's transforms draw from it. Thread workers share one process's global generator, so
+their draws would interleave in whatever order the threads run. On a thread worker, a sample
+of rloader.vision's is made under `WorkerDraws`, a `TorchFunctionMode` (torch keeps its modes
+per thread) that hands each of torch's random functions the worker's own generator
+(``get_worker_info().rng.torch_generator``, seeded as a worker process seeds the global one):
+so thread workers give the batches torch's worker processes give for the same seeds.
+Python's ``random`` and numpy's global generator are not redirected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from rloader import _thread_info
+
+# torch's random functions and methods that take a `generator`.
+_RANDOM = {
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.normal,
+    torch.bernoulli,
+    torch.multinomial,
+    torch.poisson,
+    torch.Tensor.uniform_,
+    torch.Tensor.normal_,
+    torch.Tensor.random_,
+    torch.Tensor.bernoulli_,
+    torch.Tensor.exponential_,
+    torch.Tensor.geometric_,
+    torch.Tensor.log_normal_,
+    torch.Tensor.cauchy_,
+    torch.Tensor.bernoulli,
+    torch.Tensor.multinomial,
+}
+
+
+class WorkerDraws(TorchFunctionMode):
+    """Draws of torch's random functions that name no generator come from `generator`."""
+
+    def __init__(self, generator: torch.Generator):
+        super().__init__()
+        self.generator = generator
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _RANDOM and kwargs.get("generator") is None:
+            kwargs = {**kwargs, "generator": self.generator}
+        return func(*args, **kwargs)
+
+
+def worker_draws():
+    """`WorkerDraws` over the calling thread worker's generator; nothing elsewhere."""
+    info = _thread_info.info()
+    if info is None:
+        return contextlib.nullcontext()
+    return WorkerDraws(info.rng.torch_generator)
