@@ -200,14 +200,20 @@ test-oldest: $(OLDEST_WHEEL_STAMP)
 # slots (rust/rloader-workers/tests/fuzz.rs) and the rings' framing and positions
 # (rust/rloader-queue/tests/fuzz.rs), FUZZ_INPUTS inputs each, from a fresh seed each run (the
 # output says it; RLOADER_FUZZ_SEED=<seed> replays a run). A short fixed-seed round of both is
-# part of `make test-rust`. Then 100,000 malformed, truncated and hostile states through
+# part of `make test-rust`. Then FUZZ_IMAGES mutated JPEG and PNG files through rloader.vision's
+# decoding (rust/rloader-vision/tests/fuzz.rs; a short round is in `make test-rust` too). Then
+# 100,000 malformed, truncated and hostile states through
 # DataLoader.load_state_dict (tests/fuzz_state.py; tests/test_state_fuzz.py runs 3,000).
 FUZZ_INPUTS ?= 10000000
 FUZZ_STATES ?= 100000
+FUZZ_IMAGES ?= 1000000
 fuzz: build
 	@echo "== fuzzing the pool's decoders, $(FUZZ_INPUTS) inputs each (a few minutes)"
 	RLOADER_FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release -p rloader-workers -p rloader-queue \
 		--test fuzz -- --ignored --nocapture
+	@echo "== fuzzing rloader.vision's decoding with $(FUZZ_IMAGES) mutated JPEG and PNG files"
+	RLOADER_FUZZ_INPUTS=$(FUZZ_IMAGES) cargo test --release -p rloader-vision --test fuzz \
+		-- --ignored --nocapture
 	@echo "== fuzzing load_state_dict with $(FUZZ_STATES) malformed states"
 	$(PY) -W ignore tests/fuzz_state.py --states $(FUZZ_STATES) --seed 1
 

@@ -81,13 +81,20 @@ thread_local! {
     static HANDLE: RefCell<Option<Handle>> = const { RefCell::new(None) };
 }
 
+/// Runs `f` on this thread's handle. A handle whose call failed is dropped, and the next call
+/// makes a fresh one: after an error part of libjpeg's state (Huffman tables, the source's
+/// position) can be left over, and the next file read through that handle was misread.
 fn with_handle<T>(f: impl FnOnce(&Handle) -> Result<T, NotHandled>) -> Result<T, NotHandled> {
     HANDLE.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
             *slot = Some(Handle::new()?);
         }
-        f(slot.as_ref().expect("made above"))
+        let result = f(slot.as_ref().expect("made above"));
+        if result.is_err() {
+            *slot = None;
+        }
+        result
     })
 }
 
