@@ -63,7 +63,7 @@ import torch.utils.data as tud
 from side_by_side import BusyDataset, ImageArrayDataset, ImageLabelDataset, SleepyDataset
 
 import rloader
-from rloader import _auto_measure
+from rloader._auto import measure as auto_measure
 
 
 def image_folder(n: int, data_dir: Path, quick: bool):
@@ -196,7 +196,7 @@ class PeakPss:
     def _run(self) -> None:
         while not self._stop.wait(0.02):
             pids = children() + ([os.getpid()] if self._self else [])
-            total = sum(_auto_measure.process_memory(pid) or 0 for pid in pids)
+            total = sum(auto_measure.process_memory(pid) or 0 for pid in pids)
             self.peak = max(self.peak, total)
 
     def stop(self) -> int:
@@ -215,7 +215,7 @@ def budget_row(quick: bool, epochs: int) -> None:
     four = meter.stop()
     del fixed
     budget = int(four * 0.75)
-    os.environ[_auto_measure.MEMORY_ENV] = str(budget)
+    os.environ[auto_measure.MEMORY_ENV] = str(budget)
     try:
         meter = PeakPss()
         loader = rloader.DataLoader(
@@ -224,10 +224,10 @@ def budget_row(quick: bool, epochs: int) -> None:
         times = run(loader, epochs, 0.0)
         peak = meter.stop()
     finally:
-        del os.environ[_auto_measure.MEMORY_ENV]
+        del os.environ[auto_measure.MEMORY_ENV]
     chosen = sorted({d["num_workers"] for d in loader.stats()["auto"]["decisions"]})
     print(
-        f"fixed 4 processes: peak PSS {four / 2**20:.0f} MiB; auto with {_auto_measure.MEMORY_ENV}="
+        f"fixed 4 processes: peak PSS {four / 2**20:.0f} MiB; auto with {auto_measure.MEMORY_ENV}="
         f"{budget / 2**20:.0f} MiB (0.75x): peak PSS {peak / 2**20:.0f} MiB "
         f"({peak / budget:.2f}x the budget; target <= 1), pools of {chosen} workers in the "
         f"last epoch, ended on {loader.stats()['auto']['num_workers']}; epochs/s: "
@@ -323,7 +323,7 @@ def main() -> None:
 
     data_dir = args.data_dir or DEFAULT_DATA_DIR
     print(
-        f"cores usable: {_auto_measure.usable_cores()}, epochs: {args.epochs}, "
+        f"cores usable: {auto_measure.usable_cores()}, epochs: {args.epochs}, "
         f"persistent_workers: {args.persistent}; each row in a fresh process"
     )
     header = f"{'workload':12} {'setting':14} {'epoch 1/s':>10} {'later/s':>10}  note"

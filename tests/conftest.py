@@ -7,7 +7,8 @@ import pytest
 from _engines import Engine
 from hypothesis import settings
 
-from rloader import _auto_measure, _auto_policy
+from rloader._auto import measure as auto_measure
+from rloader._auto import policy as auto_policy
 
 # In CI, hypothesis explores the same examples every run: a red build is reproducible, and a
 # green one does not depend on luck.
@@ -32,11 +33,11 @@ def quick(monkeypatch):
     the first), on 4 cores; under worker_type="auto" the GIL probe, which reads the wall time,
     gives no verdict (the tests that check it use the real one): threads first, unless the
     loading reads as holding its CPU (``holds_cpu``: a fake clock that is the CPU clock too)."""
-    monkeypatch.setattr(_auto_policy, "MIN_WINDOW_S", 0.0)
-    monkeypatch.setattr(_auto_policy, "GIL_PROBE_S", float("inf"))
-    monkeypatch.setattr(_auto_policy, "GIL_PROBE_WAIT_S", 0.0)  # (no window waits for it)
-    monkeypatch.setattr(_auto_policy, "LONG_STEPS", 0)
-    monkeypatch.setattr(_auto_policy, "STEADY_GROWTH", 1)
-    monkeypatch.setattr(_auto_policy, "MAIN_WARM_BATCHES", 0)
-    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: None)  # the machine's load: unknown
-    monkeypatch.setattr(_auto_measure, "usable_cores", lambda: 4)
+    monkeypatch.setattr(auto_policy, "MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(auto_policy, "GIL_PROBE_S", float("inf"))
+    monkeypatch.setattr(auto_policy, "GIL_PROBE_WAIT_S", 0.0)  # (no window waits for it)
+    monkeypatch.setattr(auto_policy, "LONG_STEPS", 0)
+    monkeypatch.setattr(auto_policy, "STEADY_GROWTH", 1)
+    monkeypatch.setattr(auto_policy, "MAIN_WARM_BATCHES", 0)
+    monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)  # the machine's load: unknown
+    monkeypatch.setattr(auto_measure, "usable_cores", lambda: 4)

@@ -1,7 +1,7 @@
-"""num_workers="auto" (NOTE [Auto workers] in python/rloader/_auto.py).
+"""num_workers="auto" (NOTE [Auto workers] in python/rloader/_auto/__init__.py).
 
-Decisions are made deterministic without timing: either ``_auto_policy.decide`` is replaced by
-a script (switch at given windows), or ``_auto_measure.clock`` by a fake clock that the dataset
+Decisions are made deterministic without timing: either ``auto_policy.decide`` is replaced by
+a script (switch at given windows), or ``auto_measure.clock`` by a fake clock that the dataset
 (in the main process) and the consumer advance, so the measured times are the test's numbers.
 The batches are checked against fixed loaders, which are the oracle (torch's for what torch
 does).
@@ -18,7 +18,10 @@ import torch.utils.data as tud
 from _children import thread_names
 
 import rloader
-from rloader import _auto, _auto_measure, _auto_policy, _process_pool, _rloader
+from rloader import _auto, _process_pool, _rloader
+from rloader._auto import learned as auto_learned
+from rloader._auto import measure as auto_measure
+from rloader._auto import policy as auto_policy
 from rloader.sampler import iter_keys
 
 N = 96
@@ -57,9 +60,9 @@ def scripted(monkeypatch, plan):
         target = plan[k] if k < len(plan) else None
         if target is None or target == window.workers:
             return None
-        return _auto_policy.Decision(target, f"scripted {k}")
+        return auto_policy.Decision(target, f"scripted {k}")
 
-    monkeypatch.setattr(_auto_policy, "decide", decide)
+    monkeypatch.setattr(auto_policy, "decide", decide)
     return calls
 
 
@@ -90,7 +93,7 @@ def test_engines_draw_the_epochs_keys_in_shares():
     # more and the next goes on with the stream. An rloader sampler's shares are taken in Rust.
     sampler = loader_of(0, 1, batch_size=3, shuffle=False, n=10)._index_sampler
     for keys, kind in [(iter_keys(sampler), _rloader.KeySegment), (iter(list(sampler)), None)]:
-        source = _auto._Source(keys)
+        source = _auto.keys.Source(keys)
         first = source.segment()
         assert kind is None or isinstance(first, kind)
         assert next(first) == [0, 1, 2] and not source.exhausted
@@ -137,8 +140,8 @@ def fake_clock(monkeypatch):
     """Times in the main process are the test's: wall and CPU time both (so the work holds its
     CPU: no more workers than cores)."""
     clock = FakeClock()
-    monkeypatch.setattr(_auto_measure, "clock", clock)
-    monkeypatch.setattr(_auto_measure, "cpu_clock", clock)
+    monkeypatch.setattr(auto_measure, "clock", clock)
+    monkeypatch.setattr(auto_measure, "cpu_clock", clock)
     return clock
 
 
@@ -159,8 +162,8 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
 def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     # the rest of the epoch does not win 4 starts back (0.66 s), 4 whole epochs do (2.9 s)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 0.5)
-    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
+    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 0.5)
+    monkeypatch.setattr(auto_measure, "own_memory", lambda: 0)
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.01), batch_size=2, num_workers="auto", persistent_workers=True
     )
@@ -174,7 +177,7 @@ def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick
 @pytest.mark.parametrize("persistent", [True, False])
 def test_an_epoch_shorter_than_a_window_decides_for_the_next(quick, monkeypatch, persistent):
     clock = fake_clock(monkeypatch)
-    monkeypatch.setattr(_auto_policy, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
+    monkeypatch.setattr(auto_policy, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.01),
         batch_size=2,
@@ -218,23 +221,23 @@ def test_shrinks_when_the_consumer_is_slow(quick, monkeypatch, slow_step, shrunk
 
 def test_the_memory_budget_bounds_the_pool(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
-    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "300M")
+    monkeypatch.setenv(auto_measure.MEMORY_ENV, "300M")
     monkeypatch.setattr(
-        _auto_measure, "process_memory", lambda pid: 100 << 20
+        auto_measure, "process_memory", lambda pid: 100 << 20
     )  # each worker: 100 MiB
-    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 100 << 20)  # ... and the estimate
+    monkeypatch.setattr(auto_measure, "own_memory", lambda: 100 << 20)  # ... and the estimate
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     assert len(batches(loader)[0]) == N
     assert max(chosen(loader)) == 3  # not the 4 cores: 4 × 100 MiB > 300 MiB
-    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "50M")  # below one worker: none is started
+    monkeypatch.setenv(auto_measure.MEMORY_ENV, "50M")  # below one worker: none is started
     loader = rloader.DataLoader(Ints(clock=clock, cost=0.01), batch_size=1, num_workers="auto")
     assert len(batches(loader)[0]) == N
     assert chosen(loader) == [0]
 
 
 def test_bad_memory_budget_is_named(monkeypatch):
-    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "lots")
-    with pytest.raises(ValueError, match=_auto_measure.MEMORY_ENV):
+    monkeypatch.setenv(auto_measure.MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match=auto_measure.MEMORY_ENV):
         iter(rloader.DataLoader(Ints(), num_workers="auto"))
 
 
@@ -271,7 +274,7 @@ def test_an_iterable_dataset_keeps_one_count_per_epoch(quick, monkeypatch):
 def ticking_clock(monkeypatch):
     """The loader's clock, each reading 1 s more than the last."""
     ticks = iter(range(10**9))
-    monkeypatch.setattr(_auto_measure, "clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(auto_measure, "clock", lambda: float(next(ticks)))
 
 
 @pytest.mark.parametrize("gil_bound, affordable", [(True, True), (False, True), (True, False)])
@@ -280,11 +283,11 @@ def test_worker_type_auto_moves_gil_bound_work_to_processes_between_epochs(
 ):
     ticking_clock(monkeypatch)
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto_policy, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
+    monkeypatch.setattr(auto_policy, "GROW_WAIT_SHARE", -1.0)  # every window counts as busy
     # any measured slowdown of the threads' work reads as the GIL, or none does
-    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 0.0 if gil_bound else 1e12)
+    monkeypatch.setattr(auto_policy, "GIL_SHARE", 0.0 if gil_bound else 1e12)
     # (processes whose start an epoch would not win back stay threads)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3 if affordable else 1e9)
+    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 1e-3 if affordable else 1e9)
     loader = loader_of("auto", 11, worker_type="auto")
     got = batches(loader, epochs=2)
     assert got == batches(loader_of(0, 11), epochs=2)
@@ -300,21 +303,17 @@ def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_p
     quick, monkeypatch, keeps, resumed
 ):
     # (the main process gave no verdict on its loading, as on a busy machine: threads first)
-    monkeypatch.setattr(_auto_policy, "holds_cpu", lambda share: False)
+    monkeypatch.setattr(auto_policy, "holds_cpu", lambda share: False)
     ticking_clock(monkeypatch)
-    monkeypatch.setattr(
-        _auto_measure, "cpu_clock", _auto_measure.clock
-    )  # (work that holds its CPU)
-    monkeypatch.setenv(
-        _auto_measure.MEMORY_ENV, "1T"
-    )  # (the budget holds processes on any machine)
+    monkeypatch.setattr(auto_measure, "cpu_clock", auto_measure.clock)  # (work that holds its CPU)
+    monkeypatch.setenv(auto_measure.MEMORY_ENV, "1T")  # (the budget holds processes on any machine)
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
-    monkeypatch.setattr(_auto_policy, "CONSUMER_GIL", 1e12)
-    monkeypatch.setattr(_auto_policy, "TRIAL_EFFICIENCY", 1e12)  # any thread pool is short of it
+    monkeypatch.setattr(auto_policy, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
+    monkeypatch.setattr(auto_policy, "CONSUMER_GIL", 1e12)
+    monkeypatch.setattr(auto_policy, "TRIAL_EFFICIENCY", 1e12)  # any thread pool is short of it
     # the processes' epoch is faster than the threads' by any margin, or by none
-    monkeypatch.setattr(_auto_policy, "TRIAL_MARGIN", 1e12 if keeps else 0.0)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
+    monkeypatch.setattr(auto_policy, "TRIAL_MARGIN", 1e12 if keeps else 0.0)
+    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 1e-3)
 
     def make():
         return loader_of("auto", 11, worker_type="auto", persistent_workers=True)
@@ -336,7 +335,7 @@ def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_p
 
 
 def test_a_trial_is_made_only_where_the_threads_shortfall_pays_for_it():
-    worth = _auto_policy.trial_worth
+    worth = auto_policy.trial_worth
     # tensor pairs: 2 threads at 138 us a batch against 128 us promised, 512 batches an epoch,
     # against 2 processes' start of a 1.6 GiB process (0.22 s)
     assert not worth(138e-6, 128e-6, 512, True, 0.22)
@@ -347,9 +346,9 @@ def test_a_trial_is_made_only_where_the_threads_shortfall_pays_for_it():
 
 
 def test_processes_on_trial_are_kept_only_if_faster():
-    assert _auto_policy.trial_keeps_processes(1.0, 0.9)
-    assert not _auto_policy.trial_keeps_processes(1.0, 0.98)
-    assert not _auto_policy.trial_keeps_processes(1.0, 1.5)
+    assert auto_policy.trial_keeps_processes(1.0, 0.9)
+    assert not auto_policy.trial_keeps_processes(1.0, 0.98)
+    assert not auto_policy.trial_keeps_processes(1.0, 1.5)
 
 
 @pytest.mark.parametrize("slowed", [True, False])
@@ -365,14 +364,14 @@ def test_threads_that_slow_the_consumers_step_make_way_for_processes(
     # nothing, their medians do. Loaded: other processes keep 2 cores busy meanwhile, and the
     # consumer's slower step may be theirs: no move.
     # (the main process gave no verdict on its loading, as on a busy machine: threads first)
-    monkeypatch.setattr(_auto_policy, "holds_cpu", lambda share: False)
+    monkeypatch.setattr(auto_policy, "holds_cpu", lambda share: False)
     clock = fake_clock(monkeypatch)
     if loaded:
-        monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
-        monkeypatch.setattr(_auto_measure, "loader_cpu", lambda pids: 0.0)
+        monkeypatch.setattr(auto_measure, "machine_cpu", lambda: 2 * clock.now)
+        monkeypatch.setattr(auto_measure, "loader_cpu", lambda pids: 0.0)
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto_policy, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e-3)
+    monkeypatch.setattr(auto_policy, "GIL_SHARE", 1e12)  # (not the threads' own slowdown)
+    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 1e-3)
     loader = rloader.DataLoader(
         Ints(clock=clock, cost=0.005), batch_size=2, num_workers="auto", worker_type="auto"
     )
@@ -495,7 +494,7 @@ def test_a_resumed_auto_loader_starts_on_the_saved_choice(quick, monkeypatch):
     resumed.load_state_dict(dict(state, auto=dict(state["auto"], prefetch=99)))
     got = batches(resumed)[0]
     assert chosen(resumed)[0] == 3  # at once, not the main process first
-    assert resumed.stats()["auto"]["prefetch_factor"] == _auto_policy.PREFETCH_MAX  # (bounded)
+    assert resumed.stats()["auto"]["prefetch_factor"] == auto_policy.PREFETCH_MAX  # (bounded)
     assert len(got) == N // 2 - 20
     for field, value in [("kind", "fiber"), ("trial", [2, -1.0]), ("trial", [0, 1.0])]:
         bad = dict(state, auto=dict(state["auto"], **{field: value}))
@@ -524,9 +523,7 @@ def test_resume_across_fixed_and_auto(quick, monkeypatch, saved_with, resumed_wi
 
 def test_arguments():
     loader = rloader.DataLoader(Ints(), num_workers="auto", prefetch_factor="auto")
-    assert (
-        isinstance(loader.num_workers, int) and loader.num_workers == _auto_measure.usable_cores()
-    )
+    assert isinstance(loader.num_workers, int) and loader.num_workers == auto_measure.usable_cores()
     assert loader.prefetch_factor == 2
     rebuilt = type(loader)(Ints(), num_workers=loader.num_workers)  # as frameworks rebuild
     assert isinstance(rebuilt.num_workers, _auto.AutoWorkers)
@@ -576,30 +573,28 @@ def window(**kw):
         prefetch=2,
     )
     base.update(kw)
-    return _auto_policy.Window(**base)
+    return auto_policy.Window(**base)
 
 
 def test_decide():
     # in process: the consumer waits for 10 ms of work per batch against 2 ms of its own
-    d = _auto_policy.decide(window(wait_s=0.1, user_s=0.02, work_s=0.1))
+    d = auto_policy.decide(window(wait_s=0.1, user_s=0.02, work_s=0.1))
     assert d.workers == 7  # ceil(10 / 2 × 1.25)
     # ... bounded by the cores, the budget and the work left
-    assert _auto_policy.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
+    assert auto_policy.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1)).workers == 8
     assert (
-        _auto_policy.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
+        auto_policy.decide(window(wait_s=0.1, user_s=0.0, work_s=0.1, budget=3 << 20)).workers == 3
     )
-    assert (
-        _auto_policy.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
-    )
+    assert auto_policy.decide(window(wait_s=1.0, user_s=0.0, work_s=1.0, remaining=20)).workers == 5
     # ... and in the first epoch by what starting the pool costs against what the rest of the
     # epoch would save: then from the next epoch on, if a whole epoch saves more, else not at
     # all
     late = window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, start_s=0.05)
-    assert _auto_policy.decide(late._replace(epoch_batches=1000)).deferred
+    assert auto_policy.decide(late._replace(epoch_batches=1000)).deferred
     # (a persistent pool, started once: if ``PAYBACK_EPOCHS`` whole epochs win it back)
-    assert _auto_policy.decide(late._replace(epoch_batches=20, persistent=True)).deferred
-    assert _auto_policy.decide(late._replace(epoch_batches=20)) is None
-    assert _auto_policy.decide(late._replace(epoch_batches=40)) is None
+    assert auto_policy.decide(late._replace(epoch_batches=20, persistent=True)).deferred
+    assert auto_policy.decide(late._replace(epoch_batches=20)) is None
+    assert auto_policy.decide(late._replace(epoch_batches=40)) is None
     later = late._replace(first_epoch=False)
     # ... and in a later epoch a pool starts only where a whole epoch (PAYBACK_EPOCHS with
     # persistent workers) wins its start back: uint8 arrays, 0.43 ms a batch, against 2
@@ -607,9 +602,9 @@ def test_decide():
     uint8 = window(
         wait_s=0.0043, user_s=0.0, work_s=0.0043, batches=10, cores=2, remaining=100
     )._replace(first_epoch=False, epoch_batches=48, persistent=True, start_s=0.117)
-    assert _auto_policy.decide(uint8) is None
-    assert _auto_policy.decide(uint8._replace(epoch_batches=128)).workers == 2
-    assert _auto_policy.decide(uint8._replace(epoch_batches=128, persistent=False)) is None
+    assert auto_policy.decide(uint8) is None
+    assert auto_policy.decide(uint8._replace(epoch_batches=128)).workers == 2
+    assert auto_policy.decide(uint8._replace(epoch_batches=128, persistent=False)) is None
     # ... unless the budget holds fewer workers than the cores would carry only by the
     # estimate of a worker's memory (the main process's RSS), and the pool the cores would
     # carry wins its start back: one worker starts, to measure
@@ -617,103 +612,103 @@ def test_decide():
         wait_s=0.34, user_s=0.0, work_s=0.34, cpu_s=0.024, batches=10, cores=2, remaining=100
     )._replace(first_epoch=False, epoch_batches=128, persistent=True, start_s=0.045)
     estimated = sleeps._replace(budget=579 << 20, per_worker=500 << 20, memory_measured=False)
-    assert _auto_policy.decide(estimated).workers == 1
-    assert _auto_policy.decide(estimated._replace(memory_measured=True)) is None
+    assert auto_policy.decide(estimated).workers == 1
+    assert auto_policy.decide(estimated._replace(memory_measured=True)) is None
     # ... where the consumer's own step is longer than the work, 1 worker saves all the wait
     # (2.5 ms a batch; 100 batches left: 250 ms against a 15 ms start)
     step = window(wait_s=0.025, user_s=0.04, work_s=0.025, remaining=100, start_s=0.015)
-    assert _auto_policy.decide(step).workers == 1 and not _auto_policy.decide(step).deferred
-    assert not _auto_policy.decide(later).deferred
-    assert _auto_policy.decide(
+    assert auto_policy.decide(step).workers == 1 and not auto_policy.decide(step).deferred
+    assert not auto_policy.decide(later).deferred
+    assert auto_policy.decide(
         window(wait_s=0.1, user_s=0.0, work_s=0.1, remaining=20, kind="thread")
     )
     # little work, or little waiting: stays
-    assert _auto_policy.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None
-    assert _auto_policy.decide(window(wait_s=0.004, user_s=1.0, work_s=0.004)) is None
+    assert auto_policy.decide(window(wait_s=0.001, user_s=0.02, work_s=0.001)) is None
+    assert auto_policy.decide(window(wait_s=0.004, user_s=1.0, work_s=0.004)) is None
     # a pool whose consumer waits grows, at most ×2 per step
-    assert _auto_policy.decide(window(workers=2, wait_s=0.5, user_s=0.01, work_s=1.0)).workers == 4
+    assert auto_policy.decide(window(workers=2, wait_s=0.5, user_s=0.01, work_s=1.0)).workers == 4
     # hysteresis: a little waiting neither grows nor shrinks
-    assert _auto_policy.decide(window(workers=4, wait_s=0.03, user_s=1.0, work_s=0.1)) is None
+    assert auto_policy.decide(window(workers=4, wait_s=0.03, user_s=1.0, work_s=0.1)) is None
     # a pool whose consumer never waits and whose workers idle shrinks
-    assert _auto_policy.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=0.1)).workers == 1
-    assert _auto_policy.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=2.6)) is None
+    assert auto_policy.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=0.1)).workers == 1
+    assert auto_policy.decide(window(workers=4, wait_s=0.0, user_s=1.0, work_s=2.6)) is None
     # ... but not back to a pool that grew because the consumer waited on it, while the ratio of
     # work to the consumer's step holds (uneven steps: a window in the long ones reads idle)
     idle = window(workers=2, wait_s=0.0, user_s=0.046, work_s=0.0275)  # 0.6: 1 worker asked
-    assert _auto_policy.decide(idle).workers == 1
-    assert _auto_policy.decide(idle._replace(waited=(1, 0.6))) is None
-    assert _auto_policy.decide(idle._replace(waited=(1, 0.9))).workers == 1  # the ratio fell by 1/3
+    assert auto_policy.decide(idle).workers == 1
+    assert auto_policy.decide(idle._replace(waited=(1, 0.6))) is None
+    assert auto_policy.decide(idle._replace(waited=(1, 0.9))).workers == 1  # the ratio fell by 1/3
     four = idle._replace(workers=4, user_s=0.2)  # ratio 0.14: 1 asked, 2 waited at 0.15
-    assert _auto_policy.decide(four._replace(waited=(2, 0.15))).workers == 3
+    assert auto_policy.decide(four._replace(waited=(2, 0.15))).workers == 3
     # memory measured over the budget shrinks the pool
     over = window(workers=4, wait_s=0.5, user_s=0.1, work_s=1.0, budget=2 << 20)
-    assert _auto_policy.decide(over).workers == 2
+    assert auto_policy.decide(over).workers == 2
     # a pool at its cap whose consumer waits, no faster than the main process was: back to it
     slow = window(workers=8, wait_s=0.2, user_s=0.01, work_s=1.0, main_loop=0.02)
-    assert _auto_policy.decide(slow) == (0, _auto_policy.decide(slow).reason, False, True, False)
-    assert _auto_policy.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
-    assert _auto_policy.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
+    assert auto_policy.decide(slow) == (0, auto_policy.decide(slow).reason, False, True, False)
+    assert auto_policy.decide(slow._replace(main_loop=0.05)) is None  # faster: kept
+    assert auto_policy.decide(slow._replace(cores=16)).workers == 16  # not at its cap: grows first
     # ... not while its workers take well over the main process's work per batch (processes
     # copying the pages they touch after the fork)
-    assert _auto_policy.decide(slow._replace(main_work=0.05)) is None  # 100 ms a batch against 50
-    assert _auto_policy.decide(slow._replace(main_work=0.08)).no_gain
+    assert auto_policy.decide(slow._replace(main_work=0.05)) is None  # 100 ms a batch against 50
+    assert auto_policy.decide(slow._replace(main_work=0.08)).no_gain
     # ... nor before they have made an epoch's batches (each worker's first epoch is a start's)
-    assert _auto_policy.decide(slow._replace(epoch_batches=100, pool_batches=99)) is None
-    assert _auto_policy.decide(slow._replace(epoch_batches=100, pool_batches=100)).no_gain
+    assert auto_policy.decide(slow._replace(epoch_batches=100, pool_batches=99)) is None
+    assert auto_policy.decide(slow._replace(epoch_batches=100, pool_batches=100)).no_gain
     # threads are flagged short of 3/4 of the speedup their number promises: 8 threads on 8
     # cores, 100 ms of work a batch in the main process: 12.5 ms ideally, 21 ms measured
-    # (``AutoIter._no_gain`` may keep them)
+    # (``KindChoice.no_gain`` may keep them)
     threads = slow._replace(kind="thread", main_loop=0.1, main_work=0.1)
-    assert _auto_policy.decide(threads).no_gain
+    assert auto_policy.decide(threads).no_gain
     assert (
-        _auto_policy.decide(threads._replace(main_loop=0.2, main_work=0.2)) is None
+        auto_policy.decide(threads._replace(main_loop=0.2, main_work=0.2)) is None
     )  # 25 ms ideally
     # ... unless their process used more than ``GIL_CORES`` cores: they ran side by side, not
     # taking turns on the GIL, and make way only if no faster than the main process
-    assert _auto_policy.decide(threads._replace(process_cores=6.0)) is None
+    assert auto_policy.decide(threads._replace(process_cores=6.0)) is None
     side_by_side = threads._replace(process_cores=6.0, main_loop=0.02, main_work=0.02)
-    assert _auto_policy.decide(side_by_side).no_gain
-    assert _auto_policy.decide(threads._replace(process_cores=1.1)).no_gain
+    assert auto_policy.decide(side_by_side).no_gain
+    assert auto_policy.decide(threads._replace(process_cores=1.1)).no_gain
     # ... and the main process starts no such pool until it would be clearly faster
     busy = window(wait_s=0.1, user_s=0.01, work_s=0.1)  # 11 ms a batch
-    assert _auto_policy.decide(busy._replace(no_gain=0.0105)) is None
-    assert _auto_policy.decide(busy._replace(no_gain=0.005)).workers > 0
+    assert auto_policy.decide(busy._replace(no_gain=0.0105)) is None
+    assert auto_policy.decide(busy._replace(no_gain=0.005)).workers > 0
     # threads whose work mostly waits may outnumber the cores
     io = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.01, kind="thread", cores=2)
-    assert _auto_policy.decide(io).workers == 2 * _auto_policy.THREADS_PER_CORE
+    assert auto_policy.decide(io).workers == 2 * auto_policy.THREADS_PER_CORE
     # ... unless other processes kept the machine busy meanwhile: then the low CPU share may
     # be this process's descheduling
-    assert _auto_policy.decide(io._replace(others=1.0)).workers == 2
+    assert auto_policy.decide(io._replace(others=1.0)).workers == 2
     # ... and a thread pool's own CPU use, measured, bounds it rather than the main process's
     # share (30 threads of 1 ms sleeps kept 0.15-0.28 of 2 cores busy; the main process's
     # share, 0.067, allowed 29)
     sleeps = window(wait_s=1.0, user_s=0.0, work_s=1.0, cpu_s=0.067, kind="thread", cores=2)
-    assert _auto_policy.worker_cap(sleeps) == 29
+    assert auto_policy.worker_cap(sleeps) == 29
     pool = sleeps._replace(workers=29, wait_s=0.1, work_s=3.0, cpu_s=0.201)
-    assert _auto_policy.decide(pool) is None  # (at the cap)
-    assert _auto_policy.decide(pool._replace(process_cores=0.2)).workers == 32
-    assert _auto_policy.decide(pool._replace(process_cores=2.0)) is None  # (its cores are busy)
+    assert auto_policy.decide(pool) is None  # (at the cap)
+    assert auto_policy.decide(pool._replace(process_cores=0.2)).workers == 32
+    assert auto_policy.decide(pool._replace(process_cores=2.0)) is None  # (its cores are busy)
 
 
 def test_decide_prefetch():
     # the consumer waits (10 % of its loop) though 2 workers keep up on average (5 ms of work
     # a batch for 2 workers against 4.5 ms of the consumer's): uneven batches or steps
     uneven = window(workers=2, wait_s=0.005, user_s=0.045, work_s=0.05)
-    assert _auto_policy.decide_prefetch(uneven)[0] == 4
-    assert _auto_policy.decide_prefetch(uneven._replace(prefetch=4))[0] == 8
-    assert _auto_policy.decide_prefetch(uneven._replace(prefetch=_auto_policy.PREFETCH_MAX)) is None
+    assert auto_policy.decide_prefetch(uneven)[0] == 4
+    assert auto_policy.decide_prefetch(uneven._replace(prefetch=4))[0] == 8
+    assert auto_policy.decide_prefetch(uneven._replace(prefetch=auto_policy.PREFETCH_MAX)) is None
     # ... not when the workers cannot keep up (then the pool grows: ``decide``)
-    assert _auto_policy.decide_prefetch(uneven._replace(work_s=0.09)) is None
+    assert auto_policy.decide_prefetch(uneven._replace(work_s=0.09)) is None
     # ... nor when the consumer does not wait
-    assert _auto_policy.decide_prefetch(uneven._replace(wait_s=0.001)) is None
+    assert auto_policy.decide_prefetch(uneven._replace(wait_s=0.001)) is None
     # within the budget: batches in flight take at most half of what the workers leave
     mib = 1 << 20
     tight = uneven._replace(budget=20 * mib, per_worker=2 * mib, batch_bytes=mib)
-    assert _auto_policy.prefetch_room(tight) == 4  # (20 - 2 × 2) / 2 / (2 × 1)
-    assert _auto_policy.decide_prefetch(tight._replace(prefetch=4)) is None
-    assert _auto_policy.decide_prefetch(tight._replace(prefetch=8)) == (4, ANY_REASON)
-    assert _auto_policy.prefetch_room(tight._replace(batch_bytes=64 * mib)) == _auto_policy.PREFETCH
-    assert _auto_policy.decide_prefetch(uneven._replace(workers=0)) is None
+    assert auto_policy.prefetch_room(tight) == 4  # (20 - 2 × 2) / 2 / (2 × 1)
+    assert auto_policy.decide_prefetch(tight._replace(prefetch=4)) is None
+    assert auto_policy.decide_prefetch(tight._replace(prefetch=8)) == (4, ANY_REASON)
+    assert auto_policy.prefetch_room(tight._replace(batch_bytes=64 * mib)) == auto_policy.PREFETCH
+    assert auto_policy.decide_prefetch(uneven._replace(workers=0)) is None
 
 
 class Counting(tud.Sampler):
@@ -743,7 +738,7 @@ def test_batch_nbytes():
     import numpy as np
 
     batch = {"x": torch.zeros(4, 3), "y": [np.zeros(5, dtype=np.int64), "abc"], "n": 3}
-    assert _auto_measure.batch_nbytes(batch) == 4 * 3 * 4 + 5 * 8 + 3
+    assert auto_measure.batch_nbytes(batch) == 4 * 3 * 4 + 5 * 8 + 3
 
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
@@ -754,7 +749,7 @@ def test_prefetch_is_tuned_in_place_and_the_batches_are_a_fixed_loaders(
     # shallower one: the pool is kept, and the batches are the fixed loaders'.
     scripted(monkeypatch, [2])
     asked = iter([(4, "deeper"), None, (8, "deeper"), (4, "memory"), None])
-    monkeypatch.setattr(_auto_policy, "decide_prefetch", lambda w: next(asked, None))
+    monkeypatch.setattr(auto_policy, "decide_prefetch", lambda w: next(asked, None))
     loader = loader_of("auto", 5, n=400, prefetch_factor="auto", worker_type=worker_type)
     expected = batches(loader_of(0, 5, n=400), epochs=2)
     assert batches(loader) == expected[:1]
@@ -815,9 +810,9 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
             workers, idle = plan[phase] if phase < len(plan) else (None, False)
         if workers is None or workers == window.workers:
             return None
-        return _auto_policy.Decision(workers, "memory" if not idle else "idle", idle=idle)
+        return auto_policy.Decision(workers, "memory" if not idle else "idle", idle=idle)
 
-    monkeypatch.setattr(_auto_policy, "decide", decide)
+    monkeypatch.setattr(auto_policy, "decide", decide)
     loader = loader_of("auto", 3, n=800, persistent_workers=True)
     assert batches(loader) == batches(loader_of(0, 3, n=800))
     assert chosen(loader) == [0, 2, 1, 2, 1]
@@ -827,7 +822,7 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
     plan, refused, calls[:], seen[:] = [(1, True)] * 10, 10**6, [], []
     learned = _auto.learned_of(loader)
     learned.workers = 2
-    for epoch in range(1, _auto_policy.FLOOR_EPOCHS):
+    for epoch in range(1, auto_policy.FLOOR_EPOCHS):
         batches(loader)
         assert chosen(loader) == [2], epoch
     batches(loader)
@@ -835,7 +830,7 @@ def test_a_pool_grown_back_after_its_workers_idled_is_not_shrunk_again(quick, mo
 
 
 def test_windows_that_decide_nothing_grow_and_a_switch_shortens_them(quick, monkeypatch):
-    monkeypatch.setattr(_auto_policy, "STEADY_GROWTH", 4)
+    monkeypatch.setattr(auto_policy, "STEADY_GROWTH", 4)
     calls = scripted(monkeypatch, [None, 2] + [None] * 6 + [1, 1])
     loader = loader_of("auto", 3, n=800)
     assert batches(loader) == batches(loader_of(0, 3, n=800))
@@ -862,16 +857,16 @@ def test_only_growth_after_an_idle_shrink_sets_a_floor_and_a_shrink_is_clamped_t
         workers, idle = plan[phase] if phase < len(plan) else (None, False)
         if workers is None or workers == window.workers:
             return None
-        return _auto_policy.Decision(workers, "idle" if idle else "memory", idle=idle)
+        return auto_policy.Decision(workers, "idle" if idle else "memory", idle=idle)
 
-    monkeypatch.setattr(_auto_policy, "decide", decide)
+    monkeypatch.setattr(auto_policy, "decide", decide)
     loader = loader_of("auto", 3, n=800)
     expected = batches(loader_of(0, 3, n=800), epochs=2)
     assert batches(loader) == expected[:1]
     assert chosen(loader) == ([0, 4, 1, 4] if first_shrink_idle else [0, 4, 1, 4, 1])
     # a floor below the pool: an idle shrink stops at it
     learned = _auto.learned_of(loader)
-    learned.floor = (2, learned.epochs, _auto_measure.clock())
+    learned.floor = (2, learned.epochs, auto_measure.clock())
     plan[:], seen[:] = [(4, False), (1, True)], []
     learned.workers, learned.direction = 0, 0
     assert batches(loader) == expected[1:]
@@ -880,7 +875,7 @@ def test_only_growth_after_an_idle_shrink_sets_a_floor_and_a_shrink_is_clamped_t
 
 def test_a_fixed_prefetch_factor_is_not_tuned(quick, monkeypatch):
     scripted(monkeypatch, [2])
-    monkeypatch.setattr(_auto_policy, "decide_prefetch", lambda w: pytest.fail("tuned"))
+    monkeypatch.setattr(auto_policy, "decide_prefetch", lambda w: pytest.fail("tuned"))
     loader = loader_of("auto", 5, prefetch_factor=3)
     assert batches(loader) == batches(loader_of(0, 5))
     assert loader.stats()["auto"]["prefetch_factor"] == 3
@@ -949,7 +944,7 @@ def test_the_main_process_engine_recycles_the_loaders_batch_memory(monkeypatch):
     # (which cost uint8 [3, 224, 224] batches of 64 half their speed).
     from rloader._loader_record import record_of
 
-    monkeypatch.setattr(_auto_policy, "decide", lambda window: None)  # the main process throughout
+    monkeypatch.setattr(auto_policy, "decide", lambda window: None)  # the main process throughout
     loader = rloader.DataLoader(Ints(), batch_size=4, num_workers="auto")
     first = batches(loader)
     buffers = record_of(loader).buffers
@@ -997,13 +992,13 @@ def slow_pools(monkeypatch, clock, cost, creation=0.0):
 
 def recorded_windows(monkeypatch):
     windows = []
-    real = _auto_policy.decide
+    real = auto_policy.decide
 
     def decide(window):
         windows.append(window)
         return real(window)
 
-    monkeypatch.setattr(_auto_policy, "decide", decide)
+    monkeypatch.setattr(auto_policy, "decide", decide)
     return windows
 
 
@@ -1067,11 +1062,11 @@ def test_threads_no_faster_than_the_main_process_make_way_for_processes(
     # the main process, or, threads somewhat faster (19 ms a batch against 21), kept. Threads
     # clearly slower (26 ms) go back to the main process at once, processes next all the same.
     # (the main process gave no verdict on its loading, as on a busy machine: threads first)
-    monkeypatch.setattr(_auto_policy, "holds_cpu", lambda share: False)
+    monkeypatch.setattr(auto_policy, "holds_cpu", lambda share: False)
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, pool_wait)
-    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 0.01 if affordable else 1e3)
+    monkeypatch.setattr(auto_measure, "own_memory", lambda: 0)
+    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 0.01 if affordable else 1e3)
     loader = rloader.DataLoader(
         Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto", worker_type="auto"
     )
@@ -1094,31 +1089,33 @@ def test_the_start_of_a_pool_is_measured(quick, monkeypatch):
     # count per worker started, not the estimate.
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, 0.0, creation=0.5)
-    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 1 << 30)
+    monkeypatch.setattr(auto_measure, "own_memory", lambda: 1 << 30)
     windows = recorded_windows(monkeypatch)
     loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
     stepped(loader, clock)
     assert chosen(loader)[:2] == [0, 4]
-    assert windows[0].start_s == _auto_policy.start_cost("process", 1 << 30)
+    assert windows[0].start_s == auto_policy.start_cost("process", 1 << 30)
     assert windows[-1].workers > 0 and windows[-1].start_s == pytest.approx(0.5)
     # a measured start below the estimate: the estimate counts (the measurement ends before
     # the workers have copied the pages they touch)
     _auto.learned_of(loader).start_s["process"] = 0.001
     assert loader._iterator is None  # (not persistent: an iterator of its own)
     it = iter(loader)
-    assert it._start_cost("process") == _auto_policy.start_cost("process", 1 << 30)
+    assert auto_learned.start_cost(it._learned, "process") == auto_policy.start_cost(
+        "process", 1 << 30
+    )
     _auto.learned_of(loader).start_s["thread"] = 0.001
-    assert it._start_cost("thread") == 0.001
+    assert auto_learned.start_cost(it._learned, "thread") == 0.001
     del it
     # the estimate before a measurement grows with the process's size (fork's page tables)
-    assert _auto_policy.start_cost("process", 4 << 30) > _auto_policy.start_cost("process", 1 << 30)
-    assert _auto_policy.start_cost("thread", 4 << 30) == _auto_policy.THREAD_START_S
+    assert auto_policy.start_cost("process", 4 << 30) > auto_policy.start_cost("process", 1 << 30)
+    assert auto_policy.start_cost("thread", 4 << 30) == auto_policy.THREAD_START_S
 
 
 def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
     # Its first batches fill new batch memory (2 ms each for uint8 [3, 224, 224] × 64, against
     # 0.3 ms later): the first window starts after them.
-    monkeypatch.setattr(_auto_policy, "MAIN_WARM_BATCHES", 2)
+    monkeypatch.setattr(auto_policy, "MAIN_WARM_BATCHES", 2)
     clock = fake_clock(monkeypatch)
     windows = recorded_windows(monkeypatch)
 
@@ -1145,8 +1142,8 @@ def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monk
     # slow because of them; it is kept.
     clock = fake_clock(monkeypatch)
     slow_pools(monkeypatch, clock, 0.02)
-    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: 2 * clock.now)
-    monkeypatch.setattr(_auto_measure, "loader_cpu", lambda pids: 0.0)
+    monkeypatch.setattr(auto_measure, "machine_cpu", lambda: 2 * clock.now)
+    monkeypatch.setattr(auto_measure, "loader_cpu", lambda pids: 0.0)
     windows = recorded_windows(monkeypatch)
     loader = rloader.DataLoader(Ints(400, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
     assert stepped(loader, clock) == batches(tud.DataLoader(Ints(400), batch_size=2))[0]
@@ -1156,9 +1153,9 @@ def test_a_pool_is_not_judged_while_other_processes_load_the_machine(quick, monk
 
 def tight_budget(monkeypatch):
     """A budget of 300 MiB, each worker process 100 MiB: pools of 2 and 3 do not fit together."""
-    monkeypatch.setenv(_auto_measure.MEMORY_ENV, "300M")
-    monkeypatch.setattr(_auto_measure, "process_memory", lambda pid: 100 << 20)
-    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 100 << 20)
+    monkeypatch.setenv(auto_measure.MEMORY_ENV, "300M")
+    monkeypatch.setattr(auto_measure, "process_memory", lambda pid: 100 << 20)
+    monkeypatch.setattr(auto_measure, "own_memory", lambda: 100 << 20)
 
 
 def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quick, monkeypatch):
@@ -1225,7 +1222,7 @@ def test_an_epochs_short_last_window_does_not_judge_a_pool_no_faster(quick, monk
     # The pool is faster than the main process (6 ms a batch against 21) until the epoch's
     # last 5 batches, which take 51 ms: the last window after earlier ones is a short tail, too
     # little evidence to send the next epoch back to the main process.
-    monkeypatch.setattr(_auto_policy, "NO_GAIN_WINDOW_S", 1.0)
+    monkeypatch.setattr(auto_policy, "NO_GAIN_WINDOW_S", 1.0)
     clock = fake_clock(monkeypatch)
     taken = []
     slow_pools(monkeypatch, clock, lambda: 0.05 if len(taken) >= 195 else 0.005)
@@ -1256,9 +1253,9 @@ def test_the_loaders_own_bookkeeping_is_in_the_consumers_loop(quick, monkeypatch
 
 
 def test_the_memory_probe_reads_a_few_workers_spread_over_a_large_pool():
-    assert _auto_measure.sampled([7, 8]) == [7, 8]
-    assert _auto_measure.sampled(list(range(16))) == [0, 5, 10, 15]
-    assert len(_auto_measure.sampled(list(range(5)))) == _auto_measure.PROBED_WORKERS
+    assert auto_measure.sampled([7, 8]) == [7, 8]
+    assert auto_measure.sampled(list(range(16))) == [0, 5, 10, 15]
+    assert len(auto_measure.sampled(list(range(5)))) == auto_measure.PROBED_WORKERS
 
 
 class PurePython(tud.Dataset):
@@ -1279,7 +1276,7 @@ class PurePython(tud.Dataset):
 
 def probed(load, seconds=0.05):
     """The real GIL probe's ``share()`` over ``seconds`` of ``load()`` calls."""
-    probe = _rloader.GilProbe(_auto_policy.GIL_PROBE_PERIOD_S)
+    probe = _rloader.GilProbe(auto_policy.GIL_PROBE_PERIOD_S)
     try:
         while probe.share()[2] < seconds:
             probe.loading(True)
@@ -1305,10 +1302,10 @@ def test_the_gil_probe_tells_loading_that_holds_the_gil_from_loading_that_lets_i
 
 
 def test_probed_kind():
-    kind = _auto_policy.probed_kind
-    assert kind(0.8, 1.0, _auto_policy.GIL_PROBE_S) == "process"
+    kind = auto_policy.probed_kind
+    assert kind(0.8, 1.0, auto_policy.GIL_PROBE_S) == "process"
     assert kind(0.79, 1.0, 1.0) is None  # a second thread could run Python for a fifth of it
-    assert kind(1.0, 1.0, 0.5 * _auto_policy.GIL_PROBE_S) is None  # too little probed
+    assert kind(1.0, 1.0, 0.5 * auto_policy.GIL_PROBE_S) is None  # too little probed
 
 
 def probe_threads():
@@ -1380,19 +1377,19 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
         probes.append(ScriptedProbe(0.95 if loading == "holds the GIL" else 0.05))
         return probes[-1]
 
-    monkeypatch.setattr(_auto._rloader, "GilProbe", probe)
-    monkeypatch.setattr(_auto_measure, "machine_cpu", lambda: None)  # (the machine's load)
-    monkeypatch.setattr(_auto_measure, "usable_cores", lambda: 2)
+    monkeypatch.setattr(_auto.gil_probe._rloader, "GilProbe", probe)
+    monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)  # (the machine's load)
+    monkeypatch.setattr(auto_measure, "usable_cores", lambda: 2)
     # (a short epoch wins a process's start back; a worker process is estimated at 1 GiB)
-    monkeypatch.setattr(_auto_measure, "own_memory", lambda: 0)
+    monkeypatch.setattr(auto_measure, "own_memory", lambda: 0)
     dear = loading.endswith("dear to start")
-    monkeypatch.setattr(_auto_policy, "PROCESS_START_S", 1e3 if dear else 1e-4)
+    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 1e3 if dear else 1e-4)
     if loading.endswith("over the budget"):
-        monkeypatch.setenv(_auto_measure.MEMORY_ENV, "512M")  # (threads fit: 8 MiB each)
+        monkeypatch.setenv(auto_measure.MEMORY_ENV, "512M")  # (threads fit: 8 MiB each)
     # (the window waits for the probe's verdict however long a busy machine stretches it)
-    monkeypatch.setattr(_auto_policy, "GIL_PROBE_WAIT_S", 60.0)
+    monkeypatch.setattr(auto_policy, "GIL_PROBE_WAIT_S", 60.0)
     if loading != "waits":  # (its CPU share as on a quiet machine: a busy one deschedules it)
-        monkeypatch.setattr(_auto_measure, "cpu_clock", _auto_measure.clock)
+        monkeypatch.setattr(auto_measure, "cpu_clock", auto_measure.clock)
     stream = loading.endswith("a stream")
     dataset = (
         Waiting(400) if loading == "waits" else PurePythonStream(400) if stream else PurePython(400)
@@ -1414,7 +1411,7 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     pools = [d for d in decisions if d["worker_type"] != "main"]
     assert probes and pools, kinds
     assert auto["gil_blocked"] == pytest.approx(0.95 if loading == "holds the GIL" else 0.05)
-    assert auto["gil_probed_s"] >= _auto_policy.GIL_PROBE_S
+    assert auto["gil_probed_s"] >= auto_policy.GIL_PROBE_S
     if loading == "waits" or dear or loading.endswith("over the budget"):
         assert pools[0]["worker_type"] == "thread", kinds
         return
@@ -1426,13 +1423,13 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
 
 
 def test_an_iterator_dropped_while_probing_ends_the_probes_thread(monkeypatch):
-    monkeypatch.setattr(_auto_policy, "GIL_PROBE_S", float("inf"))  # (it goes on probing)
+    monkeypatch.setattr(auto_policy, "GIL_PROBE_S", float("inf"))  # (it goes on probing)
     loader = rloader.DataLoader(
         PurePython(400), batch_size=4, num_workers="auto", worker_type="auto"
     )
     it = iter(loader)
     next(it)
-    assert it._probe is not None
+    assert it._gil.probe is not None
     # (a thread names itself once it runs)
     assert until(lambda: probe_threads() == ["rloader-gil-pro"]), probe_threads()
     del it

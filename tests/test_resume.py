@@ -12,7 +12,7 @@ import torch
 import torch.utils.data as tud
 
 import rloader
-from rloader import _auto_policy
+from rloader._auto import policy as auto_policy
 
 pytestmark = [
     # Tests with 3 workers on this 2-core machine: torch's (and torchdata's) warning about it
@@ -572,8 +572,8 @@ def test_a_stateful_iterable_dataset_resumes_from_each_workers_state(workers, pe
 def auto_reads_with_two(quick, monkeypatch):
     """num_workers="auto" asks for 2 workers whenever it decides: an IterableDataset's first
     epoch is read in the main process, the later ones by 2 workers."""
-    two = _auto_policy.Decision(2, "test")
-    monkeypatch.setattr(_auto_policy, "decide", lambda w: None if w.workers == 2 else two)
+    two = auto_policy.Decision(2, "test")
+    monkeypatch.setattr(auto_policy, "decide", lambda w: None if w.workers == 2 else two)
 
 
 AUTO_POINTS = {
@@ -616,10 +616,10 @@ def test_auto_resumes_an_iterable_epoch_with_its_readers(quick, monkeypatch):
     def make(nw, g):
         return rloader.DataLoader(PlainStream(), batch_size=2, num_workers=nw)
 
-    monkeypatch.setattr(_auto_policy, "decide", lambda w: None)  # auto on its own stays in main
+    monkeypatch.setattr(auto_policy, "decide", lambda w: None)  # auto on its own stays in main
     for saved, loaded in [(3, "auto"), ("auto", 3)]:
         if saved == "auto":
-            monkeypatch.setattr(_auto_policy, "decide", lambda w: _auto_policy.Decision(3, "test"))
+            monkeypatch.setattr(auto_policy, "decide", lambda w: auto_policy.Decision(3, "test"))
         reference = make(3, None)
         expected = [b.tolist() for b in reference]
         loader = make(saved, None)
@@ -654,8 +654,8 @@ def test_auto_resumes_a_persistent_pool_only_where_the_next_epoch_keeps_it(quick
     # The first epoch (main) asks for 2 workers, a pool of 2 for 3: saved between the epochs
     # of 2 and 3 workers, the next epoch starts 3 fresh workers, as the uninterrupted run did
     # (not the 2 workers' places, which it would go on from had it kept them).
-    plan = {0: _auto_policy.Decision(2, "test"), 2: _auto_policy.Decision(3, "test")}
-    monkeypatch.setattr(_auto_policy, "decide", lambda w: plan.get(w.workers))
+    plan = {0: auto_policy.Decision(2, "test"), 2: auto_policy.Decision(3, "test")}
+    monkeypatch.setattr(auto_policy, "decide", lambda w: plan.get(w.workers))
     make = sharded("auto", persistent=True)
     expected = uninterrupted(make, "auto", 4, True)
     assert [max(x % 1000 for b in e for x in b) >= N for e in expected] == [False] + [True] * 3

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import _auto, _reshard  # (_auto imports this module: names are looked up at call time)
+from . import _auto, _reshard
 from ._loader_record import record_of
 from ._seed import draw_seed
 from .sampler import _InfiniteConstantSampler

@@ -27,7 +27,6 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from . import (
     _auto,
-    _auto_policy,
     _cuda_host,
     _pin_policy,
     _process_pool,
@@ -142,7 +141,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
             if isinstance(num_workers, _auto.AutoWorkers):
                 prefetch_factor = _auto.AutoPrefetch()
             else:
-                prefetch_factor = None if num_workers == 0 else _auto_policy.PREFETCH
+                prefetch_factor = None if num_workers == 0 else _auto.policy.PREFETCH
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "
@@ -250,7 +249,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
     def _get_iterator(self):
         if _auto.is_auto(self.num_workers):
             _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
-            return _auto.start(self)
+            return _auto.start(self, _engine, _resume.epoch_of)
         if self.num_workers == 0:
             return _single_process_iter(self)
         # (checked again: both may have been set after the loader was made)
@@ -385,7 +384,7 @@ def _loader_iter(loader: DataLoader, keys, exhausted: bool) -> _rloader.LoaderIt
 
 
 def _engine(view, keys, base_seed: int, kind: str):
-    """One engine of an auto loader's iterator (NOTE [Auto workers] in _auto.py): ``view`` is
+    """One engine of an auto loader's iterator (NOTE [Auto workers] in _auto/__init__.py): ``view`` is
     the loader with the engine's ``num_workers`` and options; ``keys`` its segment of the
     epoch's keys and ``base_seed`` the epoch's, both drawn by the auto iterator. An
     IterableDataset's epoch has one engine: a resumed one's goes on where the saved one was

@@ -8,7 +8,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::streams::{Batch, BatchStream};
 
-/// One engine's share of an auto loader's epoch of keys (NOTE [Auto workers] in _auto.py): the
+/// One engine's share of an auto loader's epoch of keys (NOTE [Auto workers] in _auto/__init__.py): the
 /// stream's batches until it ends or the share is closed, after which the next engine's share
 /// goes on with the same stream. Loops take it as they take the stream (in Rust, no Python list
 /// per batch); `closed` is an atomic so that closing needs no mutable borrow while an engine

@@ -1,5 +1,5 @@
 """What ``num_workers="auto"`` decides from a window of measurements, and the numbers it
-decides by (NOTE [Auto workers] in _auto.py): pure functions of a ``Window``, no I/O, so that
+decides by (NOTE [Auto workers] in _auto/__init__.py): pure functions of a ``Window``, no I/O, so that
 tests state a window and check the decision."""
 
 from __future__ import annotations
@@ -21,23 +21,14 @@ SHRINK_RATIO = 0.75  # ... to at most this share of its workers
 HEADROOM = 1.25  # workers asked for beyond work / user
 GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their number longer
 # than in the main process alone take turns on the GIL: processes from the next epoch
-CONSUMER_GIL = 1.25  # threads beside which the consumer's own step per batch takes more than
-# this × what it took beside the main process's loading take the GIL from it: processes from
-# the next epoch (compared as medians, which the consumer's long steps do not move: uneven
-# steps of 1 ms and 30 ms, 1.10 ms beside the main process's loading, 2.4 ms beside 1 thread
-# of pure-Python samples; as means, 3.3-4.2 ms against 4.8-5.4 ms, by the long steps a window held)
-GIL_CORES = 1.4  # threads whose process used more than this many cores over a window run side
-# by side: their work does not take turns on the GIL (2 threads on 2 cores: pure Python 1.02-
-# 1.06, token windows from a memmap 1.25-1.33, tensor pairs 1.55-1.88), and short of their
-# promise only by what processes would be short of too (a first epoch's fresh memory): they
-# make way only if no faster than the main process
-GIL_HELD = 0.8  # worker_type="auto": loading in the main process during which a second thread
-# could not take the GIL for more than this share of its time (``GilProbe``, rloader-workers)
-# starts processes, not threads: threads would take turns (pure Python 1.00, pure Python beside
-# 1 ms steps 0.89-1.00; tensor pairs 0.20-0.23, token windows from a memmap 0.05-0.07, JPEG
-# decoding 0.01-0.03, uint8 arrays 0.01, 1 ms sleeps 0.00; the GIL given up and taken back at
-# once counts as free: token windows' threads are slower for their hand-overs, which a thread
-# pool measures)
+CONSUMER_GIL = 1.25  # threads beside which the consumer's median step takes more than this ×
+# its median beside the main process's loading take the GIL from it: processes next epoch
+# (medians: a consumer's uneven long steps would move means)
+GIL_CORES = 1.4  # threads whose process used more than this many cores over a window ran side
+# by side, not taking turns on the GIL: they make way only if no faster than the main process
+GIL_HELD = 0.8  # worker_type="auto": main-process loading during which a second thread could
+# not take the GIL for more than this share of the time (``GilProbe``) starts processes:
+# threads would only take turns
 GIL_PROBE_S = 0.02  # ... a verdict needs this much loading probed (4 switch intervals)
 GIL_PROBE_WAIT_S = 0.2  # ... for which the main process's window that would start the first pool
 # goes on, up to this long
@@ -48,20 +39,14 @@ WAITING_SHARE = 0.25  # work whose CPU time is below this share of its wall time
 MIN_WINDOW = 4  # batches a decision looks at, at least
 MIN_WINDOW_S = 0.05  # ... and seconds
 STEADY_GROWTH = 16  # a window that decides nothing makes the next twice as long, up to this
-# many times the shortest (each costs the consumer's thread reads of /proc: on 2 cores shared
-# with 2 workers, its time is theirs); a switch starts short windows again
-LONG_STEPS = 5  # ... and this many of the consumer's longest step in the last window (uneven
-# steps, a long one every few batches: a shorter window reads as idle or waiting by phase)
+# many times the shortest (each window's /proc reads cost the consumer); a switch starts short
+# windows again
+LONG_STEPS = 5  # ... and this many of the consumer's longest step in the last window (with a
+# long step every few batches, a shorter window reads as idle or waiting by phase)
 THREAD_COST = 8 << 20  # a worker thread's memory, counted against the budget
 PROCESS_START_S = 0.015  # what starting one worker process costs the consumer, before it
 PROCESS_START_PER_GIB = 0.06  # is measured: this, plus this per GiB of this process's RSS
-# (fork copies its page tables, 2 workers took 40 ms at 0.6 GiB and 228 ms at 5.3 GiB; then
-# the workers fault in and copy the pages they touch, and fill fresh batch slots, over their
-# first epoch: a process of ~1.6 GiB (131k in-memory (tensor, int) pairs; 8192 uint8 arrays)
-# lost 0.1-0.15 s per worker over the main process in it, 0.06-0.07 s per GiB. At 0.02, uint8
-# arrays, 20 ms an epoch to win, went to processes in one run of two and lost 0.2 s in their
-# first epoch. Measured each in a fresh process: earlier rows' datasets in one process grew
-# its RSS, and 0.09 then kept pools from every later workload)
+# (fork copies the page tables; the workers then copy the pages they touch)
 THREAD_START_S = 0.002  # ... one worker thread
 NO_GAIN = 0.95  # a pool whose consumer loop per batch is above this share of the main
 # process's is not worth it: back to the main process
@@ -70,14 +55,12 @@ RETRY_SHARE = 0.8  # ... and not tried again until its loop is below this share 
 # made it look slow): 2, then twice as many after each retry that finds it no faster again
 THREAD_EFFICIENCY = 0.75  # threads that reach less than this share of the speedup their number
 # (up to the cores) promises over the main process may be taking turns on the GIL: processes
-# may do better (``worker_type="auto"``; 2 threads of pure Python: 0.62, of tensors: 0.9)
+# may do better (``worker_type="auto"``)
 PAYBACK_EPOCHS = 10  # a persistent pool is worth starting if this many epochs win it back
 TRIAL_EFFICIENCY = 1.0  # a busy thread pool short of this share of the speedup its number
 # promises, for work that holds its CPU, is followed by one epoch of as many processes (a
-# trial: JPEG decoding, 2 threads 1.76x the main process, 2 processes 1.97x; 0.95 missed it
-# when the main process's few first batches were slow), kept only if
-# their epoch's loop per batch is below ``TRIAL_MARGIN`` × the threads' (their start and
-# first touches counted: tensor pairs, 2 threads 1.9M samples/s, 2 fresh processes 0.3M)
+# trial), kept only if their epoch's loop per batch is below ``TRIAL_MARGIN`` × the threads'
+# (their start and first touches counted)
 TRIAL_MARGIN = 0.97
 FLOOR_EPOCHS = 4  # a pool grown back after an idle shrink is the least the workers idling
 # may shrink it to, for this many epochs (uneven steps: windows in the long steps read as
@@ -86,7 +69,7 @@ FLOOR_S = 300.0
 WARM_POOL_BATCHES = 1000  # a process pool is not judged no faster before it has made an
 # epoch's batches, or this many per worker (its workers fault in what they first read)
 WARM_WORK = 1.5  # processes whose work per batch is above this × the main process's are not
-# judged no faster (pages copied after the fork: tensors of a 2.2 GB process, 4.6×)
+# judged no faster (they are still copying the pages they touch after the fork)
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
 OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
 # a pool no faster (the machine's load, not the pool, may be what slowed it)
@@ -94,8 +77,7 @@ NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least thi
 # load is counted in 10 ms ticks); an epoch's last window judges if shorter only when it is
 # the pool's first (its whole life)
 NO_GAIN_THREADS_S = 0.05  # ... a thread pool's, which costs nothing to leave: threads slower
-# than the main process go back to it at once (token windows from a memmap: 2 threads 0.39 ms a
-# batch against the main process's 0.32; held for 0.2 s, the first epoch ran at 0.72 of it)
+# than the main process go back to it at once
 BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of the main
 # process's work is read as its descheduling, not as waiting work
 
@@ -137,7 +119,7 @@ class Decision(NamedTuple):
     reason: str
     deferred: bool = False  # worth it, but from the next epoch's start on
     no_gain: bool = False  # back to the main process: the pool was no faster
-    idle: bool = False  # a shrink because the workers idled (``AutoIter._floor`` bounds it)
+    idle: bool = False  # a shrink because the workers idled (``floor_of`` bounds it)
 
 
 def worker_cap(w: Window) -> int:
@@ -153,8 +135,7 @@ def worker_cap(w: Window) -> int:
         cores = max(cores, int(cores / max(share, 1.0 / per_core)))
         if w.kind == "thread" and w.workers and w.process_cores is not None:
             # a thread pool's own CPU use, measured (with the consumer's), over the main
-            # process's share: 30 threads of 1 ms sleeps kept 0.15-0.28 of 2 cores busy, where
-            # the main process's share, 0.067, allowed 29
+            # process's share: waiting threads may use less than that share says
             per_thread = w.process_cores / w.workers
             cores = max(cores, int(w.cores / max(per_thread, 1.0 / per_core)))
     elif w.kind == "thread":
@@ -205,9 +186,7 @@ def _measures_memory(w: Window, cost: float) -> bool:
     """Whether a pool that would not pay for itself is started all the same, to measure a
     worker's memory: the budget holds fewer workers than the cores would carry only by the
     estimate (this process's RSS per worker; a worker's PSS is often far less), and the pool
-    the cores would carry wins its start back (the budget row: 1 ms sleeps, a 579 MiB budget
-    against a 0.5 GiB RSS allowed 1 worker, which saves nothing without a consumer's step;
-    measured, a worker took 150 MiB, and 2-3 fit)."""
+    the cores would carry wins its start back."""
     if w.memory_measured or w.kind != "process" or not w.epoch_batches:
         return False
     by_memory = w.budget // max(w.per_worker, 1)
@@ -231,7 +210,7 @@ def decide(w: Window) -> Optional[Decision]:
     slow = w.main_loop is not None and loop > NO_GAIN * w.main_loop
     if w.kind == "thread" and w.main_loop is not None and w.main_work is not None:
         # (threads short of the speedup their number promises may be taking turns on the GIL:
-        # processes may do better; ``AutoIter._no_gain`` keeps threads somewhat faster than
+        # processes may do better; ``KindChoice.no_gain`` keeps threads somewhat faster than
         # the main process otherwise)
         ideal = promised_loop(w.main_loop, w.main_work, w.workers, w.cores)
         slow = loop * THREAD_EFFICIENCY > ideal
@@ -241,8 +220,7 @@ def decide(w: Window) -> Optional[Decision]:
     # pages they touch after the fork, or are descheduled: not judged yet)
     warming = w.kind == "process" and w.main_work is not None and work > WARM_WORK * w.main_work
     # (nor before they have made an epoch's batches: each worker maps and faults in what it
-    # reads anew, its first epoch is a start's: token windows from a memmap, 2 fresh
-    # processes 120k windows/s against the main process's 147k, then 227k)
+    # reads anew, so its first epoch is a start's)
     if w.kind == "process" and w.epoch_batches:
         if (w.pool_batches or 0) < min(w.epoch_batches, WARM_POOL_BATCHES * w.workers):
             warming = True
@@ -279,8 +257,7 @@ def decide(w: Window) -> Optional[Decision]:
         if w.waited is not None and user > 0:
             # A pool of ``grown`` made the consumer wait at this ratio of work to its step: it
             # is not tried again until the ratio falls clearly (``SHRINK_RATIO``): the work got
-            # cheaper or the step longer, not only a window's phase of uneven steps (1 ms and
-            # 30 ms: 2 processes read idle, 1 made the consumer wait, at the same ratio, 0.6)
+            # cheaper or the step longer, not only a window's phase of uneven steps
             grown, ratio = w.waited
             if target <= grown and work / user > SHRINK_RATIO * ratio:
                 target = grown + 1
@@ -313,16 +290,13 @@ def decide(w: Window) -> Optional[Decision]:
         if target <= w.workers:
             return None
         if not w.first_epoch and w.epoch_batches and not pays and not _measures_memory(w, cost):
-            # a pool started in a later epoch pays its start as well (uint8 arrays: 128
-            # batches of 0.43 ms an epoch in the main process; 2 processes, whose start a
-            # 1.7 GiB process puts at 0.23 s, would save 27 ms an epoch, and ran 45-67k samples
-            # a second against the main process's 180k)
+            # a pool started in a later epoch pays its start as well
             return None
     return Decision(target, reason, idle=idle)
 
 
 def trial_keeps_processes(thread_loop: float, process_loop: float) -> bool:
-    """Whether processes on trial (``AutoIter._kind_trial``) are kept: their epoch's loop per
+    """Whether processes on trial (``KindChoice.trial``) are kept: their epoch's loop per
     batch below ``TRIAL_MARGIN`` × the threads'."""
     return process_loop < TRIAL_MARGIN * thread_loop
 
@@ -368,26 +342,19 @@ def trial_worth(
     loop: float, ideal: float, epoch_batches: Optional[int], persistent: bool, start_s: float
 ) -> bool:
     """Whether a thread pool short of its promise (its ``loop`` per batch against ``ideal``)
-    is worth a trial of as many processes (``AutoIter._kind_trial``): the most they could win
+    is worth a trial of as many processes (``KindChoice.trial``): the most they could win
     over the threads is the threads' shortfall (not all the main process's work, which the
     threads already spread), over an epoch or ``PAYBACK_EPOCHS`` with persistent workers,
-    against starting them (``start_s``, all of them). Tensor pairs: 2 threads 1.8-2.0M samples
-    a second against 2.0M promised, 50 ms to win over 10 epochs, where the trial's fresh
-    processes of a 1.6 GiB process ran 0.3-0.45M for two epochs; JPEG decoding: 2 threads 1.76x
-    the main process against 2x promised, 0.7 s to win."""
+    against starting them (``start_s``, all of them)."""
     shortfall = (loop - ideal / TRIAL_EFFICIENCY) * (epoch_batches or 0)
     return shortfall * payback_epochs(persistent) >= start_s
 
 
 def holds_cpu(cpu_share: Optional[float]) -> bool:
     """Whether the main process's loading, taking ``cpu_share`` of its time on a core, holds
-    its CPU (``WAITING_SHARE``): then processes before threads (``worker_type="auto"``). Where
-    the loading lets the GIL go in many short stretches (a numpy cast per sample: token windows)
-    worker threads hand it over at each and run slower than the main process alone (2 threads
-    0.64x it), which the GIL probe cannot see; where it lets it go in long ones (tensor pairs'
-    3 MiB stack) threads are as fast as processes on 2 cores (1.63M samples/s against 1.65M)
-    but not on 16 (0.8-0.9M against 3.0M); JPEG decoding, 2 threads 932-975 images/s, 2
-    processes 997-1,062. Threads are for loading that waits."""
+    its CPU (``WAITING_SHARE``): then processes before threads (``worker_type="auto"``).
+    Loading that lets the GIL go in many short stretches makes threads hand it over at each,
+    which the GIL probe cannot see; threads are for loading that waits."""
     return cpu_share is not None and cpu_share >= WAITING_SHARE
 
 

@@ -1,4 +1,4 @@
-"""What ``num_workers="auto"`` reads from the machine (NOTE [Auto workers] in _auto.py): the
+"""What ``num_workers="auto"`` reads from the machine (NOTE [Auto workers] in _auto/__init__.py): the
 usable cores, processes' memory (PSS, on a thread of its own: ``_MemoryProbe``) and CPU time
 from /proc, the memory budget, a batch's bytes, and the clocks (tests replace ``clock`` and
 ``cpu_clock`` to make measurements deterministic)."""
