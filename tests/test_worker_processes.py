@@ -493,30 +493,61 @@ def _wait_forever() -> None:
     threading.Event().wait()
 
 
+def _waiting_workers(n: int = 3) -> list:
+    """``n`` forked processes that wait until killed, as workers the teardown must stop."""
+    fork = multiprocessing.get_context("fork")
+    procs = [fork.Process(target=_wait_forever, daemon=True) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    return procs
+
+
+def _interrupt_first_join(proc, error: BaseException) -> None:
+    """``proc.join`` raises ``error`` (Ctrl-C) the first time it is called, then joins."""
+    real_join, calls = proc.join, []
+
+    def join(timeout=None):
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise error
+        return real_join(timeout)
+
+    proc.join = join
+
+
+def _stopped_and_reaped(procs: list, pids: list) -> bool:
+    return all(proc._closed for proc in procs) and not any(
+        os.path.exists(f"/proc/{pid}") for pid in pids
+    )
+
+
 def test_ctrl_c_while_workers_are_joined_still_stops_every_worker():
     # An interrupt during the teardown's first join: the other workers are killed, not left
     # running (nor unjoined: zombies), and then the interrupt goes on.
     from rloader import _process_pool
 
-    fork = multiprocessing.get_context("fork")
-    procs = [fork.Process(target=_wait_forever, daemon=True) for _ in range(3)]
-    for proc in procs:
-        proc.start()
+    procs = _waiting_workers()
     pids = [proc.pid for proc in procs]
-    joins = []
-    real_join = procs[0].join
-
-    def interrupted_join(timeout=None):
-        joins.append(timeout)
-        if len(joins) == 1:
-            raise KeyboardInterrupt
-        return real_join(timeout)
-
-    procs[0].join = interrupted_join
+    _interrupt_first_join(procs[0], KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         _process_pool._stop_processes(procs)
-    assert all(proc._closed for proc in procs)
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)  # killed and reaped
+    assert _stopped_and_reaped(procs, pids)
+
+
+def test_ctrl_c_again_while_the_workers_are_killed_leaves_no_zombie():
+    # A second interrupt while the teardown kills the rest (after one during the first join):
+    # every worker is still killed and reaped, and the first interrupt goes on.
+    from rloader import _process_pool
+
+    procs = _waiting_workers()
+    pids = [proc.pid for proc in procs]
+    first = KeyboardInterrupt("first")
+    _interrupt_first_join(procs[0], first)
+    _interrupt_first_join(procs[1], KeyboardInterrupt("second"))  # (its kill's wait for it)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _process_pool._stop_processes(procs)
+    assert _stopped_and_reaped(procs, pids)
+    assert raised.value is first
 
 
 class _HoldsALambda(tud.Dataset):

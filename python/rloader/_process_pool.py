@@ -53,6 +53,7 @@ from .sampler import iter_keys
 __all__ = ["reset_pool", "start_pool"]
 
 _JOIN_TIMEOUT = 5.0
+_KILL_TRIES = 3  # (an interrupt while a worker is killed: it is killed again)
 
 
 class _RegionFd:
@@ -178,19 +179,25 @@ class _Starter:
 def _stop_processes(procs: list) -> None:
     """Joins each worker (told to leave), terminating or killing one that does not. An exception
     while one is joined (Ctrl-C during the teardown) does not leave the others running: they are
-    killed without waiting, then it is raised."""
+    killed without waiting, then it is raised. A second one (Ctrl-C again while they are killed)
+    does not cut that short either: a worker killed but not reaped would stay a zombie, and
+    nothing stops a stopped pool again. Each worker's kill is tried ``_KILL_TRIES`` times."""
     interrupted: Optional[BaseException] = None
     for proc in procs:
-        try:
-            if interrupted is None:
-                _stop_process(proc)
-            else:
-                _kill_process(proc)
-        except BaseException as exc:  # noqa: B036 - raised below, once every worker is gone
-            if interrupted is not None:
-                raise
-            interrupted = exc
-            _kill_process(proc)
+        tries = 0
+        while True:
+            try:
+                if interrupted is None:
+                    _stop_process(proc)
+                else:
+                    _kill_process(proc)
+                break
+            except BaseException as exc:  # noqa: B036 - raised below, once every worker is gone
+                if interrupted is None:
+                    interrupted = exc
+                tries += 1
+                if tries > _KILL_TRIES:
+                    break
     if interrupted is not None:
         raise interrupted
 
