@@ -385,3 +385,54 @@ def test_a_file_after_a_corrupt_one_decodes_as_pillow_does(tmp_path):
                 ours[i]
             continue
         assert torch.equal(ours[i][0], want), path
+
+
+DRAFTED = {
+    # RandomResizedCrop to a quarter of the picture's side or less: crops draft at 1/2 to 1/8.
+    "train": lambda: T.Compose(
+        [T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.PILToTensor()]
+    ),
+    "eval": lambda: T.Compose([T.Resize(40), T.CenterCrop(32), T.PILToTensor()]),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAFTED))
+def test_draft_is_close_to_exact_same_shapes_and_draws(corpus, name):
+    transform = DRAFTED[name]()
+    exact = RV.ImageFolder(corpus, transform)
+    draft = RV.ImageFolder(corpus, transform, draft=True)
+    assert exact.draft is False and draft.draft is True
+    # The corpus's pictures are noisier than photos; the lowest here is ~25 dB (4:2:2 at q57,
+    # decoded at 1/8), photos' in benches/vision_draft.py.
+    values = []
+    for i, (path, _) in enumerate(exact.samples):
+        torch.manual_seed(i)
+        want, want_target = exact[i]
+        want_rng = torch.get_rng_state()
+        torch.manual_seed(i)
+        got, got_target = draft[i]
+        assert torch.equal(torch.get_rng_state(), want_rng), path  # the same draws
+        assert (got.shape, got.dtype, got_target) == (want.shape, want.dtype, want_target), path
+        torch.manual_seed(i)
+        assert torch.equal(draft[i][0], got), f"{path}: not deterministic"
+        mse = (got.double() - want.double()).pow(2).mean().item()
+        if mse:
+            values.append(10 * np.log10(255**2 / mse))
+            assert values[-1] > 22, f"{path}: {values[-1]:.1f} dB"
+        if not path.endswith((".jpg", ".jpeg")):
+            assert mse == 0, f"{path}: drafted, not a JPEG"
+    assert len(values) > 5  # the large JPEGs were drafted
+    assert np.mean(values) > 30, values
+
+
+def test_draft_false_is_exact(corpus):
+    transform = DRAFTED["train"]()
+    ours, theirs = (
+        RV.ImageFolder(corpus, transform, draft=False),
+        datasets.ImageFolder(corpus, transform),
+    )
+    for i, (path, _) in enumerate(theirs.samples):
+        torch.manual_seed(i)
+        want = theirs[i][0]
+        torch.manual_seed(i)
+        assert torch.equal(ours[i][0], want), path

@@ -706,9 +706,13 @@ class EncodedImage:
         table: bytes | None = None,
         elem: int = 0,
         channels: int = 0,
+        *,
+        draft: bool = False,
     ) -> bool:
         """Decodes, runs the steps and writes the result at ``out_ptr`` without the GIL; False
-        where the decoder failed or warned (Pillow decides that file)."""
+        where the decoder failed or warned (Pillow decides that file). ``draft``: a JPEG may
+        decode at 1/2, 1/4 or 1/8 where the steps reduce it anyway (close, not exact; same
+        size)."""
 
 def vision_open(path: str | os.PathLike[str]) -> tuple[EncodedImage | None, str | None]:
     """Reads a file and its header without the GIL: the image, or None and why Pillow must

@@ -53,7 +53,7 @@ class _RustSamples:
         limit = Image.MAX_IMAGE_PIXELS
         if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
             return super().__getitem__(index)
-        sample = _run(plan, encoded, path, self.loader)
+        sample = _run(plan, encoded, path, self.loader, draft=self.draft)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return sample, target
@@ -64,7 +64,9 @@ class _RustSamples:
         return state
 
 
-def _run(plan: Plan, encoded, path: str, loader):
+def _run(plan: Plan, encoded, path: str, loader, *, draft: bool = False):
+    """One sample through `plan`. `draft`: a JPEG may decode at a reduced scale where the steps
+    reduce it anyway (rloader-vision's NOTE [Draft]): close to torchvision's pixels, not equal."""
     steps, done = plan.record(encoded.size)
     conversion, rest = plan.conversion, plan.rest
     if done < len(plan.geometry):  # a fixed transform needs pixels: torchvision goes on from it
@@ -73,11 +75,13 @@ def _run(plan: Plan, encoded, path: str, loader):
     width, height = encoded.output_size(1, steps)
     if conversion is not None:
         out = torch.empty((3, height, width), dtype=conversion.dtype)
-        ok = encoded.run(1, steps, out.data_ptr(), out.nbytes, conversion.table, conversion.elem, 3)
+        ok = encoded.run(
+            1, steps, out.data_ptr(), out.nbytes, conversion.table, conversion.elem, 3, draft=draft
+        )
         sample = out if conversion.kind is torch.Tensor else out.as_subclass(conversion.kind)
     else:
         out = torch.empty((height, width, 3), dtype=torch.uint8)
-        ok = encoded.run(1, steps, out.data_ptr(), out.nbytes)
+        ok = encoded.run(1, steps, out.data_ptr(), out.nbytes, draft=draft)
         sample = Image.frombuffer("RGB", (width, height), out.numpy(), "raw", "RGB", 0, 1)
     if not ok:
         # Rust's decoder failed or warned: Pillow decodes (or raises), and the calls the

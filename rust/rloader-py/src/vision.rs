@@ -71,12 +71,14 @@ impl EncodedImage {
     /// Decodes at `1/scale_denom`, runs `steps` and writes the result to the `out_len` bytes
     /// at `out_ptr`: CHW through `table` (`channels` tables of 256 values of `elem` bytes), or
     /// RGB bytes without one. False (nothing written that counts) where the decoder failed
-    /// or warned: the caller gives the file to Pillow.
+    /// or warned: the caller gives the file to Pillow. `draft`: a JPEG may decode at a reduced
+    /// scale where the steps reduce it anyway (approximate pixels, the same size; see
+    /// rloader-vision's NOTE [Draft]).
     ///
     /// SAFETY (the caller's): `out_ptr` is the start of `out_len` writable bytes that stay
     /// alive and untouched by anyone else until this returns (a fresh tensor's storage, which
     /// the caller holds), exactly the output's size.
-    #[pyo3(signature = (scale_denom, steps, out_ptr, out_len, table=None, elem=0, channels=0))]
+    #[pyo3(signature = (scale_denom, steps, out_ptr, out_len, table=None, elem=0, channels=0, *, draft=false))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -88,6 +90,7 @@ impl EncodedImage {
         table: Option<Bound<'_, PyBytes>>,
         elem: usize,
         channels: usize,
+        draft: bool,
     ) -> PyResult<bool> {
         if ![1, 2, 4, 8].contains(&scale_denom) {
             return Err(PyValueError::new_err(format!(
@@ -128,7 +131,8 @@ impl EncodedImage {
             // SAFETY: the caller's contract above: out_len live, writable bytes no one else
             // touches until this call returns.
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_len) };
-            Ok(plan::run(data, header, scale_denom, &steps, &output, out).is_ok())
+            let run = if draft { plan::run_draft } else { plan::run };
+            Ok(run(data, header, scale_denom, &steps, &output, out).is_ok())
         })
     }
 }
