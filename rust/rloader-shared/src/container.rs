@@ -1,8 +1,12 @@
 //! A container as a process holds it, and how a process gets one: builds it, or attaches to
-//! the copy another process serves (NOTE [Serving a container] in `service.rs`).
+//! the copy another process serves (NOTE [Serving a container] in `service.rs`). The
+//! [`Registry`] is a process's side of that: the containers it holds, by name, and its claims of
+//! names; the `Service` beneath it only keeps their sockets (it knows no container).
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Once, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::hash::Name;
@@ -17,7 +21,7 @@ use crate::SharedError;
 pub struct Container {
     region: SealedRegion,
     header: Header,
-    service: &'static Service,
+    registry: &'static Registry,
     /// Its name, and its entry in the service while this process serves or watches it.
     named: Mutex<Option<(Name, Option<u64>)>>,
 }
@@ -32,12 +36,12 @@ impl std::fmt::Debug for Container {
 }
 
 impl Container {
-    fn new(region: SealedRegion, service: &'static Service) -> Result<Container, SharedError> {
+    fn new(region: SealedRegion, registry: &'static Registry) -> Result<Container, SharedError> {
         let header = Header::parse(region.bytes())?;
         Ok(Container {
             region,
             header,
-            service,
+            registry,
             named: Mutex::new(None),
         })
     }
@@ -46,9 +50,9 @@ impl Container {
     /// published ([`Container::publish`]).
     pub fn unnamed(
         region: SealedRegion,
-        service: &'static Service,
+        registry: &'static Registry,
     ) -> Result<Arc<Container>, SharedError> {
-        Ok(Arc::new(Container::new(region, service)?))
+        Ok(Arc::new(Container::new(region, registry)?))
     }
 
     pub fn header(&self) -> &Header {
@@ -89,11 +93,12 @@ impl Container {
             }
         };
         let id = self
+            .registry
             .service
             .add(&name, self.region.fd(), Start::Serve(listener))?;
         *named = Some((name.clone(), Some(id)));
         drop(named);
-        self.service.register(&name, self.clone());
+        self.registry.register(&name, self.clone());
         Ok(name)
     }
 
@@ -111,9 +116,9 @@ impl Drop for Container {
             .take();
         if let Some((name, entry)) = named {
             if let Some(id) = entry {
-                self.service.remove(id);
+                self.registry.service.remove(id);
             }
-            self.service.unregister(&name);
+            self.registry.unregister(&name);
         }
     }
 }
@@ -134,7 +139,99 @@ pub struct Expect {
     pub hash: Option<[u8; 16]>,
 }
 
-impl Service {
+/// A process's containers: those it holds, by name (a second attach in the process maps
+/// nothing new), and its claims of names, over the `Service` that keeps their sockets.
+pub struct Registry {
+    service: &'static Service,
+    /// Locked only around reads and writes of the map (never while another lock is taken), and
+    /// by the atfork handlers of the process's registry, so that a forked child finds it
+    /// consistent (NOTE [Serving a container]).
+    held: Mutex<Held>,
+}
+
+type Held = HashMap<Name, Weak<Container>>;
+
+fn lock(m: &Mutex<Held>) -> MutexGuard<'_, Held> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+static GLOBAL: LazyLock<Registry> = LazyLock::new(|| {
+    let service = Service::global(); // (its atfork handlers first: they run nested in these)
+    static ATFORK: Once = Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions that live for the program; they only
+        // lock and unlock the registry's mutex.
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    });
+    Registry::new(service)
+});
+
+thread_local! {
+    /// The process's registry's lock, held by the thread that forks from `before_fork` to the
+    /// handler that runs after it.
+    static HELD: RefCell<Option<MutexGuard<'static, Held>>> = const { RefCell::new(None) };
+}
+
+extern "C" fn before_fork() {
+    let guard = lock(&GLOBAL.held);
+    HELD.with(|h| *h.borrow_mut() = Some(guard));
+}
+
+extern "C" fn after_fork() {
+    // In the child too: the containers it inherited stay mapped, and found by name.
+    HELD.with(|h| drop(h.borrow_mut().take()));
+}
+
+impl Registry {
+    fn new(service: &'static Service) -> Registry {
+        Registry {
+            service,
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This process's registry, over its service.
+    pub fn global() -> &'static Registry {
+        &GLOBAL
+    }
+
+    /// A registry and service of their own, standing in for another process's in tests (never
+    /// freed; fork does not know them).
+    pub fn standalone() -> &'static Registry {
+        Box::leak(Box::new(Registry::new(Service::standalone())))
+    }
+
+    /// Whether this process serves (rather than watches) the container named `name` (tests).
+    pub fn serves(&self, name: &Name) -> bool {
+        self.service.serves(name)
+    }
+
+    /// The container this process holds under `name`, if any.
+    pub fn local(&self, name: &Name) -> Option<Arc<Container>> {
+        lock(&self.held).get(name).and_then(Weak::upgrade)
+    }
+
+    /// Records `container` as this process's under `name`, unless one is there already (two
+    /// threads attached at once): then that one is returned.
+    fn register(&self, name: &Name, container: Arc<Container>) -> Arc<Container> {
+        let mut held = lock(&self.held);
+        if let Some(existing) = held.get(name).and_then(Weak::upgrade) {
+            if existing.header().hash == container.header().hash {
+                return existing;
+            }
+        }
+        held.insert(name.clone(), Arc::downgrade(&container));
+        container
+    }
+
+    /// Forgets `name` if its container is gone (called as a container drops).
+    fn unregister(&self, name: &Name) {
+        let mut held = lock(&self.held);
+        if held.get(name).is_some_and(|w| w.strong_count() == 0) {
+            held.remove(name);
+        }
+    }
+
     /// Claims `name` (NOTE [Serving a container]): binds it if free, else connects to its
     /// server. Never waits for long (the race between a bind and its listen is short).
     pub fn claim(&'static self, name: &Name, expect: Expect) -> Result<Claim, SharedError> {
@@ -144,7 +241,7 @@ impl Service {
             }
             if let Some(listener) = socket::listen(name)? {
                 return Ok(Claim::Build(Builder {
-                    service: self,
+                    registry: self,
                     name: name.clone(),
                     listener,
                 }));
@@ -168,7 +265,7 @@ impl Service {
 
     fn waiting(&'static self, name: &Name, conn: OwnedFd, expect: Expect) -> Waiting {
         Waiting {
-            service: self,
+            registry: self,
             name: name.clone(),
             conn: Some(conn),
             expect,
@@ -178,7 +275,7 @@ impl Service {
 
 /// A claimed name, whose container this process is to build.
 pub struct Builder {
-    service: &'static Service,
+    registry: &'static Registry,
     name: Name,
     listener: OwnedFd,
 }
@@ -186,14 +283,14 @@ pub struct Builder {
 impl Builder {
     /// Serves the built `region` under the claimed name: the processes waiting get it now.
     pub fn serve(self, region: SealedRegion) -> Result<Arc<Container>, SharedError> {
-        let container = Arc::new(Container::new(region, self.service)?);
-        let id = self.service.add(
+        let container = Arc::new(Container::new(region, self.registry)?);
+        let id = self.registry.service.add(
             &self.name,
             container.region.fd(),
             Start::Serve(self.listener),
         )?;
         container.set_name(self.name.clone(), id);
-        Ok(self.service.register(&self.name, container))
+        Ok(self.registry.register(&self.name, container))
     }
 
     pub fn name(&self) -> &Name {
@@ -212,7 +309,7 @@ pub enum Polled {
 
 /// A connection to a container's server, waiting for its region.
 pub struct Waiting {
-    service: &'static Service,
+    registry: &'static Registry,
     name: Name,
     conn: Option<OwnedFd>,
     expect: Expect,
@@ -241,7 +338,7 @@ impl Waiting {
                 )))
             }
         };
-        let container = Container::new(SealedRegion::from_fd(fd)?, self.service)?;
+        let container = Container::new(SealedRegion::from_fd(fd)?, self.registry)?;
         let h = container.header();
         if h.kind.family() != self.expect.family {
             return Err(SharedError::Mismatch(format!(
@@ -262,18 +359,19 @@ impl Waiting {
                 )));
             }
         }
-        if let Some(existing) = self.service.local(&self.name) {
+        if let Some(existing) = self.registry.local(&self.name) {
             if existing.header().hash == h.hash {
                 return Ok(Polled::Ready(existing)); // another thread attached meanwhile
             }
         }
         let conn = self.conn.take().expect("checked above");
         let container = Arc::new(container);
-        let id = self
-            .service
-            .add(&self.name, container.region.fd(), Start::Watch(conn))?;
+        let id =
+            self.registry
+                .service
+                .add(&self.name, container.region.fd(), Start::Watch(conn))?;
         container.set_name(self.name.clone(), id);
-        Ok(Polled::Ready(self.service.register(&self.name, container)))
+        Ok(Polled::Ready(self.registry.register(&self.name, container)))
     }
 }
 

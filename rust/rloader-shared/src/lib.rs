@@ -7,9 +7,10 @@
 //! - `hash.rs`: the content hash, and the names containers are found by;
 //! - `region.rs`: the memory: a memfd, written once, sealed, mapped read-only everywhere;
 //! - `socket.rs`: abstract Unix sockets, and the memfd crossing them (SCM_RIGHTS);
-//! - `service.rs`: each process's thread that serves its containers, or watches their server
-//!   to take over when it ends (NOTE [Serving a container]);
-//! - `container.rs`: a container as a process holds it; claiming a name, building, attaching.
+//! - `service.rs`: each process's thread that serves its containers' sockets, or watches their
+//!   server to take over when it ends (NOTE [Serving a container]); it knows no container;
+//! - `container.rs`: a container as a process holds it, and the `Registry` of a process's
+//!   containers: claiming a name, building, attaching (it uses `service.rs`, not the reverse).
 //!
 //! Nothing here knows Python: building reads items the binding hands over, reading returns
 //! bytes and numbers.
@@ -26,11 +27,10 @@ mod service;
 pub mod socket;
 
 pub use array::{array_layout, itemsize, write_meta, ArrayView};
-pub use container::{hex, Builder, Claim, Container, Expect, Polled, Waiting};
+pub use container::{hex, Builder, Claim, Container, Expect, Polled, Registry, Waiting};
 pub use error::SharedError;
 pub use hash::{readable, ContentHasher, Ident, Name};
 pub use layout::{Family, Header, Kind};
 pub use list::{list_layout, prefetch_item, ListPlanner, ListView, ListWriter};
 pub use map::{map_layout, MapView, MapWriter};
 pub use region::{SealedRegion, WritableRegion};
-pub use service::Service;

@@ -1,5 +1,7 @@
 //! Each process's part in keeping a container findable: one thread that serves the containers
-//! this process serves, and watches the servers of the others it holds.
+//! this process serves, and watches the servers of the others it holds. It keeps sockets and
+//! an epoll set, by name and memfd; which containers the process holds, and claiming a name,
+//! are `container.rs`'s (`Registry`).
 //!
 //! NOTE [Serving a container]:
 //! A container is found by its name (an abstract Unix socket address, `hash.rs`). At most one
@@ -34,12 +36,13 @@
 //!
 //! The state below is one mutex. No thread waits while holding it (the service thread waits in
 //! `epoll_wait` without it); the atfork handlers take it around `fork`, so a child finds it
-//! consistent.
+//! consistent. The `Registry` of the containers a process holds has a mutex of its own,
+//! taken around `fork` the same way; neither is taken while the other is held.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Once, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Once, PoisonError};
 use std::time::Duration;
 
 use rustix::buffer::spare_capacity;
@@ -47,7 +50,6 @@ use rustix::event::epoll;
 use rustix::io::Errno;
 use rustix::net::SocketFlags;
 
-use crate::container::Container;
 use crate::hash::Name;
 use crate::socket::{self, Received};
 use crate::SharedError;
@@ -67,9 +69,6 @@ struct State {
     /// What each epoll token stands for: (entry, which of its sockets).
     tokens: HashMap<u64, (u64, Source)>,
     next_id: u64,
-    /// The containers this process holds, by name: a second attach in the process maps nothing
-    /// new.
-    registry: HashMap<Name, Weak<Container>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,45 +181,19 @@ impl Service {
         }
     }
 
-    /// This process's service.
-    pub fn global() -> &'static Service {
+    /// This process's service (`Registry::global`'s).
+    pub(crate) fn global() -> &'static Service {
         &GLOBAL
     }
 
-    /// A service of its own, standing in for another process's in tests (it is never freed;
-    /// fork does not know it).
-    pub fn standalone() -> &'static Service {
+    /// A service of its own, standing in for another process's in tests (`Registry::standalone`;
+    /// it is never freed; fork does not know it).
+    pub(crate) fn standalone() -> &'static Service {
         Box::leak(Box::new(Service::new()))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
-    }
-
-    /// The container this process holds under `name`, if any.
-    pub fn local(&self, name: &Name) -> Option<Arc<Container>> {
-        self.lock().registry.get(name).and_then(Weak::upgrade)
-    }
-
-    /// Records `container` as this process's under `name`, unless one is there already (two
-    /// threads attached at once): then that one is returned.
-    pub(crate) fn register(&self, name: &Name, container: Arc<Container>) -> Arc<Container> {
-        let mut st = self.lock();
-        if let Some(existing) = st.registry.get(name).and_then(Weak::upgrade) {
-            if existing.header().hash == container.header().hash {
-                return existing;
-            }
-        }
-        st.registry.insert(name.clone(), Arc::downgrade(&container));
-        container
-    }
-
-    /// Forgets `name` if its container is gone (called as a container drops).
-    pub(crate) fn unregister(&self, name: &Name) {
-        let mut st = self.lock();
-        if st.registry.get(name).is_some_and(|w| w.strong_count() == 0) {
-            st.registry.remove(name);
-        }
     }
 
     /// Serves or watches the container with `memfd` under `name`; returns the entry's id (for

@@ -5,13 +5,13 @@
 mod common;
 
 use common::{build, fresh_name, items, ANY};
-use rloader_shared::Service;
+use rloader_shared::Registry;
 
 /// A forked child keeps the mapping but closes its copies of the service's sockets: when the
 /// parent drops the container the name is free, though the child still lives.
 #[test]
 fn a_forked_child_does_not_hold_the_name() {
-    let s = Service::global();
+    let s = Registry::global();
     let name = fresh_name("fork");
     let built = build(s, &name, &[b"inherited"]);
     let (mut wake, mut ready) = ([0i32; 2], [0i32; 2]);
@@ -42,7 +42,7 @@ fn a_forked_child_does_not_hold_the_name() {
         1
     );
     drop(built);
-    let after = Service::standalone()
+    let after = Registry::standalone()
         .connect(&name, ANY)
         .map(|w| w.is_some());
     let mut status = 0;

@@ -1,5 +1,5 @@
 //! NOTE [Serving a container] end to end, each "process" a service of its own
-//! (`Service::standalone`) in this one: claims, waits, take-overs, refusals. (fork, with the
+//! (`Registry::standalone`) in this one: claims, waits, take-overs, refusals. (fork, with the
 //! process's own service: fork.rs.)
 
 mod common;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{build, fresh_name, items, region, ANY};
-use rloader_shared::{Claim, Container, Expect, Family, Name, Polled, Service};
+use rloader_shared::{Claim, Container, Expect, Family, Name, Polled, Registry};
 
 fn wait(w: &mut rloader_shared::Waiting) -> Polled {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -21,7 +21,7 @@ fn wait(w: &mut rloader_shared::Waiting) -> Polled {
     }
 }
 
-fn attach(s: &'static Service, name: &Name) -> Arc<Container> {
+fn attach(s: &'static Registry, name: &Name) -> Arc<Container> {
     let mut w = s.connect(name, ANY).unwrap().expect("someone serves it");
     match wait(&mut w) {
         Polled::Ready(c) => c,
@@ -41,9 +41,9 @@ fn eventually(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn one_builds_and_the_others_wait_for_it() {
     let (a, b, c) = (
-        Service::standalone(),
-        Service::standalone(),
-        Service::standalone(),
+        Registry::standalone(),
+        Registry::standalone(),
+        Registry::standalone(),
     );
     let name = fresh_name("wait");
     let Claim::Build(builder) = a.claim(&name, ANY).unwrap() else {
@@ -73,7 +73,7 @@ fn one_builds_and_the_others_wait_for_it() {
 
 #[test]
 fn waiters_claim_again_when_the_builder_fails() {
-    let (a, b) = (Service::standalone(), Service::standalone());
+    let (a, b) = (Registry::standalone(), Registry::standalone());
     let name = fresh_name("fails");
     let Claim::Build(builder) = a.claim(&name, ANY).unwrap() else {
         panic!()
@@ -89,10 +89,10 @@ fn waiters_claim_again_when_the_builder_fails() {
 #[test]
 fn a_watcher_takes_over_when_the_server_goes() {
     let (a, b, c, d) = (
-        Service::standalone(),
-        Service::standalone(),
-        Service::standalone(),
-        Service::standalone(),
+        Registry::standalone(),
+        Registry::standalone(),
+        Registry::standalone(),
+        Registry::standalone(),
     );
     let name = fresh_name("takeover");
     let first = build(a, &name, &[b"p", b"q"]);
@@ -118,13 +118,13 @@ fn a_watcher_takes_over_when_the_server_goes() {
     drop(on_d);
     // Nobody holds it: the name is free.
     eventually("the name is free", || {
-        matches!(Service::standalone().connect(&name, ANY), Ok(None))
+        matches!(Registry::standalone().connect(&name, ANY), Ok(None))
     });
 }
 
 #[test]
 fn a_container_built_again_under_the_same_name_is_refused_by_its_old_hash() {
-    let (a, b) = (Service::standalone(), Service::standalone());
+    let (a, b) = (Registry::standalone(), Registry::standalone());
     let name = fresh_name("rebuilt");
     let (r, old_hash) = region(&[b"old"]);
     let Claim::Build(builder) = a.claim(&name, ANY).unwrap() else {
@@ -158,7 +158,7 @@ fn a_container_built_again_under_the_same_name_is_refused_by_its_old_hash() {
 
 #[test]
 fn an_unnamed_container_is_served_once_published() {
-    let (a, b) = (Service::standalone(), Service::standalone());
+    let (a, b) = (Registry::standalone(), Registry::standalone());
     let c = Container::unnamed(region(&[b"local"]).0, a).unwrap();
     assert_eq!(c.name(), None);
     let name = c.publish(Family::List).unwrap();
@@ -169,7 +169,7 @@ fn an_unnamed_container_is_served_once_published() {
 
 #[test]
 fn a_second_attach_in_a_process_maps_nothing_new() {
-    let (a, b) = (Service::standalone(), Service::standalone());
+    let (a, b) = (Registry::standalone(), Registry::standalone());
     let name = fresh_name("twice");
     let _built = build(a, &name, &[b"1"]);
     let one = attach(b, &name);

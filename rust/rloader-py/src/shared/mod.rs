@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
 
 use rloader_shared::{
-    Claim, Container, Expect, Family, Ident, Name, Polled, SealedRegion, Service, Waiting,
+    Claim, Container, Expect, Family, Ident, Name, Polled, Registry, SealedRegion, Waiting,
     WritableRegion,
 };
 
@@ -212,7 +212,7 @@ pub(crate) fn open(
     mut build: Option<BuildRegion<'_>>,
     what: &dyn Fn() -> String,
 ) -> PyResult<Arc<Container>> {
-    let service = Service::global();
+    let service = Registry::global();
     loop {
         if let Some(c) = service.local(name) {
             if !matches!(expect.hash, Some(h) if h != c.header().hash) {
@@ -297,7 +297,7 @@ pub(crate) fn keyed_by_content(
 
 /// A container built here without a key: found by no other process until pickled.
 pub(crate) fn unnamed(region: SealedRegion) -> PyResult<Arc<Container>> {
-    Container::unnamed(region, Service::global()).map_err(to_py)
+    Container::unnamed(region, Registry::global()).map_err(to_py)
 }
 
 /// What pickles a container: `(_attach_shared, (family, name, content hash, key))`. The

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rloader_shared::{
     list_layout, Claim, Container, ContentHasher, Expect, Family, Ident, Kind, ListView,
-    ListWriter, Name, SealedRegion, Service, WritableRegion,
+    ListWriter, Name, Registry, SealedRegion, WritableRegion,
 };
 
 pub fn region(items: &[&[u8]]) -> (SealedRegion, [u8; 16]) {
@@ -37,7 +37,7 @@ pub const ANY: Expect = Expect {
     hash: None,
 };
 
-pub fn build(s: &'static Service, name: &Name, data: &[&[u8]]) -> Arc<Container> {
+pub fn build(s: &'static Registry, name: &Name, data: &[&[u8]]) -> Arc<Container> {
     match s.claim(name, ANY).unwrap() {
         Claim::Build(b) => b.serve(region(data).0).unwrap(),
         Claim::Wait(_) => panic!("{name} is served already"),
