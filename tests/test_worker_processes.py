@@ -130,7 +130,7 @@ def test_get_worker_info_is_none_in_the_main_process():
 
 
 # A task of 40,000 indices does not fit in a fresh task ring: iter() queues what fits before the
-# workers start and keeps the rest back (rust/rloader-py/src/process/pool.rs, PoolIter::_prefill).
+# workers start and keeps the rest back (rust/rloader-py/src/process/pool/mod.rs, PoolIter::_prefill).
 BIG_BATCH = dict(batch_size=40_000, num_workers=2)
 
 

@@ -277,9 +277,9 @@ impl<T> Scheduler<T> {
     }
 
     /// Whether the answer waited for may come from the first `started` workers (the others
-    /// are not started yet: NOTE [Staged start] in rloader-py's process/pool.rs, NOTE [Thread
-    /// start] in its threads/mod.rs): in order, the awaited worker is one of them; out of
-    /// order (or with no task awaited), one of them owes an answer.
+    /// are not started yet: NOTE [Staged start] in rloader-py's process/pool/start.rs, NOTE
+    /// [Thread start] in its threads/mod.rs): in order, the awaited worker is one of them; out
+    /// of order (or with no task awaited), one of them owes an answer.
     pub fn answer_coming_from(&self, started: usize) -> bool {
         match self.awaited_worker() {
             Some(w) => w < started,

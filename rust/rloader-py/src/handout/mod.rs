@@ -1,5 +1,5 @@
 //! Handing batches out to the user: what both multi-worker iterators (`PoolIter` in
-//! process/pool.rs, `ThreadIter` in threads/iter.rs) do the same way, written once.
+//! process/pool/, `ThreadIter` in threads/iter.rs) do the same way, written once.
 //!
 //! - [`Answer`]: what a worker (process or thread) answered to one task;
 //! - [`HandOutState`]: what an iterator has handed out this epoch (the count and end that

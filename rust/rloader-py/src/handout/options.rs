@@ -1,5 +1,5 @@
 //! `HandOutOptions`: how a multi-worker iterator hands its batches out. Both `PoolIter`
-//! (process/pool.rs) and `ThreadIter` (threads/iter.rs) are built with one, as the options mean
+//! (process/pool/) and `ThreadIter` (threads/iter.rs) are built with one, as the options mean
 //! the same for both.
 
 use std::time::Duration;

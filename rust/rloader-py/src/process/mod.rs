@@ -2,8 +2,9 @@
 //!
 //! - `region.rs`: `PoolRegion`, the shared memory of a loader's pools (doorbell, rings, batch
 //!   slots), kept from one pool to the next;
-//! - `pool.rs`: `PoolIter`, the main process's side: it draws the tasks, sends them into the
-//!   workers' rings and takes their answers in (NOTE [Unsent]);
+//! - `pool/`: `PoolIter`, the main process's side, by job: drawing the tasks and sending them
+//!   into the workers' rings (`tasks.rs`, NOTE [Unsent]), starting the workers one by one
+//!   (`start.rs`, NOTE [Staged start]), taking their answers in (`answers.rs`);
 //! - `worker.rs`: `worker_loop`, a worker process's side: it fetches and collates each task's
 //!   batch, into its shared-memory slot where it can, and sends the answer back;
 //! - `key_feed.rs`: `KeyFeed`, keys drawn on the main thread for the pin thread's `PoolIter`

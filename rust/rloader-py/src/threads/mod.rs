@@ -6,7 +6,7 @@
 //! (`Fetcher`, fetch.rs), one task (a batch of keys) at a time, and hand the batch itself to
 //! the main thread through a channel: no pickling, no shared memory, no copy. The order of
 //! tasks and results, and the bound on work in flight, are `rloader_workers::Scheduler`'s, as
-//! with processes (process/pool.rs), so batches, `in_order`, `prefetch_factor` and the
+//! with processes (process/pool/), so batches, `in_order`, `prefetch_factor` and the
 //! sampler's draws are those of process workers.
 //!
 //! Each worker thread stays attached to the interpreter for its whole life (one Python thread
