@@ -149,7 +149,8 @@ test-python: build
 # past a block and use after free. Each case must end within bounds and leave nothing behind.
 # The memory held (resident memory less malloc's free bytes, which fragment over a long run)
 # climbs for the first ~2,000 iterators (the allocators' arenas and caches filling: no Python
-# object count grows) and is measured from there (--warmup, in cases).
+# object count grows) and is sampled from there (--warmup, in cases); a leak is judged by the
+# samples' steady slope, so a one-time step to a plateau after the warm-up is not one.
 soak: build
 	$(PY) -X faulthandler tests/soak.py --iterators 10000 --seed 1 --warmup 1500
 	PYTHONMALLOC=debug $(PY) -X faulthandler tests/soak.py --iterators 1000 --seed 2 --warmup 300
