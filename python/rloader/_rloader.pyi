@@ -51,6 +51,8 @@ __all__ = [
     "SharedDict",
     "SharedIter",
     "_attach_shared",
+    "EncodedImage",
+    "vision_open",
 ]
 
 __version__: str
