@@ -436,3 +436,19 @@ def test_draft_false_is_exact(corpus):
         want = theirs[i][0]
         torch.manual_seed(i)
         assert torch.equal(ours[i][0], want), path
+
+
+def test_stats_show_decoding_and_transforms_where_rust_made_the_samples(corpus, engine):
+    ds = RV.ImageFolder(corpus, T.Compose([T.Resize((20, 30)), T.PILToTensor()]))
+    jpegs = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "other" not in p]
+    loader = rloader.DataLoader(torch.utils.data.Subset(ds, jpegs[:8]), batch_size=2,
+                                **engine.kwargs())  # fmt: skip
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    assert stats["decode_s"] > 0 and stats["transform_s"] > 0
+    assert stats["decode_s"] + stats["transform_s"] <= stats["fetch_s"]
+    plain = rloader.DataLoader(list(range(8)), batch_size=2, **engine.kwargs())
+    for _ in plain:
+        pass
+    assert "decode_s" not in plain.stats()

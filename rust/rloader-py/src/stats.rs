@@ -19,6 +19,8 @@ use pyo3::types::PyDict;
 use rloader_queue::ShmRegion;
 use rloader_workers::times;
 
+use crate::vision;
+
 /// A stage of the loader, or of the training loop around it.
 #[derive(Clone, Copy)]
 pub enum Stage {
@@ -49,11 +51,16 @@ pub struct Stats {
     /// When `next()` last returned, and when the current call began.
     handed_out_at: Mutex<Option<Instant>>,
     called_at: Mutex<Option<Instant>>,
+    /// This process's rloader.vision (decode, transform) nanoseconds when the epoch began
+    /// (the main process and worker threads decode here: `vision::nanos()`).
+    vision_since: Mutex<[u64; 2]>,
 }
 
 impl Stats {
     pub fn new() -> Stats {
-        Stats::default()
+        let stats = Stats::default();
+        *lock(&stats.vision_since) = vision::nanos();
+        stats
     }
 
     pub fn add(&self, stage: Stage, elapsed: Duration) {
@@ -101,7 +108,7 @@ impl Stats {
         let mut workers = WorkerTimes {
             region,
             cells,
-            since: [0; 2],
+            since: [0; times::COUNTERS],
         };
         workers.since = workers.sums();
         *lock(&self.workers) = Some(workers);
@@ -116,31 +123,40 @@ impl Stats {
             workers.since = workers.sums();
         }
         self.batches.store(0, Relaxed);
+        *lock(&self.vision_since) = vision::nanos();
         *lock(&self.handed_out_at) = None;
         *lock(&self.called_at) = None;
     }
 }
 
-/// Where worker processes' fetch and collate times are, and their sums when the epoch began.
+/// Where worker processes' times are, and their sums when the epoch began.
 struct WorkerTimes {
     region: Arc<ShmRegion>,
     cells: Vec<usize>,
-    since: [u64; 2],
+    since: [u64; times::COUNTERS],
 }
 
 impl WorkerTimes {
-    /// (fetch, collate) nanoseconds over every worker's cell.
-    fn sums(&self) -> [u64; 2] {
-        self.cells.iter().fold([0, 0], |[f, c], &at| {
-            let [df, dc] = times::read(&self.region, at);
-            [f.wrapping_add(df), c.wrapping_add(dc)]
-        })
+    /// Each counter's nanoseconds (times.rs: fetch, collate, decode, transform) over every
+    /// worker's cell.
+    fn sums(&self) -> [u64; times::COUNTERS] {
+        self.cells
+            .iter()
+            .fold([0; times::COUNTERS], |mut sum, &at| {
+                for (s, d) in sum.iter_mut().zip(times::read(&self.region, at)) {
+                    *s = s.wrapping_add(d);
+                }
+                sum
+            })
     }
 
-    /// (fetch, collate) nanoseconds since the epoch began.
-    fn this_epoch(&self) -> [u64; 2] {
-        let [f, c] = self.sums();
-        [f.wrapping_sub(self.since[0]), c.wrapping_sub(self.since[1])]
+    /// Each counter's nanoseconds since the epoch began.
+    fn this_epoch(&self) -> [u64; times::COUNTERS] {
+        let mut sums = self.sums();
+        for (s, since) in sums.iter_mut().zip(self.since) {
+            *s = s.wrapping_sub(since);
+        }
+        sums
     }
 }
 
@@ -160,9 +176,9 @@ impl Stats {
     fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         out.set_item("batches", self.batches.load(Relaxed))?;
-        let [fetch, collate] = lock(&self.workers)
+        let [fetch, collate, decode, transform] = lock(&self.workers)
             .as_ref()
-            .map_or([0, 0], WorkerTimes::this_epoch);
+            .map_or([0; times::COUNTERS], WorkerTimes::this_epoch);
         for (name, stage) in STAGES {
             let elsewhere = match stage {
                 Stage::Fetch => fetch,
@@ -171,6 +187,15 @@ impl Stats {
             };
             let nanos = self.nanos[stage as usize].load(Relaxed) + elsewhere;
             out.set_item(format!("{name}_s"), nanos as f64 / 1e9)?;
+        }
+        // rloader.vision's share of fetch, where its samples were made (here or in workers).
+        let here = vision::nanos();
+        let since = *lock(&self.vision_since);
+        let decode = decode + here[0].wrapping_sub(since[0]);
+        let transform = transform + here[1].wrapping_sub(since[1]);
+        if decode + transform > 0 {
+            out.set_item("decode_s", decode as f64 / 1e9)?;
+            out.set_item("transform_s", transform as f64 / 1e9)?;
         }
         Ok(out)
     }

@@ -2,14 +2,25 @@
 //! sample's steps run on it without the GIL (rloader-vision does the pixel work).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
-use rloader_vision::decode::{self, Format, Header, NotHandled};
+use rloader_vision::decode::{self, take_decode_time, Format, Header, NotHandled};
 use rloader_vision::plan::{self, Output, Step};
 use rloader_vision::resample::Filter;
 use rloader_vision::tensor::Table;
+
+/// Nanoseconds this process has spent in samples' decoding and in their other steps (resampling,
+/// conversion to the output), for `DataLoader.stats()`: each reader keeps its own start.
+static NANOS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// (decode, transform) nanoseconds this process has spent in `EncodedImage.run` so far.
+pub fn nanos() -> [u64; 2] {
+    [NANOS[0].load(Relaxed), NANOS[1].load(Relaxed)]
+}
 
 /// A file's bytes and header, read without the GIL; `None` from `open` where Pillow must decode
 /// it (the reason in `vision_open`'s second value).
@@ -132,7 +143,14 @@ impl EncodedImage {
             // touches until this call returns.
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_len) };
             let run = if draft { plan::run_draft } else { plan::run };
-            Ok(run(data, header, scale_denom, &steps, &output, out).is_ok())
+            take_decode_time();
+            let started = Instant::now();
+            let ok = run(data, header, scale_denom, &steps, &output, out).is_ok();
+            let total = started.elapsed();
+            let decode = take_decode_time();
+            NANOS[0].fetch_add(decode.as_nanos() as u64, Relaxed);
+            NANOS[1].fetch_add(total.saturating_sub(decode).as_nanos() as u64, Relaxed);
+            Ok(ok)
         })
     }
 }

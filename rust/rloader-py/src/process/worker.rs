@@ -22,6 +22,7 @@ use crate::fetch::{Collate, Fetcher};
 use crate::memory::{contiguous_bytes, slots};
 use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
+use crate::vision;
 use crate::wait;
 
 /// What a worker needs to run its loop: the spec `start_pool` sends each worker, with what
@@ -134,6 +135,7 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
     let mut ended = false;
     let mut msg = Vec::new();
     let mut spent = Vec::new();
+    let mut vision_seen = vision::nanos();
     loop {
         let got = wait::until(
             py,
@@ -211,6 +213,16 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
             times::COLLATE,
             timed.get().take(Stage::Collate),
         );
+        let vision_now = vision::nanos();
+        for (which, i) in [(times::DECODE, 0), (times::TRANSFORM, 1)] {
+            times::add(
+                &shm,
+                times_at,
+                which,
+                vision_now[i].wrapping_sub(vision_seen[i]),
+            );
+        }
+        vision_seen = vision_now;
         // A batch that cannot be encoded or sent (its pickling raises, say) is that batch's
         // error, reported as any error of the dataset or collate_fn is: never a dead worker.
         let ended_with_it = iterable && fetcher.ended(); // a short last batch

@@ -10,6 +10,9 @@
 mod jpeg;
 mod png;
 
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
 use crate::image::Image;
 
 /// What a file holds, read from its header without decoding it.
@@ -74,6 +77,28 @@ pub fn probe(data: &[u8]) -> Result<Header, NotHandled> {
 /// `region` (inside the scaled image) may decode only what covers it (JPEG); its pixels are
 /// those of the whole decode.
 pub fn decode(
+    data: &[u8],
+    header: &Header,
+    scale_denom: usize,
+    region: Option<Region>,
+) -> Result<Decoded, NotHandled> {
+    let started = Instant::now();
+    let decoded = decode_uncounted(data, header, scale_denom, region);
+    DECODE_TIME.with(|t| t.set(t.get() + started.elapsed()));
+    decoded
+}
+
+thread_local! {
+    static DECODE_TIME: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+}
+
+/// The time this thread has spent in `decode` since the last call: how a sample's time splits
+/// between decoding and the rest (`DataLoader.stats()`).
+pub fn take_decode_time() -> Duration {
+    DECODE_TIME.with(|t| t.replace(Duration::ZERO))
+}
+
+fn decode_uncounted(
     data: &[u8],
     header: &Header,
     scale_denom: usize,
