@@ -194,5 +194,72 @@ class Plan:
         for i, t in enumerate(self.geometry):
             if _needs_pixels(t, img.size):
                 return steps, i
-            img = t(img)
+            fast = _V1_FORWARD.get(type(t))
+            img = t(img) if fast is None else fast(t, img)
         return steps, len(self.geometry)
+
+
+# torchvision v1's `forward` of the supported transforms, for a PIL image, written out: the
+# same calls (its own `get_params`, so the same draws in the same order), without the
+# dispatch torchvision goes through for any input type, which cost as much as the draws.
+# tests/test_vision.py compares each with torchvision's own; v2's go through `forward`.
+
+
+def _resize_v1(img: _Recorder, size, interpolation, max_size=None, antialias=True) -> _Recorder:
+    # torchvision.transforms.functional.resize, for a PIL image.
+    if not isinstance(interpolation, v1.InterpolationMode) or antialias is False:
+        return v1.functional.resize(img, size, interpolation, max_size, antialias)
+    if isinstance(size, int):
+        size = [size]
+    width, height = img.size
+    output = _compute_resized_output_size((height, width), list(size), max_size)
+    if [height, width] == output:
+        return img
+    return img.resize(tuple(output[::-1]), _PIL_MODES[interpolation])
+
+
+def _random_resized_crop_v1(t, img: _Recorder) -> _Recorder:
+    i, j, h, w = t.get_params(img, t.scale, t.ratio)
+    img = img.crop((j, i, j + w, i + h))
+    return _resize_v1(img, t.size, t.interpolation, None, t.antialias)
+
+
+def _random_crop_v1(t, img: _Recorder) -> _Recorder:  # padding None, pad_if_needed False
+    i, j, h, w = t.get_params(img, t.size)
+    return img.crop((j, i, j + w, i + h))
+
+
+def _center_crop_v1(t, img: _Recorder) -> _Recorder:  # only where no padding is needed
+    crop_height, crop_width = t.size if len(t.size) == 2 else (t.size[0], t.size[0])
+    width, height = img.size
+    top = int(round((height - crop_height) / 2.0))
+    left = int(round((width - crop_width) / 2.0))
+    return img.crop((left, top, left + crop_width, top + crop_height))
+
+
+def _horizontal_flip_v1(t, img: _Recorder) -> _Recorder:
+    return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if torch.rand(1) < t.p else img
+
+
+def _vertical_flip_v1(t, img: _Recorder) -> _Recorder:
+    return img.transpose(Image.Transpose.FLIP_TOP_BOTTOM) if torch.rand(1) < t.p else img
+
+
+def _resize_transform_v1(t, img: _Recorder) -> _Recorder:
+    return _resize_v1(img, t.size, t.interpolation, t.max_size, t.antialias)
+
+
+try:  # where torchvision keeps them (private: the generic path serves without them)
+    from torchvision.transforms.functional import _compute_resized_output_size, pil_modes_mapping
+
+    _PIL_MODES = pil_modes_mapping
+    _V1_FORWARD = {
+        v1.RandomResizedCrop: _random_resized_crop_v1,
+        v1.RandomCrop: _random_crop_v1,
+        v1.CenterCrop: _center_crop_v1,
+        v1.RandomHorizontalFlip: _horizontal_flip_v1,
+        v1.RandomVerticalFlip: _vertical_flip_v1,
+        v1.Resize: _resize_transform_v1,
+    }
+except ImportError:  # pragma: no cover - torchvision moved them
+    _V1_FORWARD = {}

@@ -37,6 +37,9 @@ pub fn write_chw(img: &Image, table: &Table<'_>, out: &mut [u8]) {
         "table size"
     );
     assert!(img.bands == 1 || img.bands == table.channels, "bands");
+    if img.bands == 3 && table.channels == 3 && table.elem == 4 {
+        return rgb_through_u32(img, table.values, out);
+    }
     for c in 0..table.channels {
         let band = if img.bands == 1 { 0 } else { c };
         let lut = &table.values[c * 256 * table.elem..(c + 1) * 256 * table.elem];
@@ -48,6 +51,27 @@ pub fn write_chw(img: &Image, table: &Table<'_>, out: &mut [u8]) {
             8 => plane_through::<8>(img, band, lut, dst),
             other => panic!("no tensor element of {other} bytes"),
         }
+    }
+}
+
+/// The common case (RGB to float32 or int32), one pass over the pixels writing three planes:
+/// the values as 4-byte words, not byte slices.
+fn rgb_through_u32(img: &Image, values: &[u8], out: &mut [u8]) {
+    let word = |b: &[u8]| u32::from_ne_bytes(b.try_into().expect("4 bytes"));
+    let luts: Vec<[u32; 256]> = (0..3)
+        .map(|c| std::array::from_fn(|v| word(&values[(c * 256 + v) * 4..][..4])))
+        .collect();
+    let plane = img.width * img.height * 4;
+    let (r, rest) = out.split_at_mut(plane);
+    let (g, b) = rest.split_at_mut(plane);
+    let planes = r
+        .chunks_exact_mut(4)
+        .zip(g.chunks_exact_mut(4))
+        .zip(b.chunks_exact_mut(4));
+    for (((r, g), b), px) in planes.zip(img.data.chunks_exact(3)) {
+        r.copy_from_slice(&luts[0][px[0] as usize].to_ne_bytes());
+        g.copy_from_slice(&luts[1][px[1] as usize].to_ne_bytes());
+        b.copy_from_slice(&luts[2][px[2] as usize].to_ne_bytes());
     }
 }
 
@@ -99,6 +123,33 @@ mod tests {
             &mut out,
         );
         assert_eq!(out, [1, 4, 102, 105, 203, 206]);
+    }
+
+    #[test]
+    fn the_rgb_float_path_writes_what_the_general_one_does() {
+        let data: Vec<u8> = (0..7 * 5 * 3).map(|i| (i * 37 % 256) as u8).collect();
+        let img = Image::from_vec(7, 5, 3, data);
+        let values: Vec<u8> = (0..3 * 256u32)
+            .flat_map(|v| (v as f32 * 0.37 - 5.0).to_ne_bytes())
+            .collect();
+        let table = Table {
+            values: &values,
+            elem: 4,
+            channels: 3,
+        };
+        let mut fast = vec![0; 7 * 5 * 3 * 4];
+        write_chw(&img, &table, &mut fast);
+        let mut general = vec![0; fast.len()];
+        let plane = 7 * 5 * 4;
+        for c in 0..3 {
+            plane_through::<4>(
+                &img,
+                c,
+                &values[c * 1024..(c + 1) * 1024],
+                &mut general[c * plane..(c + 1) * plane],
+            );
+        }
+        assert_eq!(fast, general);
     }
 
     #[test]

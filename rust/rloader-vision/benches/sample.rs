@@ -1,0 +1,74 @@
+//! One ImageNet-sized sample's work outside resampling: decoding a 500x375 JPEG (whole and a
+//! RandomResizedCrop-sized region) and writing a 224x224 RGB image out as a normalised
+//! float32 CHW tensor through its per-channel tables.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use rloader_vision::decode::{self, Region};
+use rloader_vision::image::Image;
+use rloader_vision::tensor::{write_chw, Table};
+use turbojpeg::{Compressor, PixelFormat};
+
+fn picture(w: usize, h: usize) -> Vec<u8> {
+    let mut state = 0x2545_f491_u32;
+    let mut data = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..3 {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                let base = (x * 255 / w + y * 255 / h + c * 60) / 2;
+                data.push((base + (state % 24) as usize).min(255) as u8);
+            }
+        }
+    }
+    data
+}
+
+fn sample(c: &mut Criterion) {
+    let (w, h) = (500, 375);
+    let pixels = picture(w, h);
+    let image = turbojpeg::Image {
+        pixels: pixels.as_slice(),
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: PixelFormat::RGB,
+    };
+    let mut compressor = Compressor::new().unwrap();
+    compressor.set_quality(90).unwrap();
+    let jpeg = compressor.compress_to_vec(image).unwrap();
+    let header = decode::probe(&jpeg).unwrap();
+    let mut g = c.benchmark_group("500x375 JPEG, q90 4:2:0");
+    g.bench_function("decode whole", |b| {
+        b.iter(|| decode::decode(black_box(&jpeg), &header, 1, None).unwrap())
+    });
+    let region = Region {
+        x: 90,
+        y: 60,
+        width: 300,
+        height: 260,
+    };
+    g.bench_function("decode a 300x260 region", |b| {
+        b.iter(|| decode::decode(black_box(&jpeg), &header, 1, Some(region)).unwrap())
+    });
+    g.finish();
+    let img = Image::from_vec(224, 224, 3, picture(224, 224));
+    let values: Vec<u8> = (0..3)
+        .flat_map(|c| (0..256).flat_map(move |v| (v as f32 / 255.0 - c as f32).to_ne_bytes()))
+        .collect();
+    let table = Table {
+        values: &values,
+        elem: 4,
+        channels: 3,
+    };
+    let mut out = vec![0u8; 224 * 224 * 3 * 4];
+    c.bench_function("224x224 RGB to float32 CHW through tables", |b| {
+        b.iter(|| write_chw(black_box(&img), &table, &mut out))
+    });
+}
+
+criterion_group!(benches, sample);
+criterion_main!(benches);
