@@ -1,4 +1,4 @@
-"""A stand-in accelerator driver for the pinning tests (``_cuda_host.slot_pinning``'s calls), and
+"""A stand-in accelerator driver for the pinning tests (``_pinning.cuda_host.slot_pinning``'s calls), and
 the slow-stream check those tests run on a real GPU."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.utils.data as tud
 
-from rloader import _cuda_host, _pin_policy
+from rloader._pinning import cuda_host, policy
 
 
 class Event:
@@ -54,11 +54,11 @@ class Driver:
         """A driver that rloader's pinning calls instead of CUDA's, for one test."""
         d = cls()
         monkeypatch.setattr(
-            _cuda_host, "slot_pinning", lambda: (d.register, d.unregister, lambda: d.fence())
+            cuda_host, "slot_pinning", lambda: (d.register, d.unregister, lambda: d.fence())
         )
         # No accelerator here: "pinning" is pin_batch's pass-through for what is pinned already.
         monkeypatch.setattr(
-            _pin_policy, "pin_plan", lambda loader: (lambda b: b) if loader.pin_memory else None
+            policy, "pin_plan", lambda loader: (lambda b: b) if loader.pin_memory else None
         )
         return d
 

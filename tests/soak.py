@@ -61,7 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _children import thread_names  # noqa: E402
 
 import rloader  # noqa: E402
-from rloader import _cuda_host, _pin_policy  # noqa: E402
+from rloader._pinning import cuda_host, policy  # noqa: E402
 
 from _pinning import Driver  # noqa: E402
 
@@ -378,7 +378,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     rng = random.Random(args.seed)
     tmp = tempfile.mkdtemp(prefix="rloader-soak-")
-    plan, slot_pinning = _pin_policy.pin_plan, _cuda_host.slot_pinning
+    plan, slot_pinning = policy.pin_plan, cuda_host.slot_pinning
     counts: collections.Counter = collections.Counter()
     worst_teardown = 0.0
     rss_samples: list = []  # (iterators made, held MiB) from the end of the warm-up on
@@ -426,8 +426,8 @@ def main(argv=None) -> int:
         driver = None
         if case["pin"]:
             driver = Driver()
-            _cuda_host.slot_pinning = lambda d=driver: (d.register, d.unregister, lambda: d.fence())
-            _pin_policy.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
+            cuda_host.slot_pinning = lambda d=driver: (d.register, d.unregister, lambda: d.fence())
+            policy.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
         stop_gc = threading.Event()
         gc_thread = None
         if case["gc_thread"]:
@@ -466,7 +466,7 @@ def main(argv=None) -> int:
             return 1
         if os.path.exists(release):
             os.unlink(release)
-        _cuda_host.slot_pinning, _pin_policy.pin_plan = slot_pinning, plan
+        cuda_host.slot_pinning, policy.pin_plan = slot_pinning, plan
         if number < 0:
             continue  # a warm-up case
         worst_teardown = max(worst_teardown, took)

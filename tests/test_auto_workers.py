@@ -18,10 +18,12 @@ import torch.utils.data as tud
 from _children import thread_names
 
 import rloader
-from rloader import _auto, _process_pool, _rloader
+from rloader import _auto, _rloader
 from rloader._auto import learned as auto_learned
 from rloader._auto import measure as auto_measure
 from rloader._auto import policy as auto_policy
+from rloader._engines import dispatch
+from rloader._engines.process import pool as process_pool
 from rloader.sampler import iter_keys
 
 N = 96
@@ -976,9 +978,8 @@ class SlowEngine:
 def slow_pools(monkeypatch, clock, cost, creation=0.0):
     """Pools whose batches each keep the consumer waiting ``cost`` (or ``cost()``); starting
     one takes ``creation`` per worker (of the fake clock)."""
-    from rloader import dataloader
 
-    real = dataloader._engine
+    real = dispatch.engine
 
     def engine(view, keys, base_seed, kind):
         it = real(view, keys, base_seed, kind)
@@ -987,7 +988,7 @@ def slow_pools(monkeypatch, clock, cost, creation=0.0):
         clock.now += creation * view.num_workers
         return SlowEngine(it, clock, cost)
 
-    monkeypatch.setattr(dataloader, "_engine", engine)
+    monkeypatch.setattr(dispatch, "engine", engine)
 
 
 def recorded_windows(monkeypatch):
@@ -1159,22 +1160,21 @@ def tight_budget(monkeypatch):
 
 
 def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quick, monkeypatch):
-    from rloader import dataloader
 
     scripted(monkeypatch, [2, None, 3])
     tight_budget(monkeypatch)
     # Each pool's worker pids as they start (NOTE [Staged start]), and whether the earlier
     # pools' were alive when the next pool started.
     pids_of: dict = {}
-    real_start = _process_pool._Starter.start_next
+    real_start = process_pool._Starter.start_next
 
     def start_next(starter):
         took = real_start(starter)
         pids_of.setdefault(id(starter.pool), set()).update(p.pid for p in starter.pool.procs)
         return took
 
-    monkeypatch.setattr(_process_pool._Starter, "start_next", start_next)
-    real = dataloader._engine
+    monkeypatch.setattr(process_pool._Starter, "start_next", start_next)
+    real = dispatch.engine
 
     def engine(view, keys, base_seed, kind):
         alive = [os.path.exists(f"/proc/{pid}") for pids in pids_of.values() for pid in pids]
@@ -1183,7 +1183,7 @@ def test_a_switch_the_budget_cannot_hold_both_pools_stops_the_old_one_first(quic
         return it
 
     engine.alive = []
-    monkeypatch.setattr(dataloader, "_engine", engine)
+    monkeypatch.setattr(dispatch, "engine", engine)
     loader = loader_of("auto", 3)
     it = iter(loader)
     head = []

@@ -362,11 +362,11 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt(engine, pin, persistent
         from _children import worker_threads
         atexit.register(lambda: print("threads left:", worker_threads(), flush=True))
 
-        import rloader, rloader._pin_policy, rloader._process_pool
+        import rloader, rloader._pinning.policy, rloader._engines.process.pool
         from _datasets import Squares
-        rloader._process_pool._JOIN_TIMEOUT = 3600.0
+        rloader._engines.process.pool._JOIN_TIMEOUT = 3600.0
         # Stands in for pinning on a machine without an accelerator (see test_pin_thread.py).
-        rloader._pin_policy.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
+        rloader._pinning.policy.pin_plan = lambda loader: (lambda b: b) if loader.pin_memory else None
         it = iter(rloader.DataLoader(Squares(100), batch_size=1, pin_memory={pin},
                                      **{engine.kwargs(4, persistent_workers=persistent)!r}))
         for _ in range(4):  # a batch from each worker: all are started (NOTE [Staged start])

@@ -18,7 +18,8 @@ SCRIPT = """
 import gc, faulthandler, sys
 faulthandler.enable()
 import rloader
-from rloader import _process_pool, _threads
+from rloader._engines.process import pool as process_pool
+from rloader._engines.thread import pool as thread_pool
 
 class Collecting:
     def __init__(self, real):
@@ -42,7 +43,7 @@ class Module:
         setattr(self, name, self.wrapped)
 
 kind = sys.argv[1]
-owner, name = (_process_pool, "PoolIter") if kind == "process" else (_threads, "ThreadIter")
+owner, name = (process_pool, "PoolIter") if kind == "process" else (thread_pool, "ThreadIter")
 owner._rloader = Module(owner._rloader, name)
 loader = rloader.DataLoader(list(range(8)), batch_size=2, num_workers=1, worker_type=kind)
 for threshold in (1, 2, 3, 4):

@@ -1,7 +1,7 @@
-"""The pin_memory thread of multi-process loading (python/rloader/_pin_thread.py, PinnedBatches).
+"""The pin_memory thread of multi-process loading (python/rloader/_pinning/pin_thread.py, PinnedBatches).
 
 This machine may have no accelerator, so torch would not pin at all: these tests stand a
-recording function in for the pinning (``_pin_policy.pin_plan``) and check the thread around it — which
+recording function in for the pinning (``_pinning.policy.pin_plan``) and check the thread around it — which
 thread pins, that results, errors, epochs and shutdown come through it as without it.
 """
 
@@ -54,7 +54,7 @@ def pinning(monkeypatch):
         return batch.clone()
 
     monkeypatch.setattr(
-        rloader._pin_policy, "pin_plan", lambda loader: pin if loader.pin_memory else None
+        rloader._pinning.policy, "pin_plan", lambda loader: pin if loader.pin_memory else None
     )
     return seen
 

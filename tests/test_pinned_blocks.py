@@ -2,7 +2,7 @@
 (NOTE [Pinned blocks] in rloader-memory): the loader's recycled batch blocks
 registered with the driver, and reused only once the device has read them.
 
-On the CPU a stand-in driver (``_cuda_host.slot_pinning``) records registrations and hands out
+On the CPU a stand-in driver (``_pinning.cuda_host.slot_pinning``) records registrations and hands out
 events that complete when the test says so; the tests at the end run on a real GPU.
 """
 
@@ -21,8 +21,8 @@ import torch.utils.data as tud
 from _engines import Engine
 
 import rloader
-from rloader import _cuda_host
 from rloader._loader_record import record_of
+from rloader._pinning import cuda_host
 
 from _compare import same
 from _pinning import Driver, Event, slow_stream_reads
@@ -343,9 +343,9 @@ def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_its_block_is_reu
 def test_the_slow_stream_test_sees_overwritten_blocks_without_the_fence(monkeypatch, engine, data):
     # The check above can fail: with fences that say "done" at once, blocks are reused while
     # the device has not read them yet.
-    register, unregister, _ = _cuda_host.slot_pinning()
+    register, unregister, _ = cuda_host.slot_pinning()
     monkeypatch.setattr(
-        _cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
+        cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
     )
     loader = loader_of(data(), engine, batch_size=64)
     assert slow_stream_reads(loader, data(), 20_000_000) > 0

@@ -1,7 +1,7 @@
 """Worker processes' batches pinned where they arrive (NOTE [Pinned slots] in rloader-workers'
 pinned.rs): slots registered with the driver, and freed only once the device has read them.
 
-On the CPU a stand-in driver (``_cuda_host.slot_pinning``) records registrations and hands out
+On the CPU a stand-in driver (``_pinning.cuda_host.slot_pinning``) records registrations and hands out
 events that complete when the test says so; the tests at the end run on a real GPU.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.utils.data as tud
 
 import rloader
-from rloader import _cuda_host
+from rloader._pinning import cuda_host
 
 from _compare import same
 from _pinning import Driver, Event, slow_stream_reads
@@ -248,9 +248,9 @@ def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_it_is_overwritte
 def test_the_slow_stream_test_sees_overwritten_batches_without_the_fence(monkeypatch):
     # The check above can fail: with fences that say "done" at once, slots are reused while
     # the device has not read them yet.
-    register, unregister, _ = _cuda_host.slot_pinning()
+    register, unregister, _ = cuda_host.slot_pinning()
     monkeypatch.setattr(
-        _cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
+        cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
     )
     loader = loader_of(Filled(), batch_size=64, num_workers=4)
     assert slow_stream_reads(loader, Filled(), 20_000_000) > 0

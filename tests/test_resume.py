@@ -708,7 +708,7 @@ def test_the_sharded_stream_is_torchs():
 def test_worker_states_resume_through_the_pin_thread(monkeypatch):
     # With pin_memory the batches reach the user through a thread: what counts is what the
     # user got (the thread may hold one more).
-    monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b)
+    monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b)
     make = sharded(2, persistent=True)
     expected = uninterrupted(make, 2, 3, True)
     for epoch, batch in [(0, 3), (1, len(expected[1]) - 2)]:
@@ -869,13 +869,13 @@ def test_out_of_order_resume_of_a_resume(tmp_path):
 
 def test_skipping_handed_out_batches_in_python_and_in_rust_agree():
     # BatchStream.skip (Rust) and _skip_handed (other samplers' keys) keep the same batches.
-    from rloader import _resume
+    from rloader._resume import epoch
 
     for end, holes in [(0, []), (5, []), (6, [0, 2]), (7, [6]), (4, [1, 9])]:
         stream = rloader.BatchSampler(rloader.SequentialSampler(range(30)), 3, False)
         rust = iter(stream)
         rust.skip(end, holes)
-        python = _resume._skip_handed(iter(stream), end, holes)
+        python = epoch.skip_handed(iter(stream), end, holes)
         assert [list(b) for b in rust] == [list(b) for b in python]
 
 

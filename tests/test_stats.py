@@ -128,7 +128,7 @@ def slow_pin(loader):
 
 def test_pinning_is_counted_where_it_happens(engine, monkeypatch):
     # Stands in for pinning on a machine without an accelerator (as test_pin_thread.py does).
-    monkeypatch.setattr(rloader._pin_policy, "pin_plan", slow_pin)
+    monkeypatch.setattr(rloader._pinning.policy, "pin_plan", slow_pin)
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
     loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **engine.kwargs())

@@ -80,22 +80,20 @@ def test_forked_workers_inherit_numpy_random():
 
 
 def test_worker_seeding_keeps_format_stack_but_its_source_lines():
-    from rloader import _worker_process
+    from rloader._engines.process import worker
 
     def nested(limit=None):
-        return traceback.format_stack(limit=limit), _worker_process._stack_lines_without_source(
-            limit=limit
-        )
+        return traceback.format_stack(limit=limit), worker._stack_lines_without_source(limit=limit)
 
     for limit in (None, 0, 2, -2, 1000):
         full, short = nested(limit)
         # format_stack's entries are 'File ..., line N, in f' then the source line; the same
         # frames, less the source (the calls sit on the same line, so line numbers agree).
         assert short == [entry.split("\n")[0] + "\n" for entry in full]
-    assert traceback.format_stack is not _worker_process._stack_lines_without_source
-    _worker_process._manual_seed(7)
+    assert traceback.format_stack is not worker._stack_lines_without_source
+    worker._manual_seed(7)
     assert torch.initial_seed() == 7
-    assert traceback.format_stack is not _worker_process._stack_lines_without_source
+    assert traceback.format_stack is not worker._stack_lines_without_source
     if not torch.cuda.is_initialized():  # the CUDA seeding was queued with a stack, less its source
         queued = [call for call in torch.cuda._lazy_seed_tracker.get_calls() if call]
         assert queued
@@ -524,20 +522,20 @@ def _stopped_and_reaped(procs: list, pids: list) -> bool:
 def test_ctrl_c_while_workers_are_joined_still_stops_every_worker():
     # An interrupt during the teardown's first join: the other workers are killed, not left
     # running (nor unjoined: zombies), and then the interrupt goes on.
-    from rloader import _process_pool
+    from rloader._engines.process import pool as process_pool
 
     procs = _waiting_workers()
     pids = [proc.pid for proc in procs]
     _interrupt_first_join(procs[0], KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
-        _process_pool._stop_processes(procs)
+        process_pool._stop_processes(procs)
     assert _stopped_and_reaped(procs, pids)
 
 
 def test_ctrl_c_again_while_the_workers_are_killed_leaves_no_zombie():
     # A second interrupt while the teardown kills the rest (after one during the first join):
     # every worker is still killed and reaped, and the first interrupt goes on.
-    from rloader import _process_pool
+    from rloader._engines.process import pool as process_pool
 
     procs = _waiting_workers()
     pids = [proc.pid for proc in procs]
@@ -545,7 +543,7 @@ def test_ctrl_c_again_while_the_workers_are_killed_leaves_no_zombie():
     _interrupt_first_join(procs[0], first)
     _interrupt_first_join(procs[1], KeyboardInterrupt("second"))  # (its kill's wait for it)
     with pytest.raises(KeyboardInterrupt) as raised:
-        _process_pool._stop_processes(procs)
+        process_pool._stop_processes(procs)
     assert _stopped_and_reaped(procs, pids)
     assert raised.value is first
 
@@ -633,7 +631,7 @@ def test_the_first_batch_does_not_wait_for_every_worker_to_start(pin, monkeypatc
     # awaited (or once the started ones had a start's time to answer). torch starts all four
     # in iter(), so its first batch waits for four starts.
     if pin:  # stood in for as in test_pin_thread.py: the main thread starts, the pin thread waits
-        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b.clone())
     sent = multiprocessing.get_context("fork").Event()
     dataset = SentFirstBatch(sent, second_batch_start=4 * 2)  # batch 4: worker 0's second
     loader = rloader.DataLoader(
@@ -691,7 +689,7 @@ def test_tasks_larger_than_a_ring_go_to_workers_started_late(pin, monkeypatch):
     # the main process must not wait on a worker it has not started (the pin thread cannot
     # start it) to take a streamed task in.
     if pin:
-        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b.clone())
 
     def loader():
         return rloader.DataLoader(Ints(160_000), batch_size=40_000, num_workers=4, pin_memory=pin)
@@ -707,7 +705,7 @@ def ints_loader(monkeypatch, pin: bool, n: int, workers: int, context, **kwargs)
     """Batches of 4 of ``Ints(n)`` from ``workers`` started through ``context``; with ``pin``,
     pinning stood in for (as in test_pin_thread.py)."""
     if pin:
-        monkeypatch.setattr(rloader._pin_policy, "pin_plan", lambda loader: lambda b: b.clone())
+        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b.clone())
     return rloader.DataLoader(
         Ints(n),
         batch_size=4,

@@ -218,7 +218,7 @@ def pin_stand_in(loader):
 
 
 def test_pin_memory_pins_on_the_worker_threads(monkeypatch):
-    monkeypatch.setattr(rloader._pin_policy, "pin_plan", pin_stand_in)
+    monkeypatch.setattr(rloader._pinning.policy, "pin_plan", pin_stand_in)
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
     loader = rloader.DataLoader(Squares(8), batch_size=2, num_workers=2, pin_memory=True, **THREADS)

@@ -39,7 +39,7 @@ class LoaderRecord:
         # rust/rloader-memory/src/lib.rs); freed with the loader.
         self.buffers: Any = None
         # The worker processes' shared memory (``_rloader.PoolRegion``) while no pool uses it:
-        # the next pool finds its batch slots already reserved and mapped (_process_pool.py).
+        # the next pool finds its batch slots already reserved and mapped (_engines/process/pool.py).
         self.region: Any = None
         # What num_workers="auto" learned in earlier epochs (``_auto.Learned``).
         self.auto: Any = None

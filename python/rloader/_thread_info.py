@@ -1,4 +1,4 @@
-"""Each worker thread's ``WorkerInfo`` (NOTE [Thread worker info] in ``_threads.py``).
+"""Each worker thread's ``WorkerInfo`` (NOTE [Thread worker info] in ``_engines/thread/pool.py``).
 
 A module of its own so that collation (``_collate.py``) can ask whether it runs on a worker
 thread without importing the thread pool.

@@ -9,10 +9,10 @@ so code and frameworks that inspect a loader (``isinstance``, ``vars(loader)``, 
 - ``num_workers>0``: worker processes started through ``multiprocessing``; task assignment,
   hand-off through shared memory and each worker's loop run in ``_rloader.PoolIter`` and
   ``_rloader.worker_loop`` (``rust/rloader-py/src/process/``,
-  ``python/rloader/_process_pool.py`` and ``_worker_process.py``).
+  ``python/rloader/_engines/process/``).
 - ``num_workers>0, worker_type="thread"``: worker threads of this process, in
   ``_rloader.ThreadPool``/``ThreadIter`` (``rust/rloader-py/src/threads/``,
-  ``python/rloader/_threads.py``).
+  ``python/rloader/_engines/thread/``).
 """
 
 from __future__ import annotations
@@ -25,27 +25,16 @@ import torch.utils.data as tud
 from torch.utils.data import get_worker_info
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import (
-    _auto,
-    _cuda_host,
-    _pin_policy,
-    _process_pool,
-    _resume,
-    _rloader,
-    _state_check,
-    _threads,
-    _twin,
-)
-from ._collate import _collate_plan, default_collate, default_convert
+from . import _auto, _resume, _twin
+from ._collate import default_collate, default_convert
+from ._engines import dispatch
 from ._loader_record import record_of
-from ._seed import draw_seed
 from .dataset import Dataset
 from .sampler import (
     RandomSampler,
     Sampler,
     SequentialSampler,
     _InfiniteConstantSampler,
-    iter_keys,
 )
 
 # torch.utils.data.dataloader's names (get_worker_info is torch's own function: one answer
@@ -249,15 +238,11 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
     def _get_iterator(self):
         if _auto.is_auto(self.num_workers):
             _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
-            return _auto.start(self, _engine, _resume.epoch_of)
-        if self.num_workers == 0:
-            return _single_process_iter(self)
-        # (checked again: both may have been set after the loader was made)
-        _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
-        if self.worker_type == "thread":
-            return _threads.start_threads(self, buffers=lambda pin: _batch_buffers(self, pin))
-        self.check_worker_number_rationality()
-        return _process_pool.start_pool(self)
+            return _auto.start(self, dispatch.engine, _resume.epoch_of)
+        if self.num_workers > 0:
+            # (checked again: both may have been set after the loader was made)
+            _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
+        return dispatch.start(self)
 
     def __iter__(self):
         persistent = self.persistent_workers and (
@@ -273,7 +258,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
                     # (workers stopped by an error, a dead one say, are started anew)
                     self._iterator = self._get_iterator()
                 else:
-                    _process_pool.reset_pool(self._iterator, self)
+                    dispatch.reset(self._iterator, self)
                 it = self._iterator
             else:
                 it = self._get_iterator()
@@ -320,7 +305,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         of the states of every rank of a job over a ``DistributedSampler``: the samples of that
         epoch no rank handed out are then shared by this job's ranks (see the README).
         """
-        _state_check.check(self, state)  # a TypeError or ValueError naming the bad field
+        _resume.check(self, state)  # a TypeError or ValueError naming the bad field
         _resume.load_state_dict(self, state)
 
 
@@ -342,78 +327,6 @@ def _check_worker_type(worker_type, multiprocessing_context, num_workers) -> Non
             "worker_type='thread' starts none: its workers are threads of this process. "
             "Drop multiprocessing_context, or use worker_type='process'."
         )
-
-
-def _single_process_iter(loader: DataLoader) -> _rloader.LoaderIter:
-    if loader.timeout != 0:
-        # torch asserts the same; say what to change.
-        raise AssertionError(
-            f"timeout={loader.timeout} only applies to worker processes: "
-            "set timeout=0 or num_workers > 0"
-        )
-    iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter_keys(loader._index_sampler)
-    # torch draws a base seed for worker processes with every iterator, workers or not:
-    # draw it too, so the generator (or global RNG) advances exactly as with torch.
-    draw_seed(loader.generator)
-    keys = _resume.epoch_of(loader).keys(keys)
-    return _loader_iter(loader, keys, _resume.epoch_of(loader).stream_ended)
-
-
-def _loader_iter(loader: DataLoader, keys, exhausted: bool) -> _rloader.LoaderIter:
-    """The single-process iterator over ``keys`` (drawn by the caller)."""
-    pin = _pin_policy.pin_plan(loader)
-    iterable = loader._dataset_kind == _DatasetKind.Iterable
-    collate_fn = loader.collate_fn
-    return _rloader.LoaderIter(
-        dataset=loader.dataset,
-        keys=keys,
-        batch=_rloader.BatchOptions(
-            auto_collation=loader._auto_collation,
-            batch_size=loader.batch_size if iterable else None,
-            drop_last=loader.drop_last,
-            collate_fn=collate_fn,
-            collate_plan=_collate_plan(collate_fn),
-            pin=pin,
-            buffers=_batch_buffers(loader, pin),
-        ),
-        length_of=loader._index_sampler,
-        reported_len=loader._IterableDataset_len_called if iterable else None,
-        exhausted=exhausted,
-    )
-
-
-def _engine(view, keys, base_seed: int, kind: str):
-    """One engine of an auto loader's iterator (NOTE [Auto workers] in _auto/__init__.py): ``view`` is
-    the loader with the engine's ``num_workers`` and options; ``keys`` its segment of the
-    epoch's keys and ``base_seed`` the epoch's, both drawn by the auto iterator. An
-    IterableDataset's epoch has one engine: a resumed one's goes on where the saved one was
-    (NOTE [Resume])."""
-    loader = view._loader
-    epoch = _resume.epoch_of(loader) if view._dataset_kind == _DatasetKind.Iterable else None
-    if view.num_workers == 0:
-        return _loader_iter(view, keys, exhausted=epoch is not None and epoch.stream_ended)
-    if kind == "thread":
-        return _threads.start_threads(
-            view, buffers=lambda pin: _batch_buffers(loader, pin), drawn=(keys, base_seed)
-        )
-    resumed = (epoch.worker_states(), epoch.first_worker()) if epoch is not None else None
-    return _process_pool.start_pool(view, drawn=(keys, base_seed), resumed=resumed)
-
-
-def _batch_buffers(loader: DataLoader, pin) -> _rloader.BatchBuffers:
-    """The loader's recycled batch memory (``LoaderRecord.buffers``), kept across its epochs.
-    When batches are pinned (``pin``: ``_pin_policy.pin_plan``'s) on CUDA, its blocks are
-    registered with the driver, so a batch is pinned where it was collated (NOTE [Pinned
-    blocks]); a loader whose ``pin_memory`` changed gets new memory."""
-    pinning = _cuda_host.slot_pinning() if pin is not None else None
-    record = record_of(getattr(loader, "_rloader_owner", loader))  # an auto engine's: its loader
-    buffers = record.buffers
-    if buffers is None or buffers._pinned != (pinning is not None):
-        buffers = record.buffers = _rloader.BatchBuffers()
-        if pinning is not None:
-            buffers._pin_blocks(*pinning)
-    return buffers
 
 
 _twin.pair((DataLoader, tud.DataLoader))

@@ -6,7 +6,7 @@
 //! order (`in_order=False`) results leave as they arrive, so some tasks below the last one
 //! handed out may still be missing. Those "holes" are tasks assigned and not handed out yet,
 //! and the scheduler never lets more than `prefetch_factor × num_workers` of those exist: the
-//! set stays that small however long the epoch (NOTE [Resume] in python/rloader/_resume.py).
+//! set stays that small however long the epoch (NOTE [Resume] in python/rloader/_resume/__init__.py).
 
 use std::collections::BTreeSet;
 

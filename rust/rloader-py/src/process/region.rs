@@ -85,7 +85,7 @@ impl PoolRegion {
 impl PoolRegion {
     /// The region's registrations with the accelerator's driver (NOTE [Pinned slots]), made
     /// with `register(addr, len)`, `unregister(addr)` and `fence()` the first time (the
-    /// driver's, from `rloader._cuda_host.slot_pinning`) and kept for the region's later pools.
+    /// driver's, from `rloader._pinning.cuda_host.slot_pinning`) and kept for the region's later pools.
     pub fn pinned_slots(
         &self,
         register: Py<PyAny>,

@@ -44,11 +44,13 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _intra_op, _pin_policy, _resume, _rloader, _thread_info
-from ._collate import _collate_plan
-from ._process_pool import _reported_len
-from ._seed import draw_seed
-from .sampler import iter_keys
+from ... import _compat, _resume, _rloader, _thread_info
+from ..._collate import _collate_plan
+from ..._pinning import policy
+from ..._seed import draw_seed
+from ...sampler import iter_keys
+from ..iterable_len import reported_len
+from . import intra_op
 
 __all__ = ["start_threads"]
 
@@ -149,7 +151,7 @@ class _ThreadWorker:
         _thread_info.set_info(self.info)
         # One intra-op thread for this thread's torch ops, as torch gives a worker process
         # (before worker_init_fn, which may choose otherwise).
-        _intra_op.use_one_intra_op_thread()
+        intra_op.use_one_intra_op_thread()
         try:
             if self.device is not None:  # batches are pinned on this thread
                 torch.accelerator.set_device_index(self.device)
@@ -278,7 +280,7 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
         )
-    pin = _pin_policy.pin_plan(loader)
+    pin = policy.pin_plan(loader)
     pinning = pin is not None and torch.accelerator.is_available()
     device = torch.accelerator.current_device_index() if pinning else None
     _install_per_thread_worker_info()
@@ -317,7 +319,7 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
                 timeout=float(loader.timeout),
                 persistent=bool(loader.persistent_workers),
                 length_of=loader._index_sampler,
-                reported_len=_reported_len(loader),
+                reported_len=reported_len(loader),
             ),
         )
         it._rloader_pool = pool  # the threads behind an iterator (persistent loaders look)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch._utils import ExceptionWrapper
 
-from . import _rloader
+from .. import _rloader
 
 __all__ = ["PinnedBatches"]
 

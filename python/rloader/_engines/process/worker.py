@@ -6,8 +6,8 @@ Ctrl-C, install torch's crash handlers, seed ``random``, torch and numpy, set
 iterable dataset's iterator. Then it hands over to the Rust loop (``_rloader.worker_loop``,
 rust/rloader-py/src/process/worker.rs), which takes tasks, fetches, collates and sends answers until it
 is told to stop or the main process is gone, calling back into ``_WorkerHooks`` for what is
-Python's (pickling through ``_wire``, a new epoch's iterator). The main process's side is
-``_process_pool``.
+Python's (pickling through ``wire``, a new epoch's iterator). The main process's side is
+``pool``.
 
 Processes started by spawn or forkserver import this module to find ``_worker_main``.
 """
@@ -24,9 +24,9 @@ import torch
 from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as torch_worker
 
-from . import _rloader
-from ._collate import _collate_plan
-from ._wire import dump_error, dumps
+from ... import _rloader
+from ..._collate import _collate_plan
+from .wire import dump_error, dumps
 
 # Each worker seeds numpy's global generator, as torch's do. numpy 2 imports numpy.random only
 # when it is first used, and in each new worker that import delayed the first batch; imported

@@ -3,8 +3,8 @@
 
 Python's part is what only Python can do: start the processes through ``multiprocessing`` (so
 ``multiprocessing_context`` works and datasets travel by torch's rules), and stop them. What
-runs in a worker process is ``_worker_process``; how a batch crosses between the processes,
-``_wire``; how a dead worker is noticed and named, ``_worker_death``. Everything between —
+runs in a worker process is ``worker``; how a batch crosses between the processes,
+``wire``; how a dead worker is noticed and named, ``death``. Everything between —
 assigning index batches to workers, the bound on work in flight, reordering, waiting, noticing
 dead workers, and each worker's fetch-and-collate loop — runs in Rust, and batches cross
 between processes through shared-memory rings and slots.
@@ -41,16 +41,18 @@ from typing import Optional
 
 from torch.utils.data.dataloader import _DatasetKind
 
-from . import _compat, _cuda_host, _pin_policy, _resume, _rloader
-from ._loader_record import record_of
-from ._pin_thread import PinnedBatches
-from ._seed import draw_seed
-from ._wire import loads
-from ._worker_death import STATUS_LOST, ended_unseen, no_autoreaping, worker_death
-from ._worker_process import _worker_main
-from .sampler import iter_keys
+from ... import _compat, _resume, _rloader
+from ..._loader_record import record_of
+from ..._pinning import cuda_host, policy
+from ..._pinning.pin_thread import PinnedBatches
+from ..._seed import draw_seed
+from ...sampler import iter_keys
+from ..iterable_len import reported_len
+from .death import STATUS_LOST, ended_unseen, no_autoreaping, worker_death
+from .wire import loads
+from .worker import _worker_main
 
-__all__ = ["reset_pool", "start_pool"]
+__all__ = ["start_pool"]
 
 _JOIN_TIMEOUT = 5.0
 _KILL_TRIES = 3  # (an interrupt while a worker is killed: it is killed again)
@@ -245,7 +247,7 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
         )
-    pin = _pin_policy.pin_plan(loader)
+    pin = policy.pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
     owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
     record = record_of(owner)
@@ -282,7 +284,7 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
                 persistent=bool(loader.persistent_workers),
                 # PinnedBatches has the length, and pins on a thread of its own (below)
                 length_of=None if pin is not None else loader._index_sampler,
-                reported_len=None if pin is not None else _reported_len(loader),
+                reported_len=None if pin is not None else reported_len(loader),
                 first_worker=first_worker,
             ),
             worker_states=worker_states,
@@ -336,7 +338,7 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
         raise
     it._stage(starter, grace, pin is None)  # with pinning, PinnedBatches starts them
     if pin is not None:
-        pinning = _cuda_host.slot_pinning()
+        pinning = cuda_host.slot_pinning()
         if pinning is not None:  # batches are pinned where the workers write them
             it._pin_slots(*pinning)
         return PinnedBatches(
@@ -347,7 +349,7 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
             feed,
             drawn,
             new_feed,
-            _reported_len(loader),
+            reported_len(loader),
             stage=(starter, grace, first_worker),
         )
     return it
@@ -364,18 +366,3 @@ def _key_feed(region, auto_collation: bool, first: int):
         return feed, feed.draw(first)
 
     return new_feed
-
-
-def _reported_len(loader):
-    """``(dataset, len(loader))`` when ``len()`` of a loader over an IterableDataset was asked:
-    torch warns once more batches than that are handed out."""
-    if loader._IterableDataset_len_called is None:
-        return None
-    return (loader.dataset, loader._IterableDataset_len_called)
-
-
-def reset_pool(it, loader) -> None:
-    """A new epoch on persistent workers."""
-    iterable = loader._dataset_kind == _DatasetKind.Iterable
-    keys = None if iterable else iter_keys(loader._index_sampler)
-    it._reset(_resume.epoch_of(loader).keys(keys), _reported_len(loader))

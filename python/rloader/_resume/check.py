@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 import torch.utils.data
 
-from ._resume import FORMAT, _drawing_sampler, _generators
+from .format import FORMAT, drawing_sampler, generators_of
 
 _ROLES = ("loader", "sampler")
 _FLAGS = ("in_order", "pulled", "base_drawn", "next_draws_base", "dataset_ended")
@@ -120,7 +120,7 @@ def _check_holes(state: dict, position: Optional[int], where: str) -> None:
 def _check_generators(loader, generators: Any, where: str) -> None:
     if not isinstance(generators, dict):
         raise TypeError(f"{where}['generators'] must be a dict, not {_what(generators)}")
-    current = _generators(loader)
+    current = generators_of(loader)
     for role, blob in generators.items():
         if role not in _ROLES:
             raise ValueError(
@@ -132,7 +132,7 @@ def _check_generators(loader, generators: Any, where: str) -> None:
 
 
 def _check_packed(blob: Any, expected: int, where: str) -> None:
-    """A generator state as ``_resume._pack`` writes it: a tag byte, then zlib data that
+    """A generator state as ``format.pack`` writes it: a tag byte, then zlib data that
     inflates to exactly the generator's state (inflated no further than that, whatever the
     blob claims)."""
     if not isinstance(blob, (bytes, bytearray)):
@@ -157,7 +157,7 @@ def _check_sampler(loader, sampler: Any, where: str) -> None:
     if not isinstance(sampler, dict):
         raise TypeError(f"{where}['sampler'] must be a dict or None, not {_what(sampler)}")
     if "state_dict" in sampler and not callable(
-        getattr(_drawing_sampler(loader), "load_state_dict", None)
+        getattr(drawing_sampler(loader), "load_state_dict", None)
     ):
         raise ValueError(
             f"{where}['sampler'] holds a sampler's state_dict(), and this loader's sampler has "

@@ -2,7 +2,7 @@
 
 torch learns of a dead worker from its SIGCHLD handler and words the error there
 (``torch.utils.data._utils.signal_handling``); rloader's pool asks each process whether it has
-ended (``_Pool.exited`` in ``_process_pool``, called by the Rust iterator while it waits) and
+ended (``_Pool.exited`` in ``pool``, called by the Rust iterator while it waits) and
 raises ``worker_death``'s error, in torch's words. This module also keeps SIGCHLD from hiding a
 death: ignored, the kernel reaps the workers itself and their exit status is lost
 (``no_autoreaping``, ``ended_unseen``).

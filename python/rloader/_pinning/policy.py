@@ -3,8 +3,8 @@
 ``pin_plan`` decides, per iterator, whether batches are pinned, with torch's warnings.
 ``pin_batch`` pins a batch by copying it into page-locked memory, as torch does; on CUDA most
 batches are already pinned where they lie (worker processes' slots and the loader's batch
-blocks are registered with the driver, ``_cuda_host``), and pinning them copies nothing. Where
-it runs: on the pin thread for worker processes (``_pin_thread``), on each worker thread, and
+blocks are registered with the driver, ``cuda_host``), and pinning them copies nothing. Where
+it runs: on the pin thread for worker processes (``pin_thread``), on each worker thread, and
 in the single-process loop.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _compat
+from .. import _compat
 
 __all__ = ["pin_batch", "pin_plan"]
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch.utils.data as tud
 
-from . import _rloader
+from .. import _rloader
 
 __all__ = ["check_rank", "remaining_share"]
 

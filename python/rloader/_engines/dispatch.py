@@ -1,0 +1,53 @@
+"""Which engine makes a loader's batches: the main process, worker threads or worker
+processes (``start``); one engine of an auto loader (``engine``); a persistent iterator's next
+epoch (``reset``)."""
+
+from __future__ import annotations
+
+from torch.utils.data.dataloader import _DatasetKind
+
+from .. import _resume
+from ..sampler import iter_keys
+from . import single_process
+from .batch_memory import batch_buffers
+from .iterable_len import reported_len
+from .process import pool as process_pool
+from .thread import pool as thread_pool
+
+
+def start(loader):
+    """The iterator of a loader with a fixed ``num_workers`` (its ``worker_type`` checked by
+    the caller)."""
+    if loader.num_workers == 0:
+        return single_process.start(loader)
+    if loader.worker_type == "thread":
+        return thread_pool.start_threads(loader, buffers=lambda pin: batch_buffers(loader, pin))
+    loader.check_worker_number_rationality()
+    return process_pool.start_pool(loader)
+
+
+def engine(view, keys, base_seed: int, kind: str):
+    """One engine of an auto loader's iterator (NOTE [Auto workers] in _auto/__init__.py):
+    ``view`` is the loader with the engine's ``num_workers`` and options; ``keys`` its segment
+    of the epoch's keys and ``base_seed`` the epoch's, both drawn by the auto iterator. An
+    IterableDataset's epoch has one engine: a resumed one's goes on where the saved one was
+    (NOTE [Resume])."""
+    loader = view._loader
+    epoch = _resume.epoch_of(loader) if view._dataset_kind == _DatasetKind.Iterable else None
+    if view.num_workers == 0:
+        return single_process.loader_iter(
+            view, keys, exhausted=epoch is not None and epoch.stream_ended
+        )
+    if kind == "thread":
+        return thread_pool.start_threads(
+            view, buffers=lambda pin: batch_buffers(loader, pin), drawn=(keys, base_seed)
+        )
+    resumed = (epoch.worker_states(), epoch.first_worker()) if epoch is not None else None
+    return process_pool.start_pool(view, drawn=(keys, base_seed), resumed=resumed)
+
+
+def reset(it, loader) -> None:
+    """A new epoch on persistent workers (``it._reset``, whichever engine it is)."""
+    iterable = loader._dataset_kind == _DatasetKind.Iterable
+    keys = None if iterable else iter_keys(loader._index_sampler)
+    it._reset(_resume.epoch_of(loader).keys(keys), reported_len(loader))

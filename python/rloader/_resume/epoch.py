@@ -1,0 +1,287 @@
+"""One ``iter()`` of a loader as resume sees it (``Epoch``): the generator states before its
+draws, the pending resume it applies, and what its iterator has handed out (NOTE [Resume])."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+import weakref
+from typing import Any, Optional
+
+import torch
+import torch.utils.data as tud
+
+from .._loader_record import record_of
+from .._seed import draw_seed
+from .format import drawing_sampler, generators_of, pack, sampler_state, set_generators
+from .readers import planned_readers, restarts_workers, stateful_iterable, stateful_workers
+
+
+def epoch_of(loader) -> "Epoch":
+    """The epoch ``iter(loader)`` is starting (``Epoch.begin`` made it)."""
+    return record_of(loader).epoch
+
+
+class Epoch:
+    """One ``iter()`` of a loader: the generator states before its draws, and the iterator."""
+
+    def __init__(self, loader, readers: tuple) -> None:
+        self.generators = {role: pack(gen) for role, gen in generators_of(loader).items()}
+        self.sampler = sampler_state(drawing_sampler(loader))
+        self.iterable = isinstance(loader.dataset, tud.IterableDataset)
+        self.readers = readers  # who reads the dataset (``readers``)
+        # Whether iter() itself pulls the sampler's first keys (workers get tasks in iter()).
+        self.pulls_in_iter = loader.num_workers > 0
+        # Workers whose copies of an IterableDataset say where they are: their states are saved.
+        self.stateful_workers = readers[0] if stateful_workers(loader, readers) else 0
+        # Of a resumed epoch: the batches (in draw order) below `skipped` handed out before the
+        # checkpoint but `holes`, and the saved workers' states ("workers" of state_dict()).
+        self.skipped = 0
+        self.holes: list = []
+        self.workers: Optional[dict] = None
+        self._iterator: Optional[weakref.ref] = None
+        self.elastic_from: Optional[list] = None
+        self._plan: Optional[dict] = None
+        self._borrowed: Optional[torch.Tensor] = None
+        # Resumed between epochs where only one of the saving loader's next iter() and this one
+        # draws a base seed (persistent workers): the generator before this one's draw, to put
+        # back after it, or "draw" to draw the seed the saving loader would have.
+        self._base_fix: Any = None
+        self._applied: set = set()
+        self._loader: Any = None
+        self.restored_stream = False
+        self.stream_ended = False  # a restored stream that had ended: nothing more comes
+        self.base_drawn = True
+
+    @classmethod
+    def begin(cls, loader, draws_base_seed: bool) -> "Epoch":
+        """Starts an ``iter()`` (which draws the workers' base seed unless it resets persistent
+        workers): records the states, and applies a pending resume."""
+        record = record_of(loader)
+        pending, record.pending = record.pending, None
+        readers = planned_readers(loader, pending)
+        workers = between = None
+        if pending is not None and pending["position"] is None:
+            set_generators(loader, pending["generators"], borrow_global=False)  # between epochs
+            saved = pending["sampler"] or {}
+            if "state_dict" in saved:
+                drawing_sampler(loader).load_state_dict(saved["state_dict"])
+            if restarts_workers(loader, pending):  # persistent workers' datasets' states
+                workers = pending["workers"]
+            if "dataset" in pending and stateful_iterable(loader.dataset):
+                loader.dataset.load_state_dict(pending["dataset"])  # (the loader's own copy)
+            between = pending
+            pending = None
+        epoch = cls(loader, readers)
+        epoch.workers = workers
+        if between is not None and between.get("next_draws_base", True) != draws_base_seed:
+            gen = loader.generator if loader.generator is not None else torch.default_generator
+            epoch._base_fix = gen.get_state() if draws_base_seed else "draw"
+            epoch._loader = loader
+        epoch.base_drawn = draws_base_seed
+        if pending is not None:
+            try:
+                epoch._resume(loader, pending, draws_base_seed)
+            except BaseException:
+                epoch.end_window()
+                record.pending = pending  # the resume waits for the next iter()
+                raise
+        record.epoch = epoch
+        return epoch
+
+    def _resume(self, loader, pending: dict, draws_base_seed: bool) -> None:
+        self._plan = pending
+        self.elastic_from = pending.get("elastic_from")
+        self.generators = pending["generators"]
+        self.sampler = pending["sampler"]
+        self.skipped = pending["position"]
+        self.holes = list(pending.get("holes", ()))
+        self._loader = loader
+        if "dataset" in pending and stateful_iterable(loader.dataset):
+            # the loader's own copy: the stream itself when the main process reads it, else
+            # what fresh workers (and those whose saved state is None) start from
+            loader.dataset.load_state_dict(pending["dataset"])
+            if self.readers[0] == 0:
+                self.restored_stream = True
+                self.stream_ended = bool(pending.get("dataset_ended", False))
+        if restarts_workers(loader, pending):
+            self.workers = pending["workers"]  # each worker loads its own (start_pool)
+            self.restored_stream = True
+        sampler = drawing_sampler(loader)
+        saved = pending["sampler"] or {}
+        if "state_dict" in saved:
+            sampler.load_state_dict(saved["state_dict"])
+        if "distributed" in saved:
+            sampler.epoch = saved["distributed"]["epoch"]
+        # The saved epoch's draws come from the saved states in their order: when only one of
+        # the two epochs draws a base seed, the states are set after that draw, or a draw
+        # stands in for it (see Epoch.keys). torch's global RNG is the user's again at the end
+        # of the window, whenever it is first borrowed.
+        self._borrowed = torch.get_rng_state()
+        if pending.get("base_drawn", True) or not draws_base_seed:
+            self._apply("loader")
+
+    def _apply(self, role: str) -> None:
+        """Sets the saved state of one role's generator (see ``set_generators``)."""
+        if role not in self._applied:
+            self._applied.add(role)
+            set_generators(self._loader, self._plan["generators"], role)
+
+    def keys(self, keys):
+        """The epoch's keys (``iter`` of the index sampler, after the base seed's draw), with
+        the batches a resumed epoch already handed out skipped. The window in which saved
+        generator states stand in for torch's global RNG ends here."""
+        if self._base_fix is not None:  # resumed between epochs (see __init__)
+            gen = self._loader.generator
+            if isinstance(self._base_fix, str):
+                draw_seed(gen)
+            else:
+                (gen if gen is not None else torch.default_generator).set_state(self._base_fix)
+            self._base_fix = self._loader = None
+        if self._plan is None:
+            return keys
+        if "loader" not in self._applied:  # the saved epoch drew no base seed; this one just did
+            self._apply("loader")
+        elif self._plan.get("base_drawn", True) and not self.base_drawn:
+            draw_seed(self._loader.generator)  # the base seed the saved epoch drew here
+        # The sampler's generator just before its first draw: set earlier, it would take the
+        # base seed's place when both roles are torch's global RNG in this loader.
+        self._apply("sampler")
+        if self._plan.get("elastic") is not None:
+            return self._plan["elastic"](keys)
+        if self.iterable:
+            return keys  # an iterable dataset's batches are skipped by the iterator (fetched)
+        if not self._plan.get("pulled", True):
+            # Saved before the sampler's first draw: it draws later, as it did, from the
+            # generator as it is then (the user's global RNG, restored with their checkpoint).
+            self.end_window()
+            return keys
+        skip = getattr(keys, "skip", None)
+        if callable(skip):  # an rloader BatchStream: skipped in Rust
+            skip(self.skipped, self.holes)
+        else:
+            keys = skip_handed(keys, self.skipped, self.holes)
+        self.end_window()
+        return keys
+
+    def worker_states(self) -> Optional[list]:
+        """Of a resumed epoch over stateful workers: per worker, the state its dataset loads
+        before ``iter()`` (None: it starts as the loader's dataset), and whether its stream had
+        ended (then it makes nothing more this epoch)."""
+        if self.workers is None:
+            return None
+        return list(zip(self.workers["states"], self.workers["ended"]))
+
+    def first_worker(self) -> int:
+        """The worker whose batch comes first (that after the last one handed out)."""
+        return 0 if self.workers is None else int(self.workers["next_worker"])
+
+    def end_window(self) -> None:
+        """After ``iter()``'s draws: torch's global RNG is the user's again."""
+        if self._borrowed is not None:
+            torch.set_rng_state(self._borrowed)
+            self._borrowed = None
+
+    def bind(self, iterator) -> None:
+        self._iterator = weakref.ref(iterator)
+        if self._plan is not None and self.iterable and self.skipped and not self.restored_stream:
+            warnings.warn(
+                f"resuming an IterableDataset by fetching and dropping the {self.skipped} "
+                "batches handed out before the checkpoint (it cannot skip them any faster)",
+                stacklevel=3,
+            )
+            for _ in range(self.skipped):
+                if next(iterator, _END) is _END:
+                    break
+        self._plan = None
+        self._loader = None  # the record is kept beside the loader: it must not keep it alive
+
+    def progress(self) -> Optional[dict]:
+        """Where the epoch is, or None once the iterator is gone: ``position`` and ``holes``
+        (the batches handed out, in draw order: all below ``position`` but ``holes``),
+        ``finished``, and the stateful workers' ``workers`` (see ``state_dict``).
+
+        For a map-style dataset the iterator numbers its batches from the resumed position; an
+        iterable dataset's iterator fetched the skipped batches itself, so they are in its count
+        (unless its datasets were restored from their states)."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is None:
+            return None
+        taken, finished = iterator._progress
+        handouts = getattr(iterator, "_handouts", None)  # with workers (HandOuts)
+        holes: list = []
+        if self.iterable:
+            fetched_again = not self.restored_stream
+            position = taken if fetched_again else self.skipped + taken
+        else:
+            end, new_holes = (taken, []) if handouts is None else handouts.tasks
+            position, holes = rebase(self.skipped, self.holes, end, new_holes)
+        workers = None
+        if self.stateful_workers and handouts is not None:
+            # Per worker (state, ended) after its last batch handed out (or as it started the
+            # epoch); if none since a resume, what it was resumed from.
+            saved = self.worker_states() or [(None, False)] * self.stateful_workers
+            now = [
+                (state, ended) if state is not None else saved[w]
+                for w, (state, ended) in enumerate(zip(handouts.states, handouts.ended))
+            ]
+            last = handouts.last_worker
+            workers = dict(
+                num_workers=self.stateful_workers,
+                states=[state for state, _ in now],
+                ended=[bool(ended) for _, ended in now],
+                next_worker=(
+                    self.first_worker() if last is None else (last + 1) % self.stateful_workers
+                ),
+            )
+        if finished and workers is not None:
+            # Between epochs: where each worker's dataset was once its stream ended, from which
+            # persistent workers start the next epoch (fresh ones start as the loader's dataset).
+            n = self.stateful_workers
+            workers = dict(
+                num_workers=n, states=handouts.end_states, ended=[False] * n, next_worker=0
+            )
+        exhausted = bool(getattr(iterator, "_exhausted", False))  # LoaderIter's stream
+        return dict(
+            position=position, holes=holes, finished=finished, workers=workers, exhausted=exhausted
+        )
+
+
+_END = object()
+
+
+def skip_handed(keys, end: int, holes: list):
+    """``keys`` (batches of keys) without those among the first ``end`` that were handed out
+    (all but ``holes``), drawn now, as ``BatchStream.skip`` does in Rust: the kept ones come
+    first, then the rest. The sampler's first draw is made here, in the window of NOTE
+    [Resume], even when nothing is skipped."""
+    keys = iter(keys)
+    keep, kept = set(holes), []
+    for i in range(end):
+        batch = next(keys, _END)
+        if batch is _END:
+            break
+        if i in keep:
+            kept.append(batch)
+    first = next(keys, _END)
+    rest = iter(()) if first is _END else itertools.chain([first], keys)
+    return itertools.chain(kept, rest) if kept else rest
+
+
+def rebase(end: int, holes: list, new_end: int, new_holes: list) -> tuple:
+    """The batches handed out in an epoch resumed with (``end``, ``holes``) — the saved
+    epoch's batches below ``end`` but ``holes`` were handed out before — after its iterator
+    handed out its own batches below ``new_end`` but ``new_holes``, as (end, holes) in the
+    saved epoch's numbering: the resumed iterator's batch ``t`` is ``holes[t]``, then ``end``,
+    ``end + 1``, ... (``skip_handed``)."""
+    if new_end == 0:
+        return end, list(holes)
+    k = len(holes)
+
+    def original(t: int) -> int:
+        return holes[t] if t < k else end + t - k
+
+    missing = set(new_holes)
+    left = [holes[t] for t in range(k) if t >= new_end or t in missing]
+    left += [original(t) for t in missing if t >= k]
+    return max(end, original(new_end - 1) + 1), sorted(left)

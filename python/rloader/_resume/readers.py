@@ -1,0 +1,108 @@
+"""Who reads a loader's dataset in an epoch (``readers``: the main process, or ``n``
+workers of a kind), and what that asks of a state: an IterableDataset's stream depends on it,
+and a stateful one's place is per worker."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.utils.data as tud
+
+from .. import _auto
+from .._loader_record import record_of
+
+
+def stateful_iterable(dataset) -> bool:
+    """An IterableDataset that says where it is (``state_dict``/``load_state_dict``)."""
+    return (
+        isinstance(dataset, tud.IterableDataset)
+        and callable(getattr(dataset, "state_dict", None))
+        and callable(getattr(dataset, "load_state_dict", None))
+    )
+
+
+def is_auto(loader) -> bool:
+    return _auto.is_auto(loader.num_workers)
+
+
+def planned_readers(loader, pending: Optional[dict]) -> tuple:
+    """Who reads the dataset in the epoch that starts, with ``pending`` (a resume) if any:
+    ``(num_workers, kind)``, kind "main", "process" or "thread". A fixed loader's are its
+    arguments; an auto loader's are chosen as an epoch begins (``_auto.stream_readers``: an
+    IterableDataset's epoch keeps one engine, and a resumed one is read by its saved readers,
+    on which its stream depends)."""
+    if is_auto(loader):
+        return _auto.stream_readers(loader, pending)
+    n = int(loader.num_workers)
+    return n, (getattr(loader, "worker_type", "process") if n > 0 else "main")
+
+
+def keeps_main_copy(loader, readers: tuple) -> bool:
+    """Whether the loader's own copy of a stateful IterableDataset has a state to save: when
+    the main process reads it, and under auto always (the main process reads it in some
+    epochs, and fresh workers start as it is). Any loader given such a state loads it."""
+    return stateful_iterable(loader.dataset) and (readers[0] == 0 or is_auto(loader))
+
+
+def stateful_workers(loader, readers: tuple) -> bool:
+    """A stateful IterableDataset read by worker processes: each worker's copy's state is
+    saved (the state after the last of its batches handed out), and restored in that worker.
+    Thread workers do not report their copies' states yet: their loaders resume such a dataset
+    as any other IterableDataset, by fetching and dropping (with the warning)."""
+    n, kind = readers
+    return n > 0 and kind == "process" and stateful_iterable(loader.dataset)
+
+
+def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
+    """Whether a resume (the pending one by default) starts workers that load their datasets'
+    states first (a persistent loader's running workers are then replaced)."""
+    pending = record_of(loader).pending if pending is None else pending
+    return (
+        pending is not None
+        and pending.get("workers") is not None
+        and stateful_workers(loader, planned_readers(loader, pending))
+    )
+
+
+def check_workers(loader, state: dict) -> None:
+    """An IterableDataset's stream depends on how many workers read it (each reads its shard),
+    and a stateful one's place is per worker (each has its own copy): an epoch saved mid-way
+    resumes only with the same number of workers (an auto loader reads it with them; per-worker
+    places need processes)."""
+    if not isinstance(loader.dataset, tud.IterableDataset):
+        return
+    stateful = stateful_iterable(loader.dataset)
+    workers = state.get("workers") if stateful else None
+    if is_auto(loader):
+        if workers is not None and getattr(loader, "worker_type", "process") == "thread":
+            raise ValueError(
+                f"this state holds the places of {workers['num_workers']} worker processes "
+                "over an IterableDataset with state_dict(): each one's copy has its own place "
+                "in the stream, which thread workers do not restore; build this loader with "
+                "worker_type='process' or 'auto' to resume it"
+            )
+        return
+    mid_epoch = state.get("position") is not None
+    readers = state.get("readers")
+    if workers is not None:
+        saved = int(workers["num_workers"])
+    elif mid_epoch and readers is not None:
+        saved = int(readers[0])
+    elif mid_epoch and stateful and "dataset" in state:
+        saved = 0  # (a state saved before readers were: num_workers=0's)
+    else:
+        return  # between epochs, without persistent workers' places: any number goes on
+    if saved != loader.num_workers:
+        places = (
+            ", and each worker's copy of the dataset has its own place in it, which cannot be "
+            "split or merged"
+            if stateful
+            else ""
+        )
+        raise ValueError(
+            f"this state was saved by a DataLoader with num_workers={saved} over an "
+            "IterableDataset: its stream depends on how many workers read it (each reads its "
+            f"shard){places}; build this loader with num_workers={saved} (it has "
+            f"{loader.num_workers}) to resume it (a state saved between epochs without "
+            "persistent_workers holds no such places)"
+        )
