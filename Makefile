@@ -218,19 +218,22 @@ fuzz: build
 	@echo "== fuzzing load_state_dict with $(FUZZ_STATES) malformed states"
 	$(PY) -W ignore tests/fuzz_state.py --states $(FUZZ_STATES) --seed 1
 
-# ruff checks the Python; mypy's stubtest checks the installed wheel's _rloader.pyi (a copy of
+# ruff checks the Python; import-linter (lint-imports) the package's layers, read from the source
+# tree (pyproject.toml's contracts: imports run downward, so no cycle comes back); mypy's stubtest
+# checks the installed wheel's _rloader.pyi (a copy of
 # python/rloader/_rloader.pyi, hence `build`) against its native module. It reads the installed
 # copy on purpose: with python/ on mypy's path it would type-check the whole package first.
 # `clippy --tests` skips the extension (its tests are Python's: `test = false`), hence the
 # second clippy.
 lint: build
-	@echo "== linters: rustfmt, clippy, ruff (check and format), mypy stubtest"
+	@echo "== linters: rustfmt, clippy, ruff (check and format), import layers, mypy stubtest"
 	cargo fmt --all --check
 	cargo clippy --workspace --tests -- -D warnings
 	cargo clippy -p rloader-py -- -D warnings
-	$(PY) -m pip install -q --no-cache-dir "ruff>=0.17,<0.18" "mypy>=2.4,<3"
+	$(PY) -m pip install -q --no-cache-dir "ruff>=0.17,<0.18" "mypy>=2.4,<3" "import-linter>=2.1,<3"
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
+	PYTHONPATH=python $(VENV)/bin/lint-imports
 	$(PY) -m mypy.stubtest rloader._rloader
 
 clean:
