@@ -254,3 +254,152 @@ def labelled_items(n: int):
     labels = [i % 10 for i in range(n)]
     classes = {f"class{c}": c for c in range(10)}
     return paths, labels, classes
+
+
+class Stream(tud.IterableDataset):
+    """range(n), from every worker."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+class SizedStream(Stream):
+    """A Stream that says its length is 3."""
+
+    def __len__(self):
+        return 3
+
+
+class ItemStream(tud.IterableDataset):
+    """``items`` as a stream; with ``sized=False``, ``len()`` raises TypeError."""
+
+    def __init__(self, items, sized=True):
+        self.items = list(items)
+        self.sized = sized
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        if not self.sized:
+            raise TypeError("Stream has no length")
+        return len(self.items)
+
+
+class ShardedDicts(tud.IterableDataset):
+    """{"x", "i"} dicts for i in 0..36, each worker its share."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter([{"x": torch.full((2,), float(i)), "i": i} for i in range(start, 37, step)])
+
+
+class IntTensors(tud.Dataset):
+    """[i] tensors; sample ``bad`` raises KeyError."""
+
+    def __init__(self, n=20, bad=None):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"sample {i} is missing")
+        return torch.tensor([i])
+
+
+# -- num_workers="auto" (tests/test_auto_*.py) ---------------------------------------------
+
+
+class SquarePairs(tud.Dataset):
+    """[i, i * i] tensors; the main process's fetch of each advances ``clock`` by ``cost``
+    (num_workers="auto"'s measured work), and sample ``fail_at`` raises."""
+
+    def __init__(self, n=96, clock=None, cost=0.0, fail_at=None):
+        self.n, self.clock, self.cost, self.fail_at = n, clock, cost, fail_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise ValueError(f"bad sample {i}")
+        if self.clock is not None and tud.get_worker_info() is None:
+            self.clock.now += self.cost  # the main process's fetch "takes" cost seconds
+        return torch.tensor([i, i * i])
+
+
+class Shards(tud.IterableDataset):
+    """Yields (sample, the num_workers of the worker yielding it), sharded by worker."""
+
+    def __init__(self, clock=None, cost=0.0):
+        self.clock, self.cost = clock, cost
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        n, w = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in range(w, 40, n):
+            if info is None and self.clock is not None:
+                self.clock.now += self.cost
+            yield torch.tensor([i, 0 if info is None else info.num_workers])
+
+
+def record_init(worker_id):
+    info = tud.get_worker_info()
+    with open(os.environ["RLOADER_TEST_INIT_LOG"], "a") as f:
+        f.write(f"{info.num_workers} {worker_id} {info.id} {info.seed}\n")
+
+
+class Blocks(SquarePairs):
+    """Batches from sample 8 on wait for ``release`` (set by the test once it has its error)."""
+
+    def __init__(self, release):
+        super().__init__()
+        self.release = release
+
+    def __getitem__(self, i):
+        if i >= 8:
+            self.release.wait(60)  # (bounded: a wrong engine here fails the test, not hangs it)
+        return super().__getitem__(i)
+
+
+class PurePython(tud.Dataset):
+    """About 0.2 ms of pure Python a sample: loading that holds the GIL."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        total = 0
+        for k in range(3000):
+            total += k * i
+        return total % 997
+
+
+class Waiting(PurePython):
+    """0.5 ms of waiting a sample: loading that lets its core go."""
+
+    def __getitem__(self, i):
+        time.sleep(0.0005)
+        return torch.tensor([i, i * i])
+
+
+class PurePythonStream(tud.IterableDataset):
+    """PurePython's samples as a stream, sharded by worker."""
+
+    def __init__(self, n):
+        self.items = PurePython(n)
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        first, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(first, len(self.items), step):
+            yield self.items[i]

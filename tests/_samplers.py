@@ -62,3 +62,18 @@ class FailingSampler(tud.Sampler):
     def __iter__(self):
         yield from range(self.good)
         raise IndexError("sampler ran out of luck")
+
+
+class CountedDraws(tud.Sampler):
+    """Counts the keys drawn from ``sampler``."""
+
+    def __init__(self, sampler):
+        self.sampler, self.drawn = sampler, 0
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __iter__(self):
+        for key in self.sampler:
+            self.drawn += 1
+            yield key

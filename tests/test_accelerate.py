@@ -18,6 +18,7 @@ import accelerate.data_loader  # noqa: E402
 import torch  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 from _children import short_scratch_dir  # noqa: E402
+from _datasets import ShardedDicts
 from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402
 
 import rloader  # noqa: E402
@@ -39,13 +40,6 @@ class Pairs(tud.Dataset):
 
     def __getitem__(self, i):
         return {"x": torch.full((3,), float(i)), "i": i}
-
-
-class Stream(tud.IterableDataset):
-    def __iter__(self):
-        info = tud.get_worker_info()
-        start, step = (0, 1) if info is None else (info.id, info.num_workers)
-        return iter([{"x": torch.full((2,), float(i)), "i": i} for i in range(start, 37, step)])
 
 
 @pytest.fixture
@@ -202,7 +196,7 @@ def test_persistent_workers_across_epochs(acc, installed):
 @pytest.mark.parametrize("num_workers", WORKERS)
 def test_dispatched_batches_as_torch_dispatched(installed, num_workers):
     dispatcher = dispatching()
-    for dataset, kwargs in [(Pairs(), dict(batch_size=4)), (Stream(), dict(batch_size=3))]:
+    for dataset, kwargs in [(Pairs(), dict(batch_size=4)), (ShardedDicts(), dict(batch_size=3))]:
         theirs = dispatcher.prepare(tud.DataLoader(dataset, num_workers=num_workers, **kwargs))
         ours = dispatcher.prepare(rloader.DataLoader(dataset, num_workers=num_workers, **kwargs))
         assert type(ours) is accelerate.data_loader.DataLoaderDispatcher
@@ -211,10 +205,10 @@ def test_dispatched_batches_as_torch_dispatched(installed, num_workers):
 
 
 def test_iterable_dataset_is_dispatched_by_default(acc, installed):
-    ours = acc.prepare(rloader.DataLoader(Stream(), batch_size=3, num_workers=2))
+    ours = acc.prepare(rloader.DataLoader(ShardedDicts(), batch_size=3, num_workers=2))
     assert type(ours) is accelerate.data_loader.DataLoaderDispatcher
     assert is_ours(base_of(ours))
-    theirs = acc.prepare(tud.DataLoader(Stream(), batch_size=3, num_workers=2))
+    theirs = acc.prepare(tud.DataLoader(ShardedDicts(), batch_size=3, num_workers=2))
     assert same(epochs(ours), epochs(theirs))
 
 
@@ -275,7 +269,7 @@ def test_torch_loaders_are_left_to_accelerate(acc, installed):
     for kwargs in (dict(batch_size=4), dict(batch_size=4, num_workers=2)):
         prepared = acc.prepare(tud.DataLoader(Pairs(), **kwargs))
         assert type(base_of(prepared)) is tud.DataLoader
-    prepared = dispatching().prepare(tud.DataLoader(Stream(), batch_size=3))
+    prepared = dispatching().prepare(tud.DataLoader(ShardedDicts(), batch_size=3))
     assert type(base_of(prepared)) is tud.DataLoader
 
 

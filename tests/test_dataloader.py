@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import SizedStream, Stream
 
 import rloader
 from rloader import DataLoader, _compat
@@ -62,7 +63,7 @@ SAMPLES = {
     ],
     ids=["b4", "b4-drop", "b1", "none", "b32"],
 )
-def test_same_batches_as_torch(kind, kwargs):
+def test_same_batches_as_torch_for_each_sample_kind(kind, kwargs):
     ds = MapDS(10, SAMPLES[kind])
     theirs, ours = both(ds, **kwargs)
     assert same(ours, theirs)
@@ -215,19 +216,6 @@ def test_getitems_is_used_like_torch():
     ds_r.calls.clear()
     list(DataLoader(ds_r, batch_sampler=[(1, 2), [3]]))
     assert ds_r.calls == [[1, 2], [3]]
-
-
-class Stream(tud.IterableDataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-
-class SizedStream(Stream):
-    def __len__(self):
-        return 3
 
 
 @pytest.mark.parametrize(
@@ -473,14 +461,6 @@ def test_torchs_default_collate_passed_explicitly():
     data = [(i, np.ones(2) * i) for i in range(5)]
     theirs, ours = both(data, batch_size=2, collate_fn=tud.default_collate)
     assert same(ours, theirs)
-
-
-def test_two_iterators_at_once():
-    loader = DataLoader(list(range(6)), batch_size=2)
-    a, b = iter(loader), iter(loader)
-    assert next(a).tolist() == [0, 1]
-    assert next(b).tolist() == [0, 1]
-    assert next(a).tolist() == [2, 3]
 
 
 def test_torch_datasets_and_samplers_in_rloader_loader():

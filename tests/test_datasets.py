@@ -13,6 +13,7 @@ import typing
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import ItemStream
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,20 +76,6 @@ class ShortBatched(Batched):
         return [("many", i) for i in indices[:-1]]
 
 
-class Stream(tud.IterableDataset):
-    def __init__(self, items, sized=True):
-        self.items = list(items)
-        self.sized = sized
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def __len__(self):
-        if not self.sized:
-            raise TypeError("Stream has no length")
-        return len(self.items)
-
-
 class RStream(rl.IterableDataset):
     def __init__(self, items):
         self.items = list(items)
@@ -126,14 +113,14 @@ def test_isinstance_both_ways():
     for ds in ours:
         assert isinstance(ds, tud.Dataset) and isinstance(ds, rl.Dataset)
         assert not isinstance(ds, tud.IterableDataset)
-    chain = rl.ChainDataset([Stream([1])])
+    chain = rl.ChainDataset([ItemStream([1])])
     assert isinstance(chain, tud.IterableDataset) and isinstance(chain, tud.Dataset)
     assert isinstance(RStream([]), tud.IterableDataset)
     # torch's objects pass checks against rloader's names too (rloader._twin)
     assert isinstance(tud.TensorDataset(*t), rl.Dataset) and isinstance(
         tud.TensorDataset(*t), rl.TensorDataset
     )
-    assert isinstance(Stream([]), rl.IterableDataset)
+    assert isinstance(ItemStream([]), rl.IterableDataset)
     assert not isinstance(tud.TensorDataset(*t), rl.IterableDataset)
 
 
@@ -180,19 +167,19 @@ def test_add_builds_concat_and_chain():
     # torch's + on our objects and ours on torch's both work
     assert type(Squares(2) + a) is tud.ConcatDataset
     assert type(a + Squares(2)) is rl.ConcatDataset
-    assert type(RStream([1]) + Stream([2])) is rl.ChainDataset
-    assert list(Stream([0]) + RStream([1])) == [0, 1]
+    assert type(RStream([1]) + ItemStream([2])) is rl.ChainDataset
+    assert list(ItemStream([0]) + RStream([1])) == [0, 1]
 
 
 def test_add_mixing_kinds_fails_like_torch():
     assert_same_outcome(
         lambda: rl.Subset(Squares(2), [0]) + RStream([1]),
-        lambda: tud.Subset(Squares(2), [0]) + Stream([1]),
+        lambda: tud.Subset(Squares(2), [0]) + ItemStream([1]),
         expect=AssertionError,
     )
     assert_same_outcome(
         lambda: list(RStream([1]) + rl.Subset(Squares(2), [0])),
-        lambda: list(Stream([1]) + tud.Subset(Squares(2), [0])),
+        lambda: list(ItemStream([1]) + tud.Subset(Squares(2), [0])),
         expect=AssertionError,
     )
 
@@ -364,7 +351,7 @@ def test_concat_dataset_out_of_range(index):
 
 @pytest.mark.parametrize(
     "parts",
-    [[], iter([]), [Squares(2), Stream([1])], [RStream([1])], [rl.ChainDataset([])]],
+    [[], iter([]), [Squares(2), ItemStream([1])], [RStream([1])], [rl.ChainDataset([])]],
     ids=["empty", "empty-iter", "torch-iterable", "ours-iterable", "chain"],
 )
 def test_concat_dataset_bad_input(parts):
@@ -396,7 +383,7 @@ def test_torch_concat_of_our_datasets():
 
 
 def test_chain_dataset():
-    parts = [Stream([1, 2]), RStream([]), RStream([3])]
+    parts = [ItemStream([1, 2]), RStream([]), RStream([3])]
     ours, theirs = rl.ChainDataset(parts), tud.ChainDataset(parts)
     assert ours.datasets is parts
     assert list(ours) == list(theirs) == [1, 2, 3]
@@ -406,7 +393,7 @@ def test_chain_dataset():
 
 
 def test_chain_dataset_checks_lazily():
-    parts = [Stream([1]), Squares(2)]
+    parts = [ItemStream([1]), Squares(2)]
     ours, theirs = rl.ChainDataset(parts), tud.ChainDataset(parts)  # no error yet
     got = assert_same_outcome(lambda: list(ours), lambda: list(theirs), expect=AssertionError)
     assert got == ("err", AssertionError, "ChainDataset only supports IterableDataset")
@@ -418,7 +405,7 @@ def test_chain_dataset_checks_lazily():
 
 
 def test_chain_dataset_unsized_part():
-    parts = [Stream([1], sized=False)]
+    parts = [ItemStream([1], sized=False)]
     got = assert_same_outcome(
         lambda: len(rl.ChainDataset(parts)), lambda: len(tud.ChainDataset(parts)), expect=TypeError
     )
@@ -511,7 +498,7 @@ def pickle_cases():
         rl.StackDataset(a=Squares(4)),
         rl.ConcatDataset([rl.TensorDataset(*t), Squares(3)]),
         rl.Subset(rl.TensorDataset(*t), [3, 0]),
-        rl.ChainDataset([RStream([1, 2]), Stream([3])]),
+        rl.ChainDataset([RStream([1, 2]), ItemStream([3])]),
     ]
 
 
@@ -542,7 +529,7 @@ def test_torch_dataloader_over_our_datasets():
         (rl.Subset(rl.TensorDataset(*t), [6, 2, 4]), tud.Subset(tud.TensorDataset(*t), [6, 2, 4])),
         (rl.StackDataset(Squares(7), Batched(7)), tud.StackDataset(Squares(7), Batched(7))),
         (rl.ConcatDataset([Squares(3), Squares(4)]), tud.ConcatDataset([Squares(3), Squares(4)])),
-        (rl.ChainDataset([Stream([1, 2, 3])]), tud.ChainDataset([Stream([1, 2, 3])])),
+        (rl.ChainDataset([ItemStream([1, 2, 3])]), tud.ChainDataset([ItemStream([1, 2, 3])])),
     ]
     for ours, theirs in pairs:
         got = list(tud.DataLoader(ours, batch_size=2))

@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import BadAtTwo, RefersToItsLoader, ReportedFive
+from _datasets import BadAtTwo, IntTensors, RefersToItsLoader, ReportedFive
 from _samplers import CountingSampler, FailingSampler, ThreadRecordingSampler, read_past_errors
 
 import rloader
@@ -27,19 +27,6 @@ pytestmark = [
     # torch, with no accelerator here, warns that it will not pin
     pytest.mark.filterwarnings("ignore:.pin_memory. argument is set as true:UserWarning"),
 ]
-
-
-class Ints(tud.Dataset):
-    def __init__(self, n=20, bad=None):
-        self.n, self.bad = n, bad
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == self.bad:
-            raise KeyError(f"sample {i} is missing")
-        return torch.tensor([i])
 
 
 @pytest.fixture
@@ -60,22 +47,22 @@ def pinning(monkeypatch):
 
 
 def test_batches_are_pinned_off_the_main_thread(pinning):
-    ours = list(rloader.DataLoader(Ints(), batch_size=3, num_workers=2, pin_memory=True))
-    assert same(ours, list(tud.DataLoader(Ints(), batch_size=3, num_workers=2)))
+    ours = list(rloader.DataLoader(IntTensors(), batch_size=3, num_workers=2, pin_memory=True))
+    assert same(ours, list(tud.DataLoader(IntTensors(), batch_size=3, num_workers=2)))
     assert pinning == ["rloader_pin_memory"] * 7
 
 
 def test_worker_error_comes_through_the_thread(pinning):
     with pytest.raises(KeyError, match="sample 7 is missing") as err:
-        list(rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True))
+        list(rloader.DataLoader(IntTensors(bad=7), batch_size=2, num_workers=2, pin_memory=True))
     assert "in DataLoader worker process 1" in str(err.value)
 
 
 def test_iteration_goes_on_after_a_worker_error_like_torch(pinning):
     ours = read_past_errors(
-        rloader.DataLoader(Ints(bad=7), batch_size=2, num_workers=2, pin_memory=True)
+        rloader.DataLoader(IntTensors(bad=7), batch_size=2, num_workers=2, pin_memory=True)
     )
-    theirs = read_past_errors(tud.DataLoader(Ints(bad=7), batch_size=2, num_workers=2))
+    theirs = read_past_errors(tud.DataLoader(IntTensors(bad=7), batch_size=2, num_workers=2))
     assert "KeyError" in theirs
     assert same(ours, theirs)
 
@@ -92,7 +79,7 @@ def test_abandoned_iterator_stops_thread_and_workers(pinning):
     # after): only this iterator's must not be left. Thread objects, not idents, which a new
     # thread may take over from one that ended.
     before = set(threading.enumerate())
-    it = iter(rloader.DataLoader(Ints(200), batch_size=2, num_workers=2, pin_memory=True))
+    it = iter(rloader.DataLoader(IntTensors(200), batch_size=2, num_workers=2, pin_memory=True))
     next(it)
     procs = list(it._rloader_pool.procs)
     assert len(it) == 100
@@ -104,9 +91,9 @@ def test_abandoned_iterator_stops_thread_and_workers(pinning):
 
 def test_persistent_workers_with_pinning(pinning):
     loader = rloader.DataLoader(
-        Ints(), batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True
+        IntTensors(), batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True
     )
-    expected = list(tud.DataLoader(Ints(), batch_size=4))
+    expected = list(tud.DataLoader(IntTensors(), batch_size=4))
     first = iter(loader)
     next(first)  # a new epoch before this one is read through
     for _ in range(2):
@@ -173,7 +160,7 @@ def test_a_late_batch_is_a_timeout_with_pinning_too(pinning):
 def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persistent):
     sampler = ThreadRecordingSampler(40)
     loader = rloader.DataLoader(
-        Ints(40),
+        IntTensors(40),
         batch_size=2,
         sampler=sampler,
         num_workers=2,
@@ -182,19 +169,19 @@ def test_the_sampler_is_advanced_on_the_main_thread_as_with_torch(pinning, persi
     )
     for _ in range(2):  # a second epoch restarts the sampler (and, persistent, the same workers)
         sampler.threads.clear()
-        assert same(list(loader), list(tud.DataLoader(Ints(40), batch_size=2, num_workers=2)))
+        assert same(list(loader), list(tud.DataLoader(IntTensors(40), batch_size=2, num_workers=2)))
         assert sampler.threads == ["MainThread"] * 40
     assert pinning and set(pinning) == {"rloader_pin_memory"}
 
 
 @pytest.mark.parametrize("lib", ["torch", "rloader"])
-def test_keys_are_drawn_as_torch_draws_them(pinning, lib):
+def test_the_pin_thread_draws_keys_as_torch_draws_them(pinning, lib):
     # prefetch_factor * num_workers batches of keys in iter(), then one per batch handed out.
     sampler = CountingSampler(40)
     mod = tud if lib == "torch" else rloader
     it = iter(
         mod.DataLoader(
-            Ints(40),
+            IntTensors(40),
             batch_size=2,
             sampler=sampler,
             num_workers=2,
@@ -211,13 +198,15 @@ def test_keys_are_drawn_as_torch_draws_them(pinning, lib):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("good, workers, prefetch", [(5, 2, 2), (1, 1, 1), (3, 1, 1), (2, 2, 1)])
-def test_a_sampler_error_goes_to_the_user_as_with_torch(pinning, good, workers, prefetch):
+def test_a_sampler_error_goes_to_the_user_through_the_pin_thread_as_with_torch(
+    pinning, good, workers, prefetch
+):
     # torch raises it from the next() whose batch triggered the draw (that batch is lost), then
     # yields what is in flight and ends the epoch once nothing is: never a hang.
     def read(lib):
         return read_past_errors(
             lib.DataLoader(
-                Ints(10),
+                IntTensors(10),
                 batch_size=1,
                 sampler=FailingSampler(good),
                 num_workers=workers,
@@ -236,7 +225,7 @@ def test_a_sampler_error_in_iter_is_raised_from_iter(pinning):
         with pytest.raises(IndexError, match="sampler ran out of luck"):
             iter(
                 lib.DataLoader(
-                    Ints(10),
+                    IntTensors(10),
                     batch_size=1,
                     sampler=FailingSampler(2),
                     num_workers=2,
@@ -249,13 +238,13 @@ def test_a_slow_consumer_with_nothing_in_flight_is_not_a_timeout(pinning):
     # One task in flight: while the user works on a batch, the pin thread has nothing to wait
     # for until the main thread draws the next keys. That is not the workers being late.
     loader = rloader.DataLoader(
-        Ints(6), batch_size=2, num_workers=1, prefetch_factor=1, pin_memory=True, timeout=0.3
+        IntTensors(6), batch_size=2, num_workers=1, prefetch_factor=1, pin_memory=True, timeout=0.3
     )
     out = []
     for batch in loader:
         out.append(batch)
         threading.Event().wait(0.6)
-    assert same(out, list(tud.DataLoader(Ints(6), batch_size=2, num_workers=1)))
+    assert same(out, list(tud.DataLoader(IntTensors(6), batch_size=2, num_workers=1)))
 
 
 def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
@@ -265,7 +254,7 @@ def test_a_persistent_pinned_loader_goes_without_the_garbage_collector(pinning):
     gc.disable()
     try:
         loader = rloader.DataLoader(
-            Ints(40), batch_size=2, num_workers=2, pin_memory=True, persistent_workers=True
+            IntTensors(40), batch_size=2, num_workers=2, pin_memory=True, persistent_workers=True
         )
         it = iter(loader)
         next(it)
@@ -295,7 +284,7 @@ def first_as_tensor(batch):
 def test_a_pinned_persistent_loader_in_a_reference_cycle_is_collected(pinning):
     sampler = RefersToItsLoader()
     loader = rloader.DataLoader(
-        Ints(20),
+        IntTensors(20),
         batch_size=2,
         sampler=sampler,
         num_workers=2,

@@ -78,7 +78,7 @@ def test_batches_lie_in_registered_blocks(driver, engine):
 
 
 @BLOCK_ENGINES
-def test_a_dropped_batch_is_not_overwritten_until_its_event_completes(driver, engine):
+def test_a_dropped_batchs_block_is_not_reused_until_its_event_completes(driver, engine):
     driver.events_done = False  # the "device" has not read anything yet
     loader = loader_of(Arrays(), engine)
     dropped = []  # (address, bytes, what the device should read there, its event)
@@ -208,7 +208,7 @@ def test_batches_of_varying_sizes_share_registered_blocks(driver, engine):
 
 
 @BLOCK_ENGINES
-def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, engine):
+def test_block_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, engine):
     driver.events_done = False
     loader = loader_of(Arrays(), engine)
     for batch in loader:

@@ -70,7 +70,7 @@ def test_batches_lie_in_registered_ranges_of_the_region(driver):
     assert 0 < driver.registrations <= len(driver.ranges) <= 2 * (loader.prefetch_factor + 3)
 
 
-def test_a_dropped_batch_is_not_overwritten_until_its_event_completes(driver):
+def test_a_dropped_batchs_slot_is_not_overwritten_until_its_event_completes(driver):
     driver.events_done = False  # the "device" has not read anything yet
     # 24 batches: more than the 2 × 5 slots of the two workers.
     loader = loader_of(Rows(384), persistent_workers=True)
@@ -116,7 +116,7 @@ def test_a_batch_is_released_on_the_thread_that_drops_it_not_the_pin_thread(driv
     assert threads and set(threads) == {threading.current_thread().name}
 
 
-def test_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver):
+def test_slot_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver):
     driver.events_done = False
     loader = loader_of(Rows())
     for batch in loader:
