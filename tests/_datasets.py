@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -403,3 +404,94 @@ class PurePythonStream(tud.IterableDataset):
         first, step = (0, 1) if info is None else (info.id, info.num_workers)
         for i in range(first, len(self.items), step):
             yield self.items[i]
+
+
+class SquareInts(tud.Dataset):
+    """A plain torch map-style dataset (no __getitems__)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __getitem__(self, i):
+        if not -self.n <= i < self.n:
+            raise IndexError(f"Squares index {i} out of range")
+        return (i % self.n) ** 2
+
+    def __len__(self):
+        return self.n
+
+
+class UnpicklableDataset(tud.Dataset):
+    """A dataset (and keys) that cannot be pickled: worker processes under spawn could not
+    take it; threads need nothing pickled."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, key):
+        with self.lock:
+            return key() if callable(key) else key
+
+
+class SamplesOfKind(tud.Dataset):
+    """Sample i as a ``kind``: "tensor" (a (tensor, int) pair), "numpy" (a uint8 array) or a dict."""
+
+    def __init__(self, n: int, kind: str) -> None:
+        self.n = n
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.kind == "tensor":
+            return torch.full((3, 8, 8), float(i)), i
+        if self.kind == "numpy":
+            return np.full((3, 8, 8), i % 256, dtype=np.uint8)
+        return {
+            "x": torch.full((4,), float(i)),
+            "y": np.full((2,), i, dtype=np.int32),
+            "name": str(i),
+            "n": i,
+        }
+
+
+class MadeSamples(tud.Dataset):
+    """Sample i: ``make(i)``; 48 KiB float32 images by default, so a batch of 25 is past the
+    1 MiB from which a batch is split."""
+
+    def __init__(self, make=None, n: int = 230) -> None:
+        self.make = make or (lambda i: torch.full((3, 64, 64), float(i)))
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.make(i)
+
+
+class ListIndexedRows(tud.Dataset):
+    """Indexed by lists of indices: for a BatchSampler given as the sampler."""
+
+    def __len__(self):
+        return 37
+
+    def __getitem__(self, rows):
+        return torch.tensor(rows) * 10
+
+
+class FloatRows(tud.Dataset):
+    """Each sample a distinct [256] float row (1 KiB): batches of 16 fill 16 KiB of a slot."""
+
+    def __init__(self, n: int = 96, width: int = 256) -> None:
+        self.n, self.width = n, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((self.width,), float(i))

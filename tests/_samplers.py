@@ -6,6 +6,8 @@ import threading
 
 import torch.utils.data as tud
 
+import rloader
+
 
 def read_past_errors(loader):
     """Every batch and the type of every error, going on after each error as a user may."""
@@ -77,3 +79,25 @@ class CountedDraws(tud.Sampler):
         for key in self.sampler:
             self.drawn += 1
             yield key
+
+
+class StridingSampler(rloader.Sampler):
+    """A user's sampler with its own state: it walks the data with a stride that changes each
+    epoch, and says where it is through state_dict()/load_state_dict()."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def __iter__(self):
+        self.epoch += 1
+        stride = [1, 3, 5, 7][self.epoch % 4]
+        return iter([(i * stride) % self.n for i in range(self.n)])
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]

@@ -10,6 +10,7 @@ import sys
 import warnings
 
 import pytest
+from _datasets import ListIndexedRows
 
 pytest.importorskip("accelerate")
 
@@ -123,16 +124,6 @@ def test_shuffled_like_the_same_rloader_loader_unprepared(acc, installed, num_wo
     assert same(epochs(ours), epochs(loader()))
 
 
-class Rows(tud.Dataset):
-    """Indexed by lists of indices: for a BatchSampler given as the sampler."""
-
-    def __len__(self):
-        return 37
-
-    def __getitem__(self, rows):
-        return torch.tensor(rows) * 10
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -171,7 +162,9 @@ def test_batch_sampler_as_sampler_shard_as_torch_prepared(installed):
         theirs, ours = (
             accelerate.data_loader.prepare_data_loader(
                 lib.DataLoader(
-                    Rows(), sampler=tud.BatchSampler(range(37), 4, False), batch_size=None
+                    ListIndexedRows(),
+                    sampler=tud.BatchSampler(range(37), 4, False),
+                    batch_size=None,
                 ),
                 num_processes=2,
                 process_index=rank,

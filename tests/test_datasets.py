@@ -13,7 +13,7 @@ import typing
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import ItemStream
+from _datasets import ItemStream, SquareInts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,21 +36,6 @@ CLASSES = [
 
 def tensors(n=5):
     return torch.arange(n * 2).reshape(n, 2), torch.arange(n) * 10.0
-
-
-class Squares(tud.Dataset):
-    """A plain torch map-style dataset (no __getitems__)."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __getitem__(self, i):
-        if not -self.n <= i < self.n:
-            raise IndexError(f"Squares index {i} out of range")
-        return (i % self.n) ** 2
-
-    def __len__(self):
-        return self.n
 
 
 class Batched(tud.Dataset):
@@ -106,9 +91,9 @@ def test_isinstance_both_ways():
     t = tensors()
     ours = [
         rl.TensorDataset(*t),
-        rl.ConcatDataset([Squares(2)]),
-        rl.Subset(Squares(3), [0]),
-        rl.StackDataset(Squares(2)),
+        rl.ConcatDataset([SquareInts(2)]),
+        rl.Subset(SquareInts(3), [0]),
+        rl.StackDataset(SquareInts(2)),
     ]
     for ds in ours:
         assert isinstance(ds, tud.Dataset) and isinstance(ds, rl.Dataset)
@@ -158,28 +143,28 @@ def test_iterable_dataset_stays_abstract():
 
 
 def test_add_builds_concat_and_chain():
-    a, b = rl.Subset(Squares(4), [1, 2]), rl.Subset(Squares(4), [3])
+    a, b = rl.Subset(SquareInts(4), [1, 2]), rl.Subset(SquareInts(4), [3])
     both = a + b
     assert type(both) is rl.ConcatDataset and both.datasets == [a, b]
     assert [both[i] for i in range(3)] == [1, 4, 9]
     chain = RStream([1, 2]) + RStream([3])
     assert type(chain) is rl.ChainDataset and list(chain) == [1, 2, 3]
     # torch's + on our objects and ours on torch's both work
-    assert type(Squares(2) + a) is tud.ConcatDataset
-    assert type(a + Squares(2)) is rl.ConcatDataset
+    assert type(SquareInts(2) + a) is tud.ConcatDataset
+    assert type(a + SquareInts(2)) is rl.ConcatDataset
     assert type(RStream([1]) + ItemStream([2])) is rl.ChainDataset
     assert list(ItemStream([0]) + RStream([1])) == [0, 1]
 
 
 def test_add_mixing_kinds_fails_like_torch():
     assert_same_outcome(
-        lambda: rl.Subset(Squares(2), [0]) + RStream([1]),
-        lambda: tud.Subset(Squares(2), [0]) + ItemStream([1]),
+        lambda: rl.Subset(SquareInts(2), [0]) + RStream([1]),
+        lambda: tud.Subset(SquareInts(2), [0]) + ItemStream([1]),
         expect=AssertionError,
     )
     assert_same_outcome(
-        lambda: list(RStream([1]) + rl.Subset(Squares(2), [0])),
-        lambda: list(ItemStream([1]) + tud.Subset(Squares(2), [0])),
+        lambda: list(RStream([1]) + rl.Subset(SquareInts(2), [0])),
+        lambda: list(ItemStream([1]) + tud.Subset(SquareInts(2), [0])),
         expect=AssertionError,
     )
 
@@ -237,7 +222,7 @@ def test_tensor_dataset_of_no_tensors_is_accepted_until_used():
 
 def test_stack_dataset_tuple_and_dict():
     t = tensors()
-    parts = (tud.TensorDataset(*t), Squares(5))
+    parts = (tud.TensorDataset(*t), SquareInts(5))
     ours_t, theirs_t = rl.StackDataset(*parts), tud.StackDataset(*parts)
     ours_d, theirs_d = (
         rl.StackDataset(b=parts[1], a=parts[0]),
@@ -255,7 +240,7 @@ def test_stack_dataset_tuple_and_dict():
 def test_stack_dataset_getitems(indices):
     def build(cls, **kw):
         b1, b2 = Batched(5), Batched(5)
-        plain = Squares(5)
+        plain = SquareInts(5)
         if kw:
             return cls(x=b1, y=plain, z=b2), b1
         return cls(b1, plain, b2), b1
@@ -270,7 +255,7 @@ def test_stack_dataset_getitems(indices):
 
 
 def test_stack_dataset_nested_size_mismatch():
-    for args, kwargs in [((ShortBatched(3), Squares(3)), {}), ((), {"a": ShortBatched(3)})]:
+    for args, kwargs in [((ShortBatched(3), SquareInts(3)), {}), ((), {"a": ShortBatched(3)})]:
         got = assert_same_outcome(
             lambda: rl.StackDataset(*args, **kwargs).__getitems__([0, 1]),  # noqa: B023 - called at once
             lambda: tud.StackDataset(*args, **kwargs).__getitems__([0, 1]),  # noqa: B023 - called at once
@@ -283,11 +268,11 @@ def test_stack_dataset_nested_size_mismatch():
 @pytest.mark.parametrize(
     "args, kwargs, error",
     [
-        ((Squares(2),), {"b": Squares(2)}, ValueError),
+        ((SquareInts(2),), {"b": SquareInts(2)}, ValueError),
         ((), {}, ValueError),
-        ((Squares(2), Squares(3)), {}, ValueError),
-        ((), {"a": Squares(2), "b": Squares(3)}, ValueError),
-        ((Squares(2), 5), {}, TypeError),  # len(5)
+        ((SquareInts(2), SquareInts(3)), {}, ValueError),
+        ((), {"a": SquareInts(2), "b": SquareInts(3)}, ValueError),
+        ((SquareInts(2), 5), {}, TypeError),  # len(5)
     ],
 )
 def test_stack_dataset_bad_input(args, kwargs, error):
@@ -304,7 +289,7 @@ def test_stack_dataset_bad_input(args, kwargs, error):
 
 def concat_parts():
     t = tensors(3)
-    return [tud.TensorDataset(*t), rl.TensorDataset(*t[::-1]), Squares(0), Squares(4)]
+    return [tud.TensorDataset(*t), rl.TensorDataset(*t[::-1]), SquareInts(0), SquareInts(4)]
 
 
 def test_concat_dataset_items_and_attributes():
@@ -335,7 +320,7 @@ def test_concat_dataset_every_index_random_parts(part_lengths):
 
 
 def test_concat_dataset_takes_any_iterable():
-    ours = rl.ConcatDataset(Squares(n) for n in (1, 2))
+    ours = rl.ConcatDataset(SquareInts(n) for n in (1, 2))
     assert type(ours.datasets) is list and len(ours) == 3
 
 
@@ -351,7 +336,7 @@ def test_concat_dataset_out_of_range(index):
 
 @pytest.mark.parametrize(
     "parts",
-    [[], iter([]), [Squares(2), ItemStream([1])], [RStream([1])], [rl.ChainDataset([])]],
+    [[], iter([]), [SquareInts(2), ItemStream([1])], [RStream([1])], [rl.ChainDataset([])]],
     ids=["empty", "empty-iter", "torch-iterable", "ours-iterable", "chain"],
 )
 def test_concat_dataset_bad_input(parts):
@@ -374,7 +359,7 @@ def test_concat_dataset_deprecated_attribute():
 
 def test_torch_concat_of_our_datasets():
     t = tensors(3)
-    mixed = tud.ConcatDataset([rl.TensorDataset(*t), rl.Subset(Squares(5), [4, 0])])
+    mixed = tud.ConcatDataset([rl.TensorDataset(*t), rl.Subset(SquareInts(5), [4, 0])])
     assert len(mixed) == 5 and mixed[-1] == 0 and mixed[3] == 16
 
 
@@ -393,7 +378,7 @@ def test_chain_dataset():
 
 
 def test_chain_dataset_checks_lazily():
-    parts = [ItemStream([1]), Squares(2)]
+    parts = [ItemStream([1]), SquareInts(2)]
     ours, theirs = rl.ChainDataset(parts), tud.ChainDataset(parts)  # no error yet
     got = assert_same_outcome(lambda: list(ours), lambda: list(theirs), expect=AssertionError)
     assert got == ("err", AssertionError, "ChainDataset only supports IterableDataset")
@@ -432,7 +417,7 @@ def test_subset_getitem(index, expect):
 
 
 def test_subset_attributes():
-    base, indices = Squares(5), range(4, 0, -1)
+    base, indices = SquareInts(5), range(4, 0, -1)
     ours = rl.Subset(base, indices)
     assert ours.dataset is base and ours.indices is indices and len(ours) == 4
     assert [ours[i] for i in range(4)] == [16, 9, 4, 1]
@@ -445,16 +430,16 @@ def test_subset_getitems(indices):
     theirs = tud.Subset(theirs_base, [5, 3, 1]).__getitems__(indices)
     assert ours == theirs and ours_base.batched_calls == theirs_base.batched_calls
     assert_same_outcome(
-        lambda: rl.Subset(Squares(6), [5, 3, 1]).__getitems__(indices),
-        lambda: tud.Subset(Squares(6), [5, 3, 1]).__getitems__(indices),
+        lambda: rl.Subset(SquareInts(6), [5, 3, 1]).__getitems__(indices),
+        lambda: tud.Subset(SquareInts(6), [5, 3, 1]).__getitems__(indices),
         expect=ok,
     )
 
 
 def test_nested_subsets_mix_freely():
     inner_t, inner_r = (
-        tud.Subset(Squares(10), range(0, 10, 2)),
-        rl.Subset(Squares(10), range(0, 10, 2)),
+        tud.Subset(SquareInts(10), range(0, 10, 2)),
+        rl.Subset(SquareInts(10), range(0, 10, 2)),
     )
     ours, theirs = rl.Subset(inner_t, [4, 0]), tud.Subset(inner_r, [4, 0])
     assert [ours[0], ours[1]] == [theirs[0], theirs[1]] == [64, 0]
@@ -473,17 +458,17 @@ def test_subset_subclass_must_override_getitems_too():
     theirs_cls = _subset_subclass(tud.Subset, "MySubset", False)
     if _compat.TORCH >= "2.11":  # torch refuses such a subclass from 2.11
         got = assert_same_outcome(
-            lambda: ours_cls(Squares(3), [0]),
-            lambda: theirs_cls(Squares(3), [0]),
+            lambda: ours_cls(SquareInts(3), [0]),
+            lambda: theirs_cls(SquareInts(3), [0]),
             expect=NotImplementedError,
         )
         assert got[2].startswith("MySubset overrides __getitem__ but not __getitems__.")
     else:  # and accepts it before
-        assert ours_cls(Squares(3), [0]).indices == theirs_cls(Squares(3), [0]).indices == [0]
-    ok = _subset_subclass(rl.Subset, "GoodSubset", True)(Squares(3), [0])
+        assert ours_cls(SquareInts(3), [0]).indices == theirs_cls(SquareInts(3), [0]).indices == [0]
+    ok = _subset_subclass(rl.Subset, "GoodSubset", True)(SquareInts(3), [0])
     assert ok.__getitems__([0]) == [("custom", 0)]
     only_getitems = type("X", (rl.Subset,), {"__getitems__": lambda self, i: []})
-    assert only_getitems(Squares(3), [0])[0] == 0
+    assert only_getitems(SquareInts(3), [0])[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,9 +479,9 @@ def pickle_cases():
     t = tensors(4)
     return [
         rl.TensorDataset(*t),
-        rl.StackDataset(rl.TensorDataset(*t), Squares(4)),
-        rl.StackDataset(a=Squares(4)),
-        rl.ConcatDataset([rl.TensorDataset(*t), Squares(3)]),
+        rl.StackDataset(rl.TensorDataset(*t), SquareInts(4)),
+        rl.StackDataset(a=SquareInts(4)),
+        rl.ConcatDataset([rl.TensorDataset(*t), SquareInts(3)]),
         rl.Subset(rl.TensorDataset(*t), [3, 0]),
         rl.ChainDataset([RStream([1, 2]), ItemStream([3])]),
     ]
@@ -516,7 +501,7 @@ def test_pickle_round_trip(ds, protocol):
 
 
 def test_random_split_result_pickles():
-    parts = rl.random_split(Squares(7), [3, 4], generator=torch.Generator().manual_seed(1))
+    parts = rl.random_split(SquareInts(7), [3, 4], generator=torch.Generator().manual_seed(1))
     back = pickle.loads(pickle.dumps(parts))
     assert [type(p) for p in back] == [rl.Subset, rl.Subset]
     assert [p.indices for p in back] == [p.indices for p in parts]
@@ -527,8 +512,11 @@ def test_torch_dataloader_over_our_datasets():
     pairs = [
         (rl.TensorDataset(*t), tud.TensorDataset(*t)),
         (rl.Subset(rl.TensorDataset(*t), [6, 2, 4]), tud.Subset(tud.TensorDataset(*t), [6, 2, 4])),
-        (rl.StackDataset(Squares(7), Batched(7)), tud.StackDataset(Squares(7), Batched(7))),
-        (rl.ConcatDataset([Squares(3), Squares(4)]), tud.ConcatDataset([Squares(3), Squares(4)])),
+        (rl.StackDataset(SquareInts(7), Batched(7)), tud.StackDataset(SquareInts(7), Batched(7))),
+        (
+            rl.ConcatDataset([SquareInts(3), SquareInts(4)]),
+            tud.ConcatDataset([SquareInts(3), SquareInts(4)]),
+        ),
         (rl.ChainDataset([ItemStream([1, 2, 3])]), tud.ChainDataset([ItemStream([1, 2, 3])])),
     ]
     for ours, theirs in pairs:
@@ -639,7 +627,7 @@ def test_random_split_errors_match_torch_and_take_no_draw(n, lengths):
 
 
 def test_random_split_is_a_disjoint_cover_of_subsets():
-    base = Squares(50)
+    base = SquareInts(50)
     parts = rl.random_split(base, [10, 0, 25, 15], generator=torch.Generator().manual_seed(3))
     assert all(type(p) is rl.Subset and p.dataset is base for p in parts)
     assert [len(p) for p in parts] == [10, 0, 25, 15]

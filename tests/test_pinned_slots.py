@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import FloatRows
 
 import rloader
 from rloader._pinning import cuda_host
@@ -34,19 +35,6 @@ def driver(monkeypatch):
     return Driver.installed(monkeypatch)
 
 
-class Rows(tud.Dataset):
-    """Each sample a distinct [256] float row (1 KiB): batches of 16 fill 16 KiB of a slot."""
-
-    def __init__(self, n: int = 96, width: int = 256) -> None:
-        self.n, self.width = n, width
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.full((self.width,), float(i))
-
-
 def loader_of(dataset, **kwargs):
     kwargs = {"batch_size": 16, "num_workers": 2, "pin_memory": True, **kwargs}
     return rloader.DataLoader(dataset, **kwargs)
@@ -57,7 +45,7 @@ def region_of(it):
 
 
 def test_batches_lie_in_registered_ranges_of_the_region(driver):
-    loader = loader_of(Rows())
+    loader = loader_of(FloatRows())
     it = iter(loader)
     batches = []
     for batch in it:
@@ -65,7 +53,7 @@ def test_batches_lie_in_registered_ranges_of_the_region(driver):
         base, length = region_of(it)._span
         assert base <= batch.data_ptr() and batch.data_ptr() + batch.nbytes <= base + length
         batches.append(batch.clone())
-    assert same(batches, list(tud.DataLoader(Rows(), batch_size=16)))
+    assert same(batches, list(tud.DataLoader(FloatRows(), batch_size=16)))
     # Two workers, each with its own slots: registered once each, not per batch.
     assert 0 < driver.registrations <= len(driver.ranges) <= 2 * (loader.prefetch_factor + 3)
 
@@ -73,7 +61,7 @@ def test_batches_lie_in_registered_ranges_of_the_region(driver):
 def test_a_dropped_batchs_slot_is_not_overwritten_until_its_event_completes(driver):
     driver.events_done = False  # the "device" has not read anything yet
     # 24 batches: more than the 2 × 5 slots of the two workers.
-    loader = loader_of(Rows(384), persistent_workers=True)
+    loader = loader_of(FloatRows(384), persistent_workers=True)
     it = iter(loader)
     dropped = []  # (address, bytes, what the device should read there)
     for batch in it:
@@ -92,13 +80,13 @@ def test_a_dropped_batchs_slot_is_not_overwritten_until_its_event_completes(driv
         event.done = True
     driver.events_done = True
     second = [b.clone() for b in loader]
-    assert same(second, list(tud.DataLoader(Rows(384), batch_size=16)))
+    assert same(second, list(tud.DataLoader(FloatRows(384), batch_size=16)))
     assert region_of(it)._pinned_counts[0] == 0
     in_slots_after, inline_after = loader._iterator._source._transport_counts
     assert in_slots_after > 0
 
 
-class SlowRows(Rows):
+class SlowRows(FloatRows):
     def __getitem__(self, i: int):
         time.sleep(0.002)
         return super().__getitem__(i)
@@ -118,7 +106,7 @@ def test_a_batch_is_released_on_the_thread_that_drops_it_not_the_pin_thread(driv
 
 def test_slot_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver):
     driver.events_done = False
-    loader = loader_of(Rows())
+    loader = loader_of(FloatRows())
     for batch in loader:
         del batch  # released at once
     assert driver.ranges
@@ -131,7 +119,7 @@ def test_slot_registrations_are_undone_and_events_waited_for_when_the_loader_goe
 
 
 def test_a_batch_the_user_keeps_holds_the_registration(driver):
-    loader = loader_of(Rows(32), batch_size=16)
+    loader = loader_of(FloatRows(32), batch_size=16)
     kept = next(iter(loader))
     expected = kept.clone()
     del loader
@@ -163,8 +151,8 @@ def test_a_refused_registration_warns_and_batches_are_copied_as_before(driver):
     driver.refuse = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        batches = [b.clone() for b in loader_of(Rows())]
-    assert same(batches, list(tud.DataLoader(Rows(), batch_size=16)))
+        batches = [b.clone() for b in loader_of(FloatRows())]
+    assert same(batches, list(tud.DataLoader(FloatRows(), batch_size=16)))
     texts = [str(w.message) for w in caught if w.category is RuntimeWarning]
     assert len(texts) == 1 and "could not pin batches where they are" in texts[0]
     assert driver.events == []  # nothing is fenced without a registration
@@ -175,7 +163,7 @@ def test_slots_registered_before_a_refusal_are_still_fenced(driver):
     # pinned (they are not copied), so they must still wait for their events.
     driver.refuse_after = 2
     driver.events_done = False
-    loader = loader_of(Rows(384), persistent_workers=True)
+    loader = loader_of(FloatRows(384), persistent_workers=True)
     it = iter(loader)
     dropped = []
     with warnings.catch_warnings():
@@ -205,7 +193,7 @@ def test_a_slot_outgrowing_its_range_after_a_refusal_is_unregistered(driver):
 
 
 def test_without_pin_memory_nothing_is_registered(driver):
-    list(loader_of(Rows(), pin_memory=False))
+    list(loader_of(FloatRows(), pin_memory=False))
     assert driver.registrations == 0 and driver.events == []
 
 

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.utils.data as tud
+from _samplers import StridingSampler
 
 import rloader
 from rloader._auto import policy as auto_policy
@@ -22,28 +23,6 @@ pytestmark = [
 ]
 
 N = 37  # samples: batches of 4 leave a short last batch
-
-
-class CountingSampler(rloader.Sampler):
-    """A user's sampler with its own state: it walks the data with a stride that changes each
-    epoch, and says where it is through state_dict()/load_state_dict()."""
-
-    def __init__(self, n):
-        self.n, self.epoch = n, 0
-
-    def __iter__(self):
-        self.epoch += 1
-        stride = [1, 3, 5, 7][self.epoch % 4]
-        return iter([(i * stride) % self.n for i in range(self.n)])
-
-    def __len__(self):
-        return self.n
-
-    def state_dict(self):
-        return {"epoch": self.epoch}
-
-    def load_state_dict(self, state):
-        self.epoch = state["epoch"]
 
 
 def loaders():
@@ -86,7 +65,7 @@ def loaders():
             data, batch_size=4, num_workers=nw, sampler=tud.RandomSampler(data, generator=g)
         ),
         "user's stateful sampler": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=CountingSampler(N)
+            data, batch_size=4, num_workers=nw, sampler=StridingSampler(N)
         ),
         "no auto-batching": lambda nw, g: rloader.DataLoader(
             data, batch_size=None, shuffle=True, num_workers=nw, generator=g
@@ -412,7 +391,7 @@ def test_a_sampler_generator_resumes_into_a_loader_whose_sampler_has_none():
     assert [b.tolist() for b in other] == rest
 
 
-class FailsToLoadOnce(CountingSampler):
+class FailsToLoadOnce(StridingSampler):
     failures = 1
 
     def load_state_dict(self, state):

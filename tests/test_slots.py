@@ -10,41 +10,20 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
 
 import rloader
 from _compare import same
+from _datasets import SamplesOfKind
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class Samples(tud.Dataset):
-    def __init__(self, n: int, kind: str) -> None:
-        self.n = n
-        self.kind = kind
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        if self.kind == "tensor":
-            return torch.full((3, 8, 8), float(i)), i
-        if self.kind == "numpy":
-            return np.full((3, 8, 8), i % 256, dtype=np.uint8)
-        return {
-            "x": torch.full((4,), float(i)),
-            "y": np.full((2,), i, dtype=np.int32),
-            "name": str(i),
-            "n": i,
-        }
-
-
 @pytest.mark.parametrize("kind", ["tensor", "numpy", "mixed"])
 def test_batches_travel_in_slots_and_slots_are_reused(kind):
-    ds = Samples(400, kind)
+    ds = SamplesOfKind(400, kind)
     expected = list(tud.DataLoader(ds, batch_size=4, num_workers=2))
     it = iter(rloader.DataLoader(ds, batch_size=4, num_workers=2))
     for batch, want in zip(it, expected):
@@ -58,7 +37,7 @@ def test_batches_travel_in_slots_and_slots_are_reused(kind):
 
 
 def test_a_user_holding_every_batch_gets_correct_batches():
-    ds = Samples(400, "tensor")
+    ds = SamplesOfKind(400, "tensor")
     expected = list(tud.DataLoader(ds, batch_size=4, num_workers=2))
     it = iter(rloader.DataLoader(ds, batch_size=4, num_workers=2))
     held = list(it)
@@ -70,7 +49,7 @@ def test_a_user_holding_every_batch_gets_correct_batches():
 
 
 def test_slots_go_back_to_the_worker_when_the_user_drops_batches():
-    ds = Samples(800, "tensor")
+    ds = SamplesOfKind(800, "tensor")
     it = iter(rloader.DataLoader(ds, batch_size=4, num_workers=2))
     held = [next(it) for _ in range(30)]
     assert it._transport_counts[1] > 0
@@ -105,7 +84,7 @@ def test_a_batch_the_worker_still_holds_is_not_overwritten():
     # and batch k-2 has been dropped, so the main process has given its slot back. Only the
     # worker's own hold on batch k-2 (which it returns now) keeps that slot from being
     # collated into again.
-    ds = Samples(80, "tensor")
+    ds = SamplesOfKind(80, "tensor")
     loader = rloader.DataLoader(
         ds, batch_size=4, num_workers=1, prefetch_factor=1, collate_fn=KeepTwoBack()
     )
@@ -127,7 +106,7 @@ def test_a_batch_the_worker_still_holds_is_not_overwritten():
 
 
 def test_in_place_changes_to_a_batch_do_not_reach_other_batches():
-    ds = Samples(200, "tensor")
+    ds = SamplesOfKind(200, "tensor")
     expected = list(tud.DataLoader(ds, batch_size=4, num_workers=2))
     got = []
     for images, labels in rloader.DataLoader(ds, batch_size=4, num_workers=2):
@@ -138,7 +117,7 @@ def test_in_place_changes_to_a_batch_do_not_reach_other_batches():
 
 
 def test_persistent_workers_reuse_slots_across_epochs():
-    ds = Samples(120, "numpy")
+    ds = SamplesOfKind(120, "numpy")
     loader = rloader.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
     expected = list(tud.DataLoader(ds, batch_size=4, num_workers=2))
     for _ in range(3):

@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import MadeSamples
 
 import rloader
 from rloader import _rloader
@@ -41,21 +42,6 @@ def torch_threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(before)
-
-
-class Samples(tud.Dataset):
-    """Sample i: ``make(i)``; 48 KiB float32 images by default, so a batch of 25 is past the
-    1 MiB from which a batch is split."""
-
-    def __init__(self, make=None, n: int = 230) -> None:
-        self.make = make or (lambda i: torch.full((3, 64, 64), float(i)))
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.make(i)
 
 
 def traits(batch):
@@ -95,7 +81,7 @@ def splittable(batch) -> bool:
 def test_batches_are_torchs_on_any_number_of_threads(torch_threads, make, batch_size):
     # 230 samples: the last batch is a remainder, split in runs that do not divide evenly.
     before = _rloader._split_stacks()
-    theirs, ours = both(Samples(MAKES[make]), batch_size=batch_size)
+    theirs, ours = both(MadeSamples(MAKES[make]), batch_size=batch_size)
     assert same(ours, theirs)
     assert traits(ours) == traits(theirs)
     split = _rloader._split_stacks() - before
@@ -109,7 +95,9 @@ def test_batches_are_torchs_on_any_number_of_threads(torch_threads, make, batch_
 def test_large_items_are_left_to_torchs_own_threads(torch_threads):
     # 3x224x224 floats: torch.stack copies each on torch's threads already.
     before = _rloader._split_stacks()
-    theirs, ours = both(Samples(lambda i: torch.full((3, 224, 224), float(i)), n=24), batch_size=8)
+    theirs, ours = both(
+        MadeSamples(lambda i: torch.full((3, 224, 224), float(i)), n=24), batch_size=8
+    )
     assert same(ours, theirs)
     assert _rloader._split_stacks() == before
 
@@ -119,7 +107,7 @@ def test_large_items_are_left_to_torchs_own_threads(torch_threads):
 def test_a_whole_run_of_another_shape_raises_torchs_error(torch_threads, start, other):
     # Items from `start` on have another shape: a helper's whole run, or part of one. An out=
     # of the first's shape would be resized (or written past) instead of raising.
-    ragged = Samples(lambda i: torch.zeros(*((3, 64, 64) if i < start else other)), n=64)
+    ragged = MadeSamples(lambda i: torch.zeros(*((3, 64, 64) if i < start else other)), n=64)
     errors = []
     for lib in (tud, rloader):
         with warnings.catch_warnings():
@@ -132,7 +120,7 @@ def test_a_whole_run_of_another_shape_raises_torchs_error(torch_threads, start, 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_grad_and_inference_modes_are_the_callers(torch_threads, mode):
-    grad = Samples(lambda i: torch.full((3, 64, 64), float(i), requires_grad=i % 2 == 1))
+    grad = MadeSamples(lambda i: torch.full((3, 64, 64), float(i), requires_grad=i % 2 == 1))
     with getattr(torch, mode)():
         theirs, ours = both(grad, batch_size=64)
         assert [b.is_inference() for b in ours] == [b.is_inference() for b in theirs]
@@ -141,7 +129,7 @@ def test_grad_and_inference_modes_are_the_callers(torch_threads, mode):
 
 
 def test_inputs_that_require_grad_get_torchs_graph(torch_threads):
-    grad = Samples(lambda i: torch.full((3, 64, 64), float(i), requires_grad=True))
+    grad = MadeSamples(lambda i: torch.full((3, 64, 64), float(i), requires_grad=True))
     theirs, ours = both(grad, batch_size=32)
     assert [b.grad_fn.name() for b in ours] == [b.grad_fn.name() for b in theirs]
     assert same([b.detach() for b in ours], [b.detach() for b in theirs])
@@ -150,7 +138,7 @@ def test_inputs_that_require_grad_get_torchs_graph(torch_threads):
 @pytest.mark.parametrize("bad", [3, 40, 63])
 def test_a_size_that_differs_raises_torchs_error_wherever_it_is(torch_threads, bad):
     # In the first run or a helper's: the error names the entry in the whole batch, as torch's.
-    ragged = Samples(lambda i: torch.zeros(3, 64, 64 if i != bad else 65))
+    ragged = MadeSamples(lambda i: torch.zeros(3, 64, 64 if i != bad else 65))
     errors = []
     for lib in (tud, rloader):
         with pytest.raises(RuntimeError) as error:
@@ -163,7 +151,7 @@ def test_helpers_run_while_the_iterator_lives_and_go_with_it():
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        loader = rloader.DataLoader(Samples(), batch_size=64)
+        loader = rloader.DataLoader(MadeSamples(), batch_size=64)
         assert stack_helpers() == 0
         it = iter(loader)
         next(it)
@@ -189,7 +177,9 @@ def test_thread_workers_stack_their_batches_alone():
     before = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
-        loader = rloader.DataLoader(Samples(), batch_size=64, num_workers=2, worker_type="thread")
+        loader = rloader.DataLoader(
+            MadeSamples(), batch_size=64, num_workers=2, worker_type="thread"
+        )
         it = iter(loader)
         next(it)
         assert stack_helpers() == 0

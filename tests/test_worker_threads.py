@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 from _children import no_worker_threads_within, worker_threads
-from _datasets import Squares, failing_init
+from _datasets import Squares, UnpicklableDataset, failing_init
 from _samplers import read_past_errors
 
 import rloader
@@ -163,26 +163,13 @@ def test_each_thread_has_generators_of_its_own_and_the_global_ones_are_left_alon
     assert all(row[4] for row in first)
 
 
-class Unpicklable(tud.Dataset):
-    """A dataset (and keys) that cannot be pickled: worker processes under spawn could not
-    take it; threads need nothing pickled."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-
-    def __len__(self):
-        return 6
-
-    def __getitem__(self, key):
-        with self.lock:
-            return key() if callable(key) else key
-
-
 def test_nothing_is_pickled_on_the_way_to_a_thread():
     with pytest.raises(TypeError):
-        pickle.dumps(Unpicklable())
+        pickle.dumps(UnpicklableDataset())
     keys = [lambda i=i: i * 10 for i in range(6)]
-    loader = rloader.DataLoader(Unpicklable(), batch_size=2, sampler=keys, num_workers=2, **THREADS)
+    loader = rloader.DataLoader(
+        UnpicklableDataset(), batch_size=2, sampler=keys, num_workers=2, **THREADS
+    )
     assert [b.tolist() for b in loader] == [[0, 10], [20, 30], [40, 50]]
 
 
