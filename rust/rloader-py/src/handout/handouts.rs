@@ -1,5 +1,5 @@
 //! `HandOuts`: what a multi-worker iterator has handed out to the user this epoch, for
-//! `DataLoader.state_dict()` (NOTE [Resume] in python/rloader/_resume.py).
+//! `DataLoader.state_dict()` (NOTE [Resume] in python/rloader/_resume/__init__.py).
 //!
 //! It records, per batch handed out (or raised as its error): the task it answered (tasks are
 //! numbered in the order their keys were drawn; `rloader_workers::HandedOutTasks` keeps the set

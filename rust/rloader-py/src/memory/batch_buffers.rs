@@ -109,7 +109,7 @@ impl BatchBuffers {
     /// From now on, blocks are registered with the accelerator's driver (`register(addr, len)`,
     /// `unregister(addr)`) when first taken, and reused once the `fence()` recorded when their
     /// batch is dropped has completed (NOTE [Pinned blocks] in rloader-memory;
-    /// `rloader._cuda_host.slot_pinning`). Asked again, it keeps the first driver.
+    /// `rloader._pinning.cuda_host.slot_pinning`). Asked again, it keeps the first driver.
     fn _pin_blocks(&self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
         self.0
             .set_pinning(Arc::new(PinnedBlocks::new(register, unregister, fence)));

@@ -5,8 +5,9 @@
 //! memory of thread workers and the single-process loop (NOTE [Pinned blocks] in
 //! rloader-memory).
 //!
-//! The driver calls are the Python side's (`rloader._cuda_host.slot_pinning`: torch's `cudart()` and
-//! `torch.cuda.Event`), so that the same code runs on the CPU with stand-ins in the tests.
+//! The driver calls are the Python side's (`rloader._pinning.cuda_host.slot_pinning`: torch's
+//! `cudart()` and `torch.cuda.Event`), so that the same code runs on the CPU with stand-ins in the
+//! tests.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -201,8 +202,8 @@ fn quietly<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
     .flatten()
 }
 
-/// The driver calls for pinned batch blocks (`rloader._cuda_host.slot_pinning`'s, NOTE [Pinned
-/// blocks]).
+/// The driver calls for pinned batch blocks (`rloader._pinning.cuda_host.slot_pinning`'s,
+/// NOTE [Pinned blocks]).
 pub struct PinnedBlocks {
     register: Py<PyAny>,
     unregister: Py<PyAny>,

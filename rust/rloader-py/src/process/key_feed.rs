@@ -47,9 +47,10 @@ pub enum DrawnKeys {
 /// thread, which matters to samplers that draw from torch's global RNG while the training loop
 /// does too. So the main thread draws each batch of keys into a KeyFeed, and the PoolIter, on
 /// the pin thread, takes them from there. The main thread keeps torch's account
-/// (`PinnedBatches` in _pin_thread.py): it draws `prefetch_factor * num_workers` batches of keys in
-/// `iter()`, then one for each item it takes that answers a task (a batch or a worker's
-/// error), and when it finds nothing in flight it ends the feed, as torch ends the epoch there
+/// (`PinnedBatches` in _pinning/pin_thread.py): it draws `prefetch_factor * num_workers`
+/// batches of keys in `iter()`, then one for each item it takes that answers a task (a batch or
+/// a worker's error), and when it finds nothing in flight it ends the feed, as torch ends the
+/// epoch there
 /// (after a sampler error, say). So the pin thread never waits for keys that will not come:
 /// while the main thread has keys in flight, either they are queued here or their tasks are
 /// outstanding; once it has none, the feed has ended. An iterable dataset has no sampler, but

@@ -26,7 +26,8 @@ use crate::vision;
 use crate::wait;
 
 /// What a worker needs to run its loop: the spec `start_pool` sends each worker, with what
-/// `_worker_main` made of it (python/rloader/_worker_process.py), as a dict (other keys are ignored).
+/// `_worker_main` made of it (python/rloader/_engines/process/worker.py), as a dict (other keys
+/// are ignored).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct WorkerSpec<'py> {

@@ -55,8 +55,8 @@ iterator_methods!(ThreadIter);
 
 #[pymethods]
 impl ThreadIter {
-    /// Built by `rloader._threads.start_threads`; every argument is keyword-only. `keys`:
-    /// `iter(index_sampler)`, None for an iterable dataset; each worker has up to
+    /// Built by `rloader._engines.thread.pool.start_threads`; every argument is keyword-only.
+    /// `keys`: `iter(index_sampler)`, None for an iterable dataset; each worker has up to
     /// `prefetch_factor` tasks in flight; `hand_out`: in which order, how long and how many
     /// batches are handed out. Whether a task is a batch of keys is the pool's
     /// (`BatchOptions.auto_collation`).

@@ -75,9 +75,10 @@ impl PoolStopper {
 
 #[pymethods]
 impl ThreadPool {
-    /// Starts one thread per hooks object in `workers` (`rloader._threads._ThreadWorker`,
-    /// or `_AsyncThreadWorker` when `asynchronous`), each making batches of its copy of the
-    /// dataset as `batch` says (an iterable dataset when `iterable`).
+    /// Starts one thread per hooks object in `workers`
+    /// (`rloader._engines.thread.pool._ThreadWorker`, or `_AsyncThreadWorker` when
+    /// `asynchronous`), each making batches of its copy of the dataset as `batch` says (an
+    /// iterable dataset when `iterable`).
     #[new]
     #[pyo3(signature = (*, workers, iterable, batch, asynchronous=false))]
     fn new(

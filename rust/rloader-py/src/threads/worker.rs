@@ -64,7 +64,7 @@ pub(super) type WorkerSlot = Mutex<Option<Worker>>;
 /// One worker thread's state, made on that thread and used by it, kept in its slot.
 pub(super) struct Worker {
     id: usize,
-    /// `rloader._threads._ThreadWorker`: the thread's setup (worker info, seeding,
+    /// `rloader._engines.thread.pool._ThreadWorker`: the thread's setup (worker info, seeding,
     /// `worker_init_fn`, `iter(dataset)`) and its error wrapping.
     hooks: Py<PyAny>,
     fetcher: Fetcher,
@@ -79,7 +79,8 @@ pub(super) struct Worker {
 
 impl Worker {
     fn start(py: Python<'_>, id: usize, hooks: Py<PyAny>, setup: WorkerSetup) -> PyResult<Worker> {
-        // (its dataset: a shallow copy of the loader's, see `_worker_copy` in _threads.py)
+        // (its dataset: a shallow copy of the loader's: `_worker_copy` in
+        // _engines/thread/pool.py)
         let (dataset, samples, error) = hooks.bind(py).call_method0("start")?.extract::<(
             Py<PyAny>,
             Option<Bound<'_, PyAny>>,

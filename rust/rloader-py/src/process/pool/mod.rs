@@ -70,7 +70,8 @@ pub struct PoolIter {
     /// None for an iterable-style dataset (every task is "the next batch").
     keys: Option<TaskKeySource>,
     auto_collation: bool,
-    /// The Python side (`rloader._process_pool._Pool`): unpickling, liveness, stopping processes.
+    /// The Python side (`rloader._engines.process.pool._Pool`): unpickling, liveness, stopping
+    /// processes.
     hooks: Py<PyAny>,
     timeout: Option<Duration>,
     persistent: bool,
@@ -100,7 +101,7 @@ pub struct PoolIter {
     /// Batches arriving in slots are pinned there (`_pin_slots`, NOTE [Pinned slots]).
     pinned: Option<Arc<PinnedSlots>>,
     /// Workers not started yet, started from this iterator's waits by `starter` (NOTE
-    /// [Staged start]; `rloader._process_pool._Starter`).
+    /// [Staged start]; `rloader._engines.process.pool._Starter`).
     unstarted: usize,
     starter: Option<Py<PyAny>>,
     /// How long a wait lets the workers already started answer before it starts the next
@@ -119,7 +120,7 @@ iterator_methods!(PoolIter);
 
 #[pymethods]
 impl PoolIter {
-    /// Built by `rloader._process_pool.start_pool`; every argument is keyword-only.
+    /// Built by `rloader._engines.process.pool.start_pool`; every argument is keyword-only.
     ///
     /// - `region`: the pool's shared memory; `hooks`: its Python side (`_Pool`);
     /// - `keys`: `iter(index_sampler)`, or the pin thread's `KeyFeed`; None for an iterable
@@ -202,7 +203,8 @@ impl PoolIter {
     /// From now on, batches that arrive in slots are pinned there: each slot registered with
     /// the accelerator's driver (`register(addr, len)`, `unregister(addr)`), and freed once
     /// the `fence()` recorded when its batch is dropped has completed (NOTE [Pinned slots];
-    /// `rloader._cuda_host.slot_pinning`). The region keeps the registrations for its later pools.
+    /// `rloader._pinning.cuda_host.slot_pinning`). The region keeps the registrations for its
+    /// later pools.
     fn _pin_slots(&mut self, register: Py<PyAny>, unregister: Py<PyAny>, fence: Py<PyAny>) {
         let region = self.pool_region.get();
         self.pinned = Some(region.pinned_slots(register, unregister, fence));
