@@ -53,6 +53,7 @@ __all__ = [
     "_attach_shared",
     "EncodedImage",
     "vision_open",
+    "vision_pillow_13_passes",
 ]
 
 __version__: str
@@ -719,3 +720,6 @@ class EncodedImage:
 def vision_open(path: str | os.PathLike[str]) -> tuple[EncodedImage | None, str | None]:
     """Reads a file and its header without the GIL: the image, or None and why Pillow must
     decode it."""
+
+def vision_pillow_13_passes(on: bool) -> None:
+    """Which order of resampling passes to reproduce: Pillow 13's (True) or older Pillow's."""

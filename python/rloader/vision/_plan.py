@@ -18,9 +18,12 @@ have had.
 from __future__ import annotations
 
 import numpy as np
+import PIL
 import torch
 from PIL import Image
 from torchvision import transforms as v1
+
+from rloader import _rloader
 
 try:  # torchvision >= 0.16
     from torchvision.transforms import v2
@@ -36,6 +39,19 @@ _FILTERS = {
     Image.Resampling.BICUBIC: "bicubic",
     Image.Resampling.LANCZOS: "lanczos",
 }
+
+
+def _pillow_version() -> tuple[int, int]:
+    major, minor = (int(x) for x in PIL.__version__.split(".")[:2])
+    return major, minor
+
+
+# Pillow 13 runs a resize's vertical pass first where the height shrinks much more than the
+# width; before 12.2 the horizontal pass always runs first; Pillow 12.2 splits very tall
+# resizes in two in Python. Rust reproduces the first two (`vision_pillow_13_passes`); under
+# Pillow 12.2 resizes stay in Pillow, so the samples stay exact.
+RESIZES_EXACT = not ((12, 2) <= _pillow_version() < (13, 0))
+_rloader.vision_pillow_13_passes(_pillow_version() >= (13, 0))
 
 
 class Unrecordable(Exception):
@@ -120,6 +136,8 @@ _ELEMENTWISE = _classes("ConvertImageDtype", "ToDtype", "Normalize")
 def _geometry(t) -> bool:
     """Whether `t` is a transform whose PIL calls are crops, resizes and flips only."""
     if type(t) not in _RANDOM_GEOMETRY + _FIXED_GEOMETRY:
+        return False
+    if not RESIZES_EXACT and type(t).__name__ in ("Resize", "RandomResizedCrop"):
         return False
     if type(t).__name__ == "RandomCrop":  # padding needs pixels
         return t.padding is None and not t.pad_if_needed

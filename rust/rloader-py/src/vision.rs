@@ -215,8 +215,15 @@ fn parse_steps(steps: &[Bound<'_, PyTuple>]) -> PyResult<Vec<Step>> {
         .collect()
 }
 
+/// Which order of resampling passes to reproduce: Pillow 13's (`True`) or older Pillow's.
+#[pyfunction]
+pub fn vision_pillow_13_passes(on: bool) {
+    rloader_vision::resample::set_vertical_first_rule(on);
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<EncodedImage>()?;
     m.add_function(wrap_pyfunction!(vision_open, m)?)?;
+    m.add_function(wrap_pyfunction!(vision_pillow_13_passes, m)?)?;
     Ok(())
 }

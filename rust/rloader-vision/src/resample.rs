@@ -45,7 +45,8 @@
 // brought that second order in (python-pillow/Pillow#9549); the rule above is the one that
 // matches Pillow 13.0.0 on ~4400 random sizes and boxes, with its boundary checked both ways
 // (in_h - out_h == 2 * (in_w - out_w) stays horizontal-first). The order changes rounding, since
-// the first pass rounds to 8 bits.
+// the first pass rounds to 8 bits. Before Pillow 13 the horizontal pass always ran first:
+// `set_vertical_first_rule(false)` reproduces those versions.
 //
 // NEAREST (`ImagingTransform` affine -> `ImagingScaleAffine`, since the matrix has no shear):
 //   a0 = f64(box[2] - box[0] in f32) / out_w, a2 = box[0]; a4, a5 likewise for y.
@@ -57,10 +58,21 @@
 //   column; a column never tabulated would read column 0), the rest stay black.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::image::Image;
 
 /// A resampling filter, as Pillow's `Image.Resampling` names them.
+/// Whether the height-first order of Pillow 13 applies (see the NOTE's "Passes"); Pillow
+/// before 13 always runs the horizontal pass first. The process has one Pillow, so this is
+/// set once for the process (`set_vertical_first_rule`), from the Pillow it runs with.
+static VERTICAL_FIRST_RULE: AtomicBool = AtomicBool::new(true);
+
+/// Reproduce Pillow 13's pass order (`true`, the default) or older Pillow's (`false`).
+pub fn set_vertical_first_rule(on: bool) {
+    VERTICAL_FIRST_RULE.store(on, Relaxed);
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Filter {
     Nearest,
@@ -235,6 +247,7 @@ impl WindowedResize {
         let need_v = out_h != in_h || b[1] != 0.0 || b[3] != out_h as f32;
         let vertical_first = need_h
             && need_v
+            && VERTICAL_FIRST_RULE.load(Relaxed)
             && out_h < in_h
             && (in_h - out_h) as i64 > 2 * (in_w as i64 - out_w as i64);
         let horiz =
