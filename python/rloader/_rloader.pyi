@@ -54,6 +54,7 @@ __all__ = [
     "EncodedImage",
     "vision_open",
     "vision_pillow_13_passes",
+    "SamplePool",
 ]
 
 __version__: str
@@ -723,3 +724,11 @@ def vision_open(path: str | os.PathLike[str]) -> tuple[EncodedImage | None, str 
 
 def vision_pillow_13_passes(on: bool) -> None:
     """Which order of resampling passes to reproduce: Pillow 13's (True) or older Pillow's."""
+
+@final
+class SamplePool:
+    """Recycled memory for rloader.vision's sample tensors."""
+
+    def __new__(cls, max_free: int) -> SamplePool: ...
+    def empty(self, shape: list[int], dtype: Any, nbytes: int) -> Any:
+        """An uninitialized contiguous tensor over a block that returns when it is gone."""

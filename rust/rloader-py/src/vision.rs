@@ -8,10 +8,14 @@ use std::time::Instant;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
+use rloader_memory::BatchMemory;
 use rloader_vision::decode::{self, take_decode_time, Format, Header, NotHandled};
 use rloader_vision::plan::{self, Output, Step};
 use rloader_vision::resample::Filter;
 use rloader_vision::tensor::Table;
+
+use crate::memory::pooled_empty;
+use crate::torch_api::torch_api;
 
 /// Nanoseconds this process has spent in samples' decoding and in their other steps (resampling,
 /// conversion to the output), for `DataLoader.stats()`: each reader keeps its own start.
@@ -215,6 +219,33 @@ fn parse_steps(steps: &[Bound<'_, PyTuple>]) -> PyResult<Vec<Step>> {
         .collect()
 }
 
+/// Recycled memory for samples' output tensors (rloader-memory's `BatchMemory`): a fresh
+/// 600 KB tensor per sample faults in its pages every time (glibc maps allocations that large
+/// anew and unmaps them when freed), which cost as much as decoding on a VM; a block comes
+/// back when the last tensor over it is gone (NOTE [Batch memory]), and is handed out again.
+#[pyclass(module = "rloader._rloader", frozen)]
+pub struct SamplePool(BatchMemory);
+
+#[pymethods]
+impl SamplePool {
+    /// A pool that keeps at most `max_free` blocks nobody uses.
+    #[new]
+    fn new(max_free: usize) -> Self {
+        SamplePool(BatchMemory::new(max_free))
+    }
+
+    /// An uninitialized contiguous tensor of `shape` and `dtype` (`nbytes` bytes) over a block.
+    fn empty<'py>(
+        &self,
+        py: Python<'py>,
+        shape: Vec<isize>,
+        dtype: &Bound<'py, PyAny>,
+        nbytes: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        pooled_empty(py, torch_api(py)?, &self.0, &shape, dtype, nbytes)
+    }
+}
+
 /// Which order of resampling passes to reproduce: Pillow 13's (`True`) or older Pillow's.
 #[pyfunction]
 pub fn vision_pillow_13_passes(on: bool) {
@@ -223,6 +254,7 @@ pub fn vision_pillow_13_passes(on: bool) {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<EncodedImage>()?;
+    m.add_class::<SamplePool>()?;
     m.add_function(wrap_pyfunction!(vision_open, m)?)?;
     m.add_function(wrap_pyfunction!(vision_pillow_13_passes, m)?)?;
     Ok(())
