@@ -70,7 +70,7 @@ class _WrappedError(Protocol):
     def reraise(self) -> NoReturn: ...
 
 class _PoolHooks(Protocol):
-    """``rloader._process_pool._Pool``: the Python side of a ``PoolIter`` (process/pool.rs), the main
+    """``rloader._engines.process.pool._Pool``: the Python side of a ``PoolIter`` (process/pool.rs), the main
     process's end of the worker processes."""
 
     def dump_keys(self, keys: Any, /) -> bytes:
@@ -83,11 +83,11 @@ class _PoolHooks(Protocol):
         buffers: list[tuple[bool, int, int]],
         /,
     ) -> Any:
-        """The batch a DATA message carries (``rloader._wire.loads``): the pickle is
+        """The batch a DATA message carries (``rloader._engines.process.wire.loads``): the pickle is
         ``message[start:end]``; each out-of-band buffer ``(in_slot, start, end)`` is bytes of the
         slot ``lease`` holds, or of the message. With ``worker_states``: ``(batch, state)``."""
     def load_error(self, data: bytes, /) -> _WrappedError:
-        """A worker's error (an ERROR message's body, ``rloader._wire.dump_error``'s)."""
+        """A worker's error (an ERROR message's body, ``rloader._engines.process.wire.dump_error``'s)."""
     def load_state(self, data: bytes, /) -> Any:
         """A worker's dataset state (a RESUMED or ENDED message's body)."""
     def exited(self) -> list[tuple[int, int]]:
@@ -98,18 +98,18 @@ class _PoolHooks(Protocol):
         """Stops the workers (idempotent; NOTE [Worker shutdown])."""
 
 class _Starter(Protocol):
-    """``rloader._process_pool._Starter``: the workers of a pool not started yet."""
+    """``rloader._engines.process.pool._Starter``: the workers of a pool not started yet."""
 
     pending: list[Any]
     def start_next(self) -> float:
         """Starts the next one (NOTE [Staged start]); returns the seconds it took."""
 
 class _WorkerHooks(Protocol):
-    """``rloader._worker_process._WorkerHooks``: what ``worker_loop`` (process/worker.rs) asks of
+    """``rloader._engines.process.worker._WorkerHooks``: what ``worker_loop`` (process/worker.rs) asks of
     Python in a worker process."""
 
     def dumps(self, batch: Any, ended: bool, /) -> tuple[bytes, list[Any]]:
-        """A batch as pickle bytes and its out-of-band buffers (``rloader._wire.dumps``);
+        """A batch as pickle bytes and its out-of-band buffers (``rloader._engines.process.wire.dumps``);
         ``ended``: the dataset's iterator ended making it."""
     def dump_error(self, exc: BaseException, traceback: TracebackType | None, /) -> bytes:
         """An error of the dataset or collate_fn, pickled in torch's ExceptionWrapper."""
@@ -121,7 +121,7 @@ class _WorkerHooks(Protocol):
         """A task's keys that ``_PoolHooks.dump_keys`` pickled."""
 
 class _ThreadWorker(Protocol):
-    """``rloader._threads._ThreadWorker``: one worker thread's setup, run on that thread by
+    """``rloader._engines.thread.pool._ThreadWorker``: one worker thread's setup, run on that thread by
     ``ThreadPool`` (threads/pool.rs)."""
 
     def start(self) -> tuple[Any, Iterator[Any] | None, _WrappedError | None]:
@@ -135,7 +135,7 @@ class _ThreadWorker(Protocol):
         """The thread is leaving: its worker info goes."""
 
 class _AsyncThreadWorker(_ThreadWorker, Protocol):
-    """``rloader._threads._AsyncThreadWorker``: a worker thread over an async dataset, which
+    """``rloader._engines.thread.pool._AsyncThreadWorker``: a worker thread over an async dataset, which
     runs an event loop (NOTE [Async datasets])."""
 
     def run_async(self, reporter: Reporter, /) -> None:
@@ -146,7 +146,7 @@ class _AsyncThreadWorker(_ThreadWorker, Protocol):
 
 class _HostRegister(Protocol):
     """Pins ``length`` bytes at ``addr`` for the accelerator (``cudaHostRegister``), or
-    raises: batches are then copied into pinned memory (``rloader._cuda_host``)."""
+    raises: batches are then copied into pinned memory (``rloader._pinning.cuda_host``)."""
 
     def __call__(self, addr: int, length: int, /) -> object: ...
 
@@ -339,7 +339,7 @@ class HandOutOptions:
 class PoolIter:
     """The iterator ``iter(DataLoader(..., num_workers>0))`` returns."""
 
-    # rloader._process_pool.start_pool sets it (its _Pool); None until then.
+    # rloader._engines.process.pool.start_pool sets it (its _Pool); None until then.
     _rloader_pool: _PoolHooks | None
     def _pin_slots(
         self,
@@ -458,7 +458,7 @@ class Reporter:
 class ThreadIter:
     """The iterator ``iter(DataLoader(..., num_workers>0, worker_type="thread"))`` returns."""
 
-    # rloader._threads.start_threads sets it (its ThreadPool); None until then.
+    # rloader._engines.thread.pool.start_threads sets it (its ThreadPool); None until then.
     _rloader_pool: ThreadPool | None
     _first_batch_grace: float
     def __new__(
