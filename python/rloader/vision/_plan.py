@@ -225,7 +225,11 @@ class Plan:
 
 def _resize_v1(img: _Recorder, size, interpolation, max_size=None, antialias=True) -> _Recorder:
     # torchvision.transforms.functional.resize, for a PIL image.
-    if not isinstance(interpolation, v1.InterpolationMode) or antialias is False:
+    if (
+        not isinstance(interpolation, v1.InterpolationMode)
+        or antialias is False
+        or max_size is not None
+    ):  # torchvision's own checks and warnings
         return v1.functional.resize(img, size, interpolation, max_size, antialias)
     if isinstance(size, int):
         size = [size]
