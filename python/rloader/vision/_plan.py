@@ -159,7 +159,7 @@ class Conversion:
     def __init__(self, transforms: list):
         self.transforms = transforms
         ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)  # 1x256 RGB
-        probe = Image.fromarray(ramp, "RGB")
+        probe = Image.fromarray(ramp)  # HxWx3 uint8: RGB
         for t in transforms:
             probe = t(probe)
         if not (isinstance(probe, torch.Tensor) and probe.shape == (3, 1, 256)):
