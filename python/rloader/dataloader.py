@@ -274,7 +274,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         batch) against ``waiting_for_user_s`` (your loop's own work between batches), and the
         loader's stages where they ran: ``fetch_s`` (your dataset), ``collate_s``,
         ``transport_s`` (taking batches in from worker processes), ``pin_s``; with
-        ``batches``, the number handed out. Workers' stages (threads or processes) are summed
+        ``batches``, the number handed out. Where rloader.vision made samples, ``decode_s``
+        and ``transform_s``: the part of ``fetch_s`` spent decoding and transforming them. Workers' stages (threads or processes) are summed
         over the workers. With ``num_workers="auto"``, ``auto`` says what was chosen, when
         and why (docs/auto.md). None before the first ``iter()``. An rloader extension."""
         stats = record_of(self).stats
