@@ -8,7 +8,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use rloader_vision::decode::{self, Region};
 use rloader_vision::image::Image;
 use rloader_vision::tensor::{write_chw, Table};
-use turbojpeg::{Compressor, PixelFormat};
+use turbojpeg::Subsamp;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::Encoding;
 
 fn picture(w: usize, h: usize) -> Vec<u8> {
     let mut state = 0x2545_f491_u32;
@@ -30,16 +34,12 @@ fn picture(w: usize, h: usize) -> Vec<u8> {
 fn sample(c: &mut Criterion) {
     let (w, h) = (500, 375);
     let pixels = picture(w, h);
-    let image = turbojpeg::Image {
-        pixels: pixels.as_slice(),
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: PixelFormat::RGB,
+    let how = Encoding {
+        quality: 90,
+        subsamp: Subsamp::Sub2x2,
+        progressive: false,
     };
-    let mut compressor = Compressor::new().unwrap();
-    compressor.set_quality(90).unwrap();
-    let jpeg = compressor.compress_to_vec(image).unwrap();
+    let jpeg = common::jpeg(&pixels, w, h, how);
     let header = decode::probe(&jpeg).unwrap();
     let mut g = c.benchmark_group("500x375 JPEG, q90 4:2:0");
     g.bench_function("decode whole", |b| {

@@ -83,6 +83,18 @@ pub enum Filter {
     Lanczos,
 }
 
+impl Filter {
+    /// Every filter, in Pillow's documentation's order.
+    pub const ALL: [Filter; 6] = [
+        Filter::Nearest,
+        Filter::Box,
+        Filter::Bilinear,
+        Filter::Hamming,
+        Filter::Bicubic,
+        Filter::Lanczos,
+    ];
+}
+
 /// Pillow's `img.resize((out_w, out_h), filter, box)`; box = (x0, y0, x1, y1) in f64 source pixels.
 ///
 /// # Panics

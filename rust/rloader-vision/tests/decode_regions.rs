@@ -4,7 +4,10 @@
 
 use rloader_vision::decode::{self, Region};
 use rloader_vision::image::Image;
-use turbojpeg::{Compressor, PixelFormat, Subsamp};
+use turbojpeg::Subsamp;
+
+mod common;
+use common::Encoding;
 
 /// A deterministic picture with edges and gradients in every band.
 fn picture(width: usize, height: usize, seed: u64) -> Vec<u8> {
@@ -26,19 +29,17 @@ fn picture(width: usize, height: usize, seed: u64) -> Vec<u8> {
 
 fn jpeg(width: usize, height: usize, subsamp: Subsamp, progressive: bool, gray: bool) -> Vec<u8> {
     let pixels = picture(width, height, (width * 31 + height) as u64);
-    let image = turbojpeg::Image {
-        pixels: pixels.as_slice(),
+    let subsamp = if gray { Subsamp::Gray } else { subsamp };
+    common::jpeg(
+        &pixels,
         width,
-        pitch: width * 3,
         height,
-        format: PixelFormat::RGB,
-    };
-    let mut c = Compressor::new().unwrap();
-    c.set_quality(87).unwrap();
-    c.set_subsamp(if gray { Subsamp::Gray } else { subsamp })
-        .unwrap();
-    c.set_progressive(progressive).unwrap();
-    c.compress_to_vec(image).unwrap()
+        Encoding {
+            quality: 87,
+            subsamp,
+            progressive,
+        },
+    )
 }
 
 fn crop(img: &Image, x: usize, y: usize, w: usize, h: usize) -> Vec<u8> {

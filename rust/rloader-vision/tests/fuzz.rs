@@ -19,7 +19,10 @@ use rloader_vision::decode::{self, Region};
 use rloader_vision::plan::{self, Output, Step};
 use rloader_vision::resample::Filter;
 use rloader_vision::tensor::Table;
-use turbojpeg::{Compressor, PixelFormat, Subsamp};
+use turbojpeg::Subsamp;
+
+mod common;
+use common::Encoding;
 
 #[path = "../../test-support/fuzz_rng.rs"]
 mod fuzz_rng;
@@ -52,18 +55,17 @@ fn seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
         for progressive in [false, true] {
             let (w, h) = (5 + 7 * i, 3 + 11 * i);
             let pixels = picture(rng, w, h, 3);
-            let image = turbojpeg::Image {
-                pixels: pixels.as_slice(),
-                width: w,
-                pitch: w * 3,
-                height: h,
-                format: PixelFormat::RGB,
-            };
-            let mut c = Compressor::new().unwrap();
-            c.set_quality(50 + 8 * i as i32).unwrap();
-            c.set_subsamp(subsamp).unwrap();
-            c.set_progressive(progressive).unwrap();
-            out.push(c.compress_to_vec(image).unwrap());
+            let quality = 50 + 8 * i as i32;
+            out.push(common::jpeg(
+                &pixels,
+                w,
+                h,
+                Encoding {
+                    quality,
+                    subsamp,
+                    progressive,
+                },
+            ));
         }
     }
     let colors = [
@@ -157,14 +159,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> (&'static str, Vec<u8>) {
 }
 
 fn steps(rng: &mut Rng, width: usize, height: usize) -> Vec<Step> {
-    let filters = [
-        Filter::Nearest,
-        Filter::Box,
-        Filter::Bilinear,
-        Filter::Hamming,
-        Filter::Bicubic,
-        Filter::Lanczos,
-    ];
+    let filters = Filter::ALL;
     let mut out = Vec::new();
     let (mut w, mut h) = (width as i64, height as i64);
     for _ in 0..rng.below(4) {

@@ -9,16 +9,12 @@ use rloader_vision::image::Image;
 use rloader_vision::plan::{self, Output, Step};
 use rloader_vision::resample::{resize, Filter};
 use rloader_vision::tensor::write_rgb;
-use turbojpeg::{Compressor, PixelFormat, Subsamp};
+use turbojpeg::Subsamp;
 
-const FILTERS: [Filter; 6] = [
-    Filter::Nearest,
-    Filter::Box,
-    Filter::Bilinear,
-    Filter::Hamming,
-    Filter::Bicubic,
-    Filter::Lanczos,
-];
+mod common;
+use common::Encoding;
+
+const FILTERS: [Filter; 6] = Filter::ALL;
 
 /// A smooth picture with some texture, as photos are (draft's PSNR means something on it).
 fn jpeg(width: usize, height: usize, subsamp: Subsamp, gray: bool) -> Vec<u8> {
@@ -32,18 +28,17 @@ fn jpeg(width: usize, height: usize, subsamp: Subsamp, gray: bool) -> Vec<u8> {
             pixels.push((fx * 180.0 + 40.0) as u8);
         }
     }
-    let image = turbojpeg::Image {
-        pixels: pixels.as_slice(),
+    let subsamp = if gray { Subsamp::Gray } else { subsamp };
+    common::jpeg(
+        &pixels,
         width,
-        pitch: width * 3,
         height,
-        format: PixelFormat::RGB,
-    };
-    let mut c = Compressor::new().unwrap();
-    c.set_quality(90).unwrap();
-    c.set_subsamp(if gray { Subsamp::Gray } else { subsamp })
-        .unwrap();
-    c.compress_to_vec(image).unwrap()
+        Encoding {
+            quality: 90,
+            subsamp,
+            progressive: false,
+        },
+    )
 }
 
 /// The steps one at a time, on the whole decode: what Pillow does.

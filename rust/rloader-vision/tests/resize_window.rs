@@ -6,14 +6,7 @@ use rloader_vision::geometry::crop;
 use rloader_vision::image::Image;
 use rloader_vision::resample::{resize, resize_window, Filter, Window, WindowedResize};
 
-const FILTERS: [Filter; 6] = [
-    Filter::Nearest,
-    Filter::Box,
-    Filter::Bilinear,
-    Filter::Hamming,
-    Filter::Bicubic,
-    Filter::Lanczos,
-];
+const FILTERS: [Filter; 6] = Filter::ALL;
 
 struct Lcg(u64);
 
