@@ -495,3 +495,16 @@ class FloatRows(tud.Dataset):
 
     def __getitem__(self, i: int):
         return torch.full((self.width,), float(i))
+
+
+class FrozenCount(tud.Dataset):
+    """Each sample is how many objects the process holds in the permanent generation
+    (`gc.freeze()`): a forked worker's share of what it inherited."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import gc
+
+        return torch.tensor([gc.get_freeze_count()])

@@ -14,6 +14,7 @@ Processes started by spawn or forkserver import this module to find ``_worker_ma
 
 from __future__ import annotations
 
+import gc
 import pickle
 import random
 import signal
@@ -81,6 +82,12 @@ def _manual_seed(seed: int) -> None:
 def _worker_main(spec: dict) -> None:
     """Entry point of a worker process."""
     worker_id = spec["worker_id"]
+    # What a forked worker inherits goes to the permanent generation before it allocates much:
+    # its collections never traverse the parent's objects, so a full collection due in the
+    # parent (one its heap made due, which torch's parent runs itself during its first epoch)
+    # neither runs over that heap here nor writes, and so copies, its pages. The worker's own
+    # objects are collected as usual; the parent's collections are untouched.
+    gc.freeze()
     # The main process handles Ctrl-C; a worker leaves when told to or when its parent dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # As torch's workers: a segfault, bus error or FPE prints what happened before the default
