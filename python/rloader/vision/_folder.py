@@ -41,24 +41,23 @@ class _RustSamples:
         return plan
 
     def __getitem__(self, index: int):
-        with worker_draws():
-            return self._sample(index)
-
-    def _sample(self, index: int):
         path, target = self.samples[index]
         plan = self._plan() if self.loader in (default_loader, pil_loader) else None
         if plan is None or get_image_backend() != "PIL":
-            return super().__getitem__(index)
+            with worker_draws():
+                return super().__getitem__(index)
         encoded, _why = _rloader.vision_open(path)
         limit = Image.MAX_IMAGE_PIXELS
         if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
-            return super().__getitem__(index)
+            with worker_draws():
+                return super().__getitem__(index)
         pool = self.__dict__.get("_rloader_pool")
         if pool is None:
             pool = self.__dict__["_rloader_pool"] = _rloader.SamplePool(_POOL_BLOCKS)
         sample = _run(plan, encoded, path, self.loader, draft=self.draft, pool=pool)
         if self.target_transform is not None:
-            target = self.target_transform(target)
+            with worker_draws():
+                target = self.target_transform(target)
         return sample, target
 
     def __getstate__(self):
@@ -76,7 +75,10 @@ _POOL_BLOCKS = 128
 def _run(plan: Plan, encoded, path: str, loader, *, draft: bool = False, pool=None):
     """One sample through `plan`. `draft`: a JPEG may decode at a reduced scale where the steps
     reduce it anyway (rloader-vision's NOTE [Draft]): close to torchvision's pixels, not equal."""
-    steps, done = plan.record(encoded.size)
+    # Only the transforms draw: on a thread worker they run under its generator (_draws.py),
+    # whose dispatch would slow every other torch call of the sample.
+    with worker_draws():
+        steps, done = plan.record(encoded.size)
     conversion, rest = plan.conversion, plan.rest
     if done < len(plan.geometry):  # a fixed transform needs pixels: torchvision goes on from it
         rest = plan.geometry[done:] + (conversion.transforms if conversion else []) + rest
@@ -103,8 +105,10 @@ def _run(plan: Plan, encoded, path: str, loader, *, draft: bool = False, pool=No
         if conversion is not None:
             for t in conversion.transforms:
                 sample = t(sample)
-    for t in rest:
-        sample = t(sample)
+    if rest:
+        with worker_draws():
+            for t in rest:
+                sample = t(sample)
     return sample
 
 
