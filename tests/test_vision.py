@@ -262,6 +262,36 @@ def test_a_replaced_transform_is_read_again(corpus):
     assert ds[0][0].shape[-2:].numel() and min(ds[0][0].shape[-2:]) == 10
     ds.transform = T.Compose([T.Resize(12), T.PILToTensor()])
     assert min(ds[0][0].shape[-2:]) == 12
+    ds.transform.transforms[0] = T.Resize(14)  # progressive resizing, in place
+    assert min(ds[0][0].shape[-2:]) == 14
+
+
+def test_a_file_rust_cannot_decode_leaves_the_generator_as_torchvision_does(tmp_path):
+    root = _bad_files(str(tmp_path))
+    transform = T.Compose([T.RandomResizedCrop(16), T.ToTensor()])
+    ours, theirs = RV.ImageFolder(root, transform), datasets.ImageFolder(root, transform)
+    for i in range(len(theirs)):
+        states = []
+        for ds in (theirs, ours):
+            torch.manual_seed(i)
+            try:
+                ds[i]
+            except Exception:  # noqa: BLE001 - which error is the test above's
+                pass
+            states.append(torch.get_rng_state())
+        assert torch.equal(*states), theirs.samples[i][0]
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        T.Compose([T.CenterCrop((0, 10)), T.PILToTensor()]),
+        T.CenterCrop((5, 0)),
+    ],
+    ids=["empty-tensor", "empty-image"],
+)
+def test_an_empty_output_is_torchvisions(corpus, transform):
+    assert_same_samples(transform, corpus, indices=range(0, 40, 9), seeds=[0])
 
 
 def _bad_files(root):

@@ -51,9 +51,23 @@ class WorkerDraws(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _RANDOM and kwargs.get("generator") is None:
+        if func in _RANDOM and kwargs.get("generator") is None and _on_cpu(args, kwargs):
             kwargs = {**kwargs, "generator": self.generator}
         return func(*args, **kwargs)
+
+
+def _on_cpu(args, kwargs) -> bool:
+    # The worker's generator is a CPU one: draws on another device keep theirs.
+    device = kwargs.get("device")
+    if device is None and args and isinstance(args[0], torch.Tensor):
+        device = args[0].device
+    return device is None or torch.device(device).type == "cpu"
+
+
+def draws_generator() -> torch.Generator:
+    """The generator a sample's draws come from: the thread worker's own, or torch's."""
+    info = _thread_info.info()
+    return torch.default_generator if info is None else info.rng.torch_generator
 
 
 def worker_draws():

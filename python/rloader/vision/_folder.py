@@ -4,14 +4,14 @@ in Rust where that gives torchvision's result bit for bit."""
 from __future__ import annotations
 
 import torch
-from PIL import Image
+from PIL import Image, features
 from torchvision import datasets, get_image_backend
 from torchvision.datasets.folder import default_loader, pil_loader
 
 from rloader import _rloader
 
-from ._draws import worker_draws
-from ._plan import _FILTERS, Plan
+from ._draws import draws_generator, worker_draws
+from ._plan import Plan
 
 
 class _RustSamples:
@@ -28,16 +28,25 @@ class _RustSamples:
     draft: bool
 
     def _plan(self) -> Plan | None:
-        # Read again whenever the transform is replaced, as torchvision reads it every call.
+        # Read again whenever the transform, or a transform in its Compose's list, is replaced
+        # (torchvision reads them every call), or torch's default float dtype (ToTensor's)
+        # changes. A setting changed inside a transform that the plan read once (RandomCrop's
+        # padding, Normalize's mean) needs `dataset.transform` assigned again.
+        transform = self.transform
+        items = getattr(transform, "transforms", None)
+        key = (
+            tuple(map(id, items)) if isinstance(items, list) else None,
+            torch.get_default_dtype(),
+        )
         cached = self.__dict__.get("_rloader_plan")
-        if cached is not None and cached[0] is self.transform:
-            return cached[1]
+        if cached is not None and cached[0] is transform and cached[1] == key:
+            return cached[2]
         plan = None
-        if self.transform is not None:
-            plan = Plan(self.transform)
+        if transform is not None:
+            plan = Plan(transform)
             if plan.empty:
                 plan = None
-        self.__dict__["_rloader_plan"] = (self.transform, plan)
+        self.__dict__["_rloader_plan"] = (transform, key, plan)
         return plan
 
     def __getitem__(self, index: int):
@@ -51,10 +60,21 @@ class _RustSamples:
         if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
             with worker_draws():
                 return super().__getitem__(index)
+        if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
+            with worker_draws():
+                return super().__getitem__(index)
         pool = self.__dict__.get("_rloader_pool")
         if pool is None:
             pool = self.__dict__["_rloader_pool"] = _rloader.SamplePool(_POOL_BLOCKS)
-        sample = _run(plan, encoded, path, self.loader, draft=self.draft, pool=pool)
+        generator = draws_generator()
+        state = generator.get_state()
+        sample = _run(plan, encoded, draft=self.draft, pool=pool)
+        if sample is None:
+            # Rust's decoder failed or warned (or the output is empty): torchvision makes the
+            # sample, or raises, from the generator state it would have had.
+            generator.set_state(state)
+            with worker_draws():
+                return super().__getitem__(index)
         if self.target_transform is not None:
             with worker_draws():
                 target = self.target_transform(target)
@@ -67,14 +87,19 @@ class _RustSamples:
         return state
 
 
+# JPEGs decode as Pillow's only where Pillow decodes with libjpeg-turbo (its wheels do; a build
+# against IJG's libjpeg upsamples chroma otherwise): elsewhere Pillow decodes them.
+_PILLOW_DECODES_WITH_TURBO = bool(features.check_feature("libjpeg_turbo"))
+
 # Free sample blocks a dataset keeps for the next samples: a batch's worth and more (a sample
 # tensor lives until its batch is collated), ~80 MB of ImageNet-sized float32 samples.
 _POOL_BLOCKS = 128
 
 
-def _run(plan: Plan, encoded, path: str, loader, *, draft: bool = False, pool=None):
-    """One sample through `plan`. `draft`: a JPEG may decode at a reduced scale where the steps
-    reduce it anyway (rloader-vision's NOTE [Draft]): close to torchvision's pixels, not equal."""
+def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
+    """One sample through `plan`, or None where Rust's decoder failed or warned, or the output
+    is empty. `draft`: a JPEG may decode at a reduced scale where the steps reduce it anyway
+    (rloader-vision's NOTE [Draft]): close to torchvision's pixels, not equal."""
     # Only the transforms draw: on a thread worker they run under its generator (_draws.py),
     # whose dispatch would slow every other torch call of the sample.
     with worker_draws():
@@ -84,6 +109,8 @@ def _run(plan: Plan, encoded, path: str, loader, *, draft: bool = False, pool=No
         rest = plan.geometry[done:] + (conversion.transforms if conversion else []) + rest
         conversion = None
     width, height = encoded.output_size(1, steps)
+    if width == 0 or height == 0:
+        return None
     if conversion is not None:
         shape, dtype = (3, height, width), conversion.dtype
         if pool is None:
@@ -99,32 +126,12 @@ def _run(plan: Plan, encoded, path: str, loader, *, draft: bool = False, pool=No
         ok = encoded.run(1, steps, out.data_ptr(), out.nbytes, draft=draft)
         sample = Image.frombuffer("RGB", (width, height), out.numpy(), "raw", "RGB", 0, 1)
     if not ok:
-        # Rust's decoder failed or warned: Pillow decodes (or raises), and the calls the
-        # transforms made on the recorder are made on its image, so nothing is drawn twice.
-        sample = _replay(loader(path), steps)
-        if conversion is not None:
-            for t in conversion.transforms:
-                sample = t(sample)
+        return None
     if rest:
         with worker_draws():
             for t in rest:
                 sample = t(sample)
     return sample
-
-
-def _replay(img: Image.Image, steps: list) -> Image.Image:
-    names = {v: k for k, v in _FILTERS.items()}
-    for step in steps:
-        kind = step[0]
-        if kind == "crop":
-            img = img.crop(step[1:])
-        elif kind == "resize":
-            img = img.resize(step[1:3], names[step[3]], step[4:])
-        elif kind == "flip_lr":
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        else:
-            img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
-    return img
 
 
 class DatasetFolder(_RustSamples, datasets.DatasetFolder):

@@ -17,6 +17,8 @@ have had.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import PIL
 import torch
@@ -89,7 +91,9 @@ class _Recorder(Image.Image):
             resample = Image.Resampling.BICUBIC
         if resample not in _FILTERS or reducing_gap is not None:
             raise Unrecordable(f"resize(resample={resample!r}, reducing_gap={reducing_gap!r})")
-        size = tuple(int(s) for s in size)
+        if not all(isinstance(s, int) for s in size):  # as Pillow's C resize refuses them
+            raise TypeError("'float' object cannot be interpreted as an integer")
+        size = tuple(size)
         if box is None:
             box = (0, 0) + self._size
         if self._size == size and tuple(box) == (0, 0) + self._size:
@@ -144,12 +148,30 @@ def _geometry(t) -> bool:
     return True
 
 
+def _crop_size(size) -> tuple[int, int]:
+    # (height, width) of CenterCrop's size, as torchvision's center_crop reads it.
+    if isinstance(size, numbers.Number):
+        return int(size), int(size)
+    return (size[0], size[1]) if len(size) == 2 else (size[0], size[0])
+
+
 def _needs_pixels(t, size: tuple[int, int]) -> bool:
     """Whether the fixed transform `t` would pad an image of `size` (only CenterCrop can)."""
     if type(t).__name__ != "CenterCrop":
         return False
-    crop_h, crop_w = t.size if len(t.size) == 2 else (t.size[0], t.size[0])
+    crop_h, crop_w = _crop_size(t.size)
     return crop_w > size[0] or crop_h > size[1]
+
+
+def _hooked(t) -> bool:
+    # Module hooks run only through the module's __call__.
+    m = torch.nn.modules.module
+    return bool(
+        t._forward_hooks
+        or t._forward_pre_hooks
+        or m._global_forward_hooks
+        or m._global_forward_pre_hooks
+    )
 
 
 class Conversion:
@@ -176,9 +198,8 @@ class Plan:
     None: the plan's result is a PIL image) and `rest` (run by torchvision after)."""
 
     def __init__(self, transform):
-        if v2 is not None and isinstance(transform, v2.Compose):
-            steps = list(transform.transforms)
-        elif isinstance(transform, v1.Compose):
+        # Exactly torchvision's Compose: a subclass may call its transforms otherwise.
+        if type(transform) in _classes("Compose"):
             steps = list(transform.transforms)
         else:
             steps = [transform]
@@ -213,7 +234,10 @@ class Plan:
             if _needs_pixels(t, img.size):
                 return steps, i
             fast = _V1_FORWARD.get(type(t))
-            img = t(img) if fast is None else fast(t, img)
+            if fast is None or _hooked(t):
+                img = t(img)
+            else:
+                img = fast(t, img)
         return steps, len(self.geometry)
 
 
@@ -252,7 +276,7 @@ def _random_crop_v1(t, img: _Recorder) -> _Recorder:  # padding None, pad_if_nee
 
 
 def _center_crop_v1(t, img: _Recorder) -> _Recorder:  # only where no padding is needed
-    crop_height, crop_width = t.size if len(t.size) == 2 else (t.size[0], t.size[0])
+    crop_height, crop_width = _crop_size(t.size)
     width, height = img.size
     top = int(round((height - crop_height) / 2.0))
     left = int(round((width - crop_width) / 2.0))
