@@ -54,10 +54,12 @@ endif
 # must match the venv's torch, and pip would otherwise replace torch to suit a newer
 # torchvision: a constraint holds torch at the installed distribution's version
 # (importlib.metadata's, which pip compares; torch.__version__ may carry a "+cu..." label).
-define VISION_TOOLS
+# $(call PINNED_INSTALL,python,packages): pip install with the venv's torch held.
+define PINNED_INSTALL
 	$(1) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > $(dir $(1))../torch-constraint.txt
-	$(1) -m pip install -q --no-cache-dir -c $(dir $(1))../torch-constraint.txt torchvision pillow
+	$(1) -m pip install -q --no-cache-dir -c $(dir $(1))../torch-constraint.txt $(2)
 endef
+VISION_TOOLS = $(call PINNED_INSTALL,$(1),torchvision pillow)
 
 # The wheel's JPEG decoder is libjpeg-turbo, built from the turbojpeg-sys crate's vendored source
 # with cmake and nasm (its SIMD). Debian's packages; installed here when missing (as root).
@@ -94,18 +96,13 @@ $(WHEEL_STAMP): $(DEPS) $(RUST_SOURCES) $(PY_SOURCES)
 build: $(WHEEL_STAMP)
 
 # What benches/real_pipelines.py builds its pipelines from, beyond the test tools: torchvision
-# (ImageFolder, the transforms), pillow, webdataset and datasets. torchvision must match the
-# venv's torch, and pip would otherwise replace torch to suit a newer torchvision: the
-# constraint holds torch at the installed distribution's version (importlib.metadata's, which
-# pip compares; torch.__version__ may carry a "+cu..." label the distribution has not).
+# (ImageFolder, the transforms), pillow, webdataset and datasets, with the venv's torch held.
 BENCH_TOOLS := torchvision pillow webdataset datasets
 BENCH_STAMP := $(VENV)/.bench-tools-installed
 
 $(BENCH_STAMP): $(DEPS)
 	@echo "== installing the real pipelines' libraries into $(VENV): $(BENCH_TOOLS)"
-	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' \
-		> $(VENV)/bench-constraints.txt
-	$(PY) -m pip install -q --no-cache-dir -c $(VENV)/bench-constraints.txt $(BENCH_TOOLS)
+	$(call PINNED_INSTALL,$(PY),$(BENCH_TOOLS))
 	@touch $@
 
 # side_by_side.py, then the real pipelines' short version (--quick: a few hundred samples each,

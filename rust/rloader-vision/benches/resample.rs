@@ -9,26 +9,11 @@ use rloader_vision::geometry::crop_resize;
 use rloader_vision::image::Image;
 use rloader_vision::resample::{resize, Filter};
 
-/// A photo-like 500x375 RGB picture: gradients plus deterministic noise.
-fn picture(w: usize, h: usize) -> Image {
-    let mut state = 0x2545_f491_u32;
-    let mut data = Vec::with_capacity(w * h * 3);
-    for y in 0..h {
-        for x in 0..w {
-            for c in 0..3 {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                let base = (x * 255 / w + y * 255 / h + c * 60) / 2;
-                data.push((base + (state % 24) as usize).min(255) as u8);
-            }
-        }
-    }
-    Image::from_vec(w, h, 3, data)
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 fn resizes(c: &mut Criterion) {
-    let img = picture(500, 375);
+    let img = Image::from_vec(500, 375, 3, common::photo(500, 375));
     let full = [0.0, 0.0, 500.0, 375.0];
     let mut g = c.benchmark_group("500x375 RGB");
     g.bench_function("resize 224x224 bilinear", |b| {
@@ -68,7 +53,7 @@ fn resizes(c: &mut Criterion) {
         500,
         375,
         1,
-        picture(500, 375).data.iter().step_by(3).copied().collect(),
+        common::photo(500, 375).iter().step_by(3).copied().collect(),
     );
     c.bench_function("500x375 L resize 224x224 bilinear", |b| {
         b.iter(|| resize(black_box(&gray), 224, 224, Filter::Bilinear, full))

@@ -14,26 +14,9 @@ use turbojpeg::Subsamp;
 mod common;
 use common::Encoding;
 
-fn picture(w: usize, h: usize) -> Vec<u8> {
-    let mut state = 0x2545_f491_u32;
-    let mut data = Vec::with_capacity(w * h * 3);
-    for y in 0..h {
-        for x in 0..w {
-            for c in 0..3 {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                let base = (x * 255 / w + y * 255 / h + c * 60) / 2;
-                data.push((base + (state % 24) as usize).min(255) as u8);
-            }
-        }
-    }
-    data
-}
-
 fn sample(c: &mut Criterion) {
     let (w, h) = (500, 375);
-    let pixels = picture(w, h);
+    let pixels = common::photo(w, h);
     let how = Encoding {
         quality: 90,
         subsamp: Subsamp::Sub2x2,
@@ -55,7 +38,7 @@ fn sample(c: &mut Criterion) {
         b.iter(|| decode::decode(black_box(&jpeg), &header, 1, Some(region)).unwrap())
     });
     g.finish();
-    let img = Image::from_vec(224, 224, 3, picture(224, 224));
+    let img = Image::from_vec(224, 224, 3, common::photo(224, 224));
     let values: Vec<u8> = (0..3)
         .flat_map(|c| (0..256).flat_map(move |v| (v as f32 / 255.0 - c as f32).to_ne_bytes()))
         .collect();

@@ -1,4 +1,5 @@
-//! What the crate's tests and benches share: JPEGs made from RGB pixels (`jpeg`).
+//! What the crate's tests and benches share: a photo-like picture (`photo`) and JPEGs made
+//! from RGB pixels (`jpeg`).
 #![allow(dead_code)] // (each test draws what it needs)
 
 use turbojpeg::{Compressor, PixelFormat, Subsamp};
@@ -25,4 +26,23 @@ pub fn jpeg(pixels: &[u8], width: usize, height: usize, how: Encoding) -> Vec<u8
     c.set_subsamp(how.subsamp).unwrap();
     c.set_progressive(how.progressive).unwrap();
     c.compress_to_vec(image).unwrap()
+}
+
+/// A photo-like `w` x `h` RGB picture (rows of `w * 3` bytes): gradients plus deterministic
+/// noise.
+pub fn photo(w: usize, h: usize) -> Vec<u8> {
+    let mut state = 0x2545_f491_u32;
+    let mut data = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..3 {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                let base = (x * 255 / w + y * 255 / h + c * 60) / 2;
+                data.push((base + (state % 24) as usize).min(255) as u8);
+            }
+        }
+    }
+    data
 }
