@@ -482,3 +482,109 @@ def test_stats_show_decoding_and_transforms_where_rust_made_the_samples(corpus, 
     for _ in plain:
         pass
     assert "decode_s" not in plain.stats()
+
+
+def _drawing_target(target):  # a target_transform that draws from torch's generator
+    return target * 100 + int(torch.randint(0, 100, ()))
+
+
+GETITEMS = {
+    "train": TRAIN,
+    "eval": EVAL,
+    "sizes-vary": T.Compose([T.Resize(16), T.ToTensor()]),
+    "pil-out": T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()]),
+    "unsupported-after": T.Compose([T.RandomResizedCrop(16), T.ToTensor(), T.RandomErasing()]),
+    "v2": v2.Compose([v2.RandomResizedCrop(16), v2.ToImage(), v2.ToDtype(torch.float32, True)]),
+}
+
+
+@pytest.mark.parametrize("name", list(GETITEMS))
+def test_getitems_gives_torchvisions_samples_in_order(corpus, name):
+    # Shuffled batches of every kind of file (those left to Pillow among them), with a
+    # target_transform that draws too: the samples, and the generator after them, are those of
+    # torchvision's ImageFolder sample by sample.
+    transform = GETITEMS[name]
+    ours = RV.ImageFolder(corpus, transform, target_transform=_drawing_target)
+    theirs = datasets.ImageFolder(corpus, transform, target_transform=_drawing_target)
+    order = torch.randperm(len(theirs), generator=torch.Generator().manual_seed(1)).tolist()
+    for start in range(0, len(order), 6):
+        batch = order[start : start + 6]
+        torch.manual_seed(start)
+        want = [theirs[i] for i in batch]
+        want_rng = torch.get_rng_state()
+        torch.manual_seed(start)
+        got = ours.__getitems__(batch)
+        assert torch.equal(torch.get_rng_state(), want_rng), batch
+        assert len(got) == len(want)
+        for (gx, gy), (wx, wy), i in zip(got, want, batch):
+            assert type(gx) is type(wx) and gy == wy, theirs.samples[i][0]
+            assert torch.equal(_as_tensor(gx), _as_tensor(wx)), theirs.samples[i][0]
+
+
+def test_getitems_raises_what_torchvision_raises_for_a_bad_file_in_a_batch(tmp_path):
+    root = _bad_files(str(tmp_path))
+    os.makedirs(os.path.join(root, "d"))
+    _vision_corpus._picture(np.random.default_rng(0), 61, 47).save(f"{root}/d/0.jpg")
+    transform = T.Compose([T.RandomResizedCrop(16), T.ToTensor()])
+    ours, theirs = RV.ImageFolder(root, transform), datasets.ImageFolder(root, transform)
+    good = len(theirs) - 1
+    for i, (path, _) in enumerate(theirs.samples[:-1]):
+        outcomes = []
+        for getitems in (lambda b: [theirs[j] for j in b], ours.__getitems__):
+            torch.manual_seed(i)
+            try:
+                samples = getitems([good, i, good])
+            except Exception as e:  # noqa: BLE001 - whichever Pillow raises is the expectation
+                outcomes.append((type(e), str(e), torch.get_rng_state()))
+            else:  # Pillow decodes some damaged files: so must we, to the same pixels
+                outcomes.append((torch.stack([x for x, _ in samples]), torch.get_rng_state()))
+        (want, *want_rest), (got, *got_rest) = outcomes
+        if isinstance(want, torch.Tensor):
+            assert torch.equal(got, want), path
+        else:
+            assert (got, got_rest[0]) == (want, want_rest[0]), path
+        assert torch.equal(got_rest[-1], want_rest[-1]), f"{path}: generator state"
+
+
+class _OwnGetitem(RV.ImageFolder):
+    def __getitem__(self, index):
+        sample, target = super().__getitem__(index)
+        return {"image": sample, "label": target}
+
+
+def test_getitems_uses_a_subclasss_own_getitem(corpus):
+    ds = _OwnGetitem(corpus, T.Compose([T.CenterCrop(8), T.PILToTensor()]))
+    got = ds.__getitems__([0, 1])
+    assert [sorted(x) for x in got] == [["image", "label"]] * 2
+    assert torch.equal(got[1]["image"], ds[1]["image"])
+
+
+@pytest.mark.parametrize("kind", ["none", "thread"])
+def test_loaders_collate_the_samples_where_getitems_wrote_them(corpus, monkeypatch, kind):
+    # With the default collate, rloader's loops lend __getitems__ the batch's memory: the batch
+    # is the tensor the samples were written into (no copy); a custom collate_fn borrows none.
+    blocks = []
+    real = _rloader.batch_empty
+
+    def recording(shape, dtype):
+        block = real(shape, dtype)
+        blocks.append(block)
+        return block
+
+    monkeypatch.setattr(_rloader, "batch_empty", recording)
+    assert real([2, 3], torch.float32) is None  # nothing lent outside a loader's fetch
+    ds = RV.ImageFolder(corpus, T.Compose([T.Resize((6, 7)), T.ToTensor()]))
+    jpegs = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "other" not in p]
+    subset = torch.utils.data.Subset(ds, jpegs[:8])
+    workers = {"none": {}, "thread": {"num_workers": 2, "worker_type": "thread"}}[kind]
+    want = list(torch.utils.data.DataLoader(subset, batch_size=4))
+    assert blocks == [None, None]  # torch's loops lend nothing
+    blocks.clear()
+    got = list(rloader.DataLoader(subset, batch_size=4, **workers))
+    assert len(blocks) == 2 and all(b is not None for b in blocks)
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+    assert {b.data_ptr() for b in blocks} == {x.data_ptr() for x, _ in got}
+    blocks.clear()
+    custom = list(rloader.DataLoader(subset, batch_size=4, collate_fn=list, **workers))
+    assert blocks == [None, None] and all(type(b) is list for b in custom)

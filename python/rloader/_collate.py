@@ -251,6 +251,27 @@ def _effective_map() -> CollateFnMap:
     return merged
 
 
+class StackedSamples(list):
+    """A batch of ``(tensor, *rest)`` samples whose tensors are ``stacked[0]``, ``stacked[1]``,
+    ... in order, made so by the dataset in the memory the batch is collated into
+    (``_rloader.batch_empty``; rloader.vision's ``__getitems__``). The default collate's
+    tensor column is then ``stacked`` itself, not a copy of it (``collate_stacked``); any other
+    collate function sees a list of samples."""
+
+    __slots__ = ("stacked",)
+
+    def __init__(self, samples, stacked: torch.Tensor):
+        super().__init__(samples)
+        self.stacked = stacked
+
+
+def collate_stacked(batch: StackedSamples, general: Callable[[Any], Any]) -> list:
+    """The default collate of ``batch`` (a list of columns, as for any batch of tuples), its
+    other columns collated by ``general``. The Rust loops call it while the collate maps are
+    pristine (``CollatePlan``), so the tensor column is what stacking it would give."""
+    return [batch.stacked, *(general(list(column)) for column in list(zip(*batch))[1:])]
+
+
 class CollatePlan(NamedTuple):
     """How a default collate function collates: the one rule for when the Rust fast path
     (``_rloader.fast_collate``, ``rust/rloader-py/src/collate/``) may run.

@@ -46,6 +46,7 @@ __all__ = [
     "BatchBuffers",
     "slot_empty",
     "in_slot_worker",
+    "batch_empty",
     "SharedList",
     "SharedArray",
     "SharedDict",
@@ -53,6 +54,7 @@ __all__ = [
     "_attach_shared",
     "EncodedImage",
     "vision_open",
+    "vision_run_many",
     "vision_pillow_13_passes",
     "SamplePool",
 ]
@@ -591,6 +593,12 @@ def slot_empty(shape: list[int], dtype: Any) -> Any | None:
 
 def in_slot_worker() -> bool: ...
 
+# memory/stacking.rs
+
+def batch_empty(shape: list[int], dtype: Any) -> Any | None:
+    """A tensor where the default collate will collate the batch being fetched (lent to a
+    `__getitems__` of rloader's loops with the default collate), or None."""
+
 # shared/ (rloader.shared: containers in shared memory, one copy per node)
 
 @final
@@ -721,6 +729,19 @@ class EncodedImage:
 def vision_open(path: str | os.PathLike[str]) -> tuple[EncodedImage | None, str | None]:
     """Reads a file and its header without the GIL: the image, or None and why Pillow must
     decode it."""
+
+def vision_run_many(
+    images: list[EncodedImage],
+    steps: list[list[tuple[Any, ...]]],
+    outs: list[tuple[int, int]],
+    table: bytes | None = None,
+    elem: int = 0,
+    channels: int = 0,
+    *,
+    draft: bool = False,
+) -> int:
+    """`EncodedImage.run` at full scale for each image into its `(out_ptr, out_len)`, the GIL
+    released once; stops at the first that failed or warned: how many were written."""
 
 def vision_pillow_13_passes(on: bool) -> None:
     """Which order of resampling passes to reproduce: Pillow 13's (True) or older Pillow's."""

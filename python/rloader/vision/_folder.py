@@ -9,6 +9,7 @@ from torchvision import datasets, get_image_backend
 from torchvision.datasets.folder import default_loader, pil_loader
 
 from rloader import _rloader
+from rloader._collate import StackedSamples
 
 from ._draws import draws_generator, worker_draws
 from ._plan import Plan
@@ -63,12 +64,9 @@ class _RustSamples:
         if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
             with worker_draws():
                 return super().__getitem__(index)
-        pool = self.__dict__.get("_rloader_pool")
-        if pool is None:
-            pool = self.__dict__["_rloader_pool"] = _rloader.SamplePool(_POOL_BLOCKS)
         generator = draws_generator()
         state = generator.get_state()
-        sample = _run(plan, encoded, draft=self.draft, pool=pool)
+        sample = _run(plan, encoded, draft=self.draft, pool=self._pool())
         if sample is None:
             # Rust's decoder failed or warned (or the output is empty): torchvision makes the
             # sample, or raises, from the generator state it would have had.
@@ -79,6 +77,99 @@ class _RustSamples:
             with worker_draws():
                 target = self.target_transform(target)
         return sample, target
+
+    def __getitems__(self, indices) -> list:
+        """``[self[i] for i in indices]``, made in one call to Rust where the plan is the whole
+        transform (nothing of torchvision's runs after it on a sample's pixels). In rloader's
+        loops with the default collate, the samples are written straight into the batch's
+        memory (a worker's shared-memory slot, the loader's recycled, perhaps pinned, batch
+        memory), and collation takes them without a copy (`StackedSamples`)."""
+        plan = self._whole_plan()
+        if plan is None:
+            return [self[i] for i in indices]
+        indices = list(indices)
+        generator = draws_generator()
+        limit = Image.MAX_IMAGE_PIXELS
+        images, steps, sizes, targets, states = [], [], [], [], []
+        # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
+        # the samples are decoded after all the draws. A sample __getitem__ would give to
+        # torchvision ends the run: it and those after it are made one by one.
+        with worker_draws():
+            for index in indices:
+                path, target = self.samples[index]
+                encoded, _why = _rloader.vision_open(path)
+                if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
+                    break
+                if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
+                    break
+                state = generator.get_state()
+                sample_steps, done = plan.record(encoded.size)
+                size = encoded.output_size(1, sample_steps)
+                if done < len(plan.geometry) or 0 in size:
+                    generator.set_state(state)
+                    break
+                if self.target_transform is not None:
+                    target = self.target_transform(target)
+                images.append(encoded)
+                steps.append(sample_steps)
+                sizes.append(size)
+                targets.append(target)
+                states.append(state)
+        if not images:
+            return [self[i] for i in indices]
+        conversion = plan.conversion
+        width, height = sizes[0]
+        block = None
+        if len(images) == len(indices) and sizes.count(sizes[0]) == len(sizes):
+            block = _rloader.batch_empty([len(images), 3, height, width], conversion.dtype)
+        if block is not None:
+            outs = list(block.unbind(0))
+        else:
+            pool = self._pool()
+            outs = [
+                pool.empty((3, h, w), conversion.dtype, 3 * h * w * conversion.elem)
+                for w, h in sizes
+            ]
+        written = _rloader.vision_run_many(
+            images,
+            steps,
+            [(out.data_ptr(), out.nbytes) for out in outs],
+            conversion.table,
+            conversion.elem,
+            3,
+            draft=self.draft,
+        )
+        kind = conversion.kind
+        samples = [
+            (out if kind is torch.Tensor else out.as_subclass(kind), target)
+            for out, target in zip(outs[:written], targets)
+        ]
+        if written < len(images):
+            # Rust's decoder failed or warned: torchvision makes that sample (or raises) from
+            # the generator state it would have had, and the samples after it are made again
+            # (their target_transform called again: the draws are the same).
+            generator.set_state(states[written])
+            return samples + [self[i] for i in indices[written:]]
+        samples += [self[i] for i in indices[len(images) :]]
+        return samples if block is None else StackedSamples(samples, block)
+
+    def _whole_plan(self) -> Plan | None:
+        """The plan where it is the whole transform and `__getitem__` is this class's, else
+        None."""
+        if type(self).__getitem__ is not _RustSamples.__getitem__:
+            return None  # a subclass's own __getitem__ makes its samples
+        if self.loader not in (default_loader, pil_loader) or get_image_backend() != "PIL":
+            return None
+        plan = self._plan()
+        if plan is None or plan.conversion is None or plan.rest:
+            return None
+        return plan
+
+    def _pool(self):
+        pool = self.__dict__.get("_rloader_pool")
+        if pool is None:
+            pool = self.__dict__["_rloader_pool"] = _rloader.SamplePool(_POOL_BLOCKS)
+        return pool
 
     def __getstate__(self):
         state = self.__dict__.copy()

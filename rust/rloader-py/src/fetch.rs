@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::collate::{fast_collate, LargeOutputs, StackHelpers};
+use crate::memory::stacking;
 use crate::memory::BatchBuffers;
 use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
@@ -300,6 +301,13 @@ impl Fetcher {
         }
         let stop = self.stop.as_deref();
         let samples = self.timed(Stage::Fetch, || {
+            // A `__getitems__` may make its samples where the default collate puts the batch.
+            let _lent = match (&self.collate, getitems) {
+                (Collate::Default { buffers, .. }, Some(_)) => {
+                    Some(stacking::lend(py, buffers.as_ref()))
+                }
+                _ => None,
+            };
             Self::samples(py, ds, getitems, keys, spent, stop)
         })?;
         self.collate(py, samples)
@@ -420,6 +428,9 @@ impl Fetcher {
                     .bind(py)
                     .call_method0(intern!(py, "fast_path_may_run"))?;
                 if may_run.is_truthy()? {
+                    if let Some(out) = stacking::collate_stacked(&data, general.bind(py))? {
+                        return Ok(out);
+                    }
                     let to = LargeOutputs {
                         memory: buffers.as_ref().map(|b| b.get().memory()),
                         helpers: Some(&self.helpers),

@@ -86,6 +86,7 @@ fn _rloader(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::BatchBuffers>()?;
     m.add_function(wrap_pyfunction!(memory::slots::py_slot_empty, m)?)?;
     m.add_function(wrap_pyfunction!(memory::slots::in_slot_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::stacking::batch_empty, m)?)?;
     shared::register(m)?;
     vision::register(m)?;
     Ok(())

@@ -112,26 +112,97 @@ impl EncodedImage {
                 "scale_denom {scale_denom}: 1, 2, 4 or 8"
             )));
         }
-        let steps = parse_steps(&steps)?;
-        let (w, h) = decode::scaled_size(&self.header, scale_denom);
-        let (w, h) = plan::output_size(w, h, &steps);
-        let values = table.as_ref().map(|t| t.as_bytes());
-        let output = match values {
-            Some(values) => {
-                if values.len() != channels * 256 * elem || ![1, 2, 4, 8].contains(&elem) {
-                    return Err(PyValueError::new_err(
-                        "table: channels * 256 values of 1, 2, 4 or 8 bytes",
-                    ));
-                }
-                Output::Chw(Table {
-                    values,
-                    elem,
-                    channels,
-                })
+        let output = output(table.as_ref().map(|t| t.as_bytes()), elem, channels)?;
+        let job = Job::new(
+            self,
+            scale_denom,
+            parse_steps(&steps)?,
+            &output,
+            out_ptr,
+            out_len,
+        )?;
+        Ok(py.detach(move || job.run(self, &output, draft)))
+    }
+}
+
+/// Runs each image's steps into its output, as `EncodedImage.run` at full scale does one, with
+/// the GIL released once for them all: `outs` are `(out_ptr, out_len)` pairs under its SAFETY
+/// contract. Stops at the first image whose decoder failed or warned: how many were written.
+#[pyfunction]
+#[pyo3(signature = (images, steps, outs, table=None, elem=0, channels=0, *, draft=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn vision_run_many(
+    py: Python<'_>,
+    images: Vec<Py<EncodedImage>>,
+    steps: Vec<Vec<Bound<'_, PyTuple>>>,
+    outs: Vec<(usize, usize)>,
+    table: Option<Bound<'_, PyBytes>>,
+    elem: usize,
+    channels: usize,
+    draft: bool,
+) -> PyResult<usize> {
+    if steps.len() != images.len() || outs.len() != images.len() {
+        return Err(PyValueError::new_err(
+            "images, steps and outs: one of each per sample",
+        ));
+    }
+    let output = output(table.as_ref().map(|t| t.as_bytes()), elem, channels)?;
+    let jobs = images
+        .iter()
+        .zip(&steps)
+        .zip(&outs)
+        .map(|((image, steps), &(ptr, len))| {
+            Job::new(image.get(), 1, parse_steps(steps)?, &output, ptr, len)
+        })
+        .collect::<PyResult<Vec<Job>>>()?;
+    Ok(py.detach(|| {
+        (jobs.iter().zip(&images))
+            .take_while(|(job, image)| job.run(image.get(), &output, draft))
+            .count()
+    }))
+}
+
+/// How a sample's pixels are written: CHW through `table` (`channels` tables of 256 values of
+/// `elem` bytes), or RGB bytes without one.
+fn output(table: Option<&[u8]>, elem: usize, channels: usize) -> PyResult<Output<'_>> {
+    Ok(match table {
+        Some(values) => {
+            if values.len() != channels * 256 * elem || ![1, 2, 4, 8].contains(&elem) {
+                return Err(PyValueError::new_err(
+                    "table: channels * 256 values of 1, 2, 4 or 8 bytes",
+                ));
             }
-            None => Output::Rgb,
-        };
-        let expected = match &output {
+            Output::Chw(Table {
+                values,
+                elem,
+                channels,
+            })
+        }
+        None => Output::Rgb,
+    })
+}
+
+/// One sample's work, checked with the GIL held: its steps and where its output goes.
+struct Job {
+    scale_denom: usize,
+    steps: Vec<Step>,
+    out_ptr: usize,
+    out_len: usize,
+}
+
+impl Job {
+    /// Checks that the `out_len` bytes at `out_ptr` are exactly the output's size.
+    fn new(
+        image: &EncodedImage,
+        scale_denom: usize,
+        steps: Vec<Step>,
+        output: &Output,
+        out_ptr: usize,
+        out_len: usize,
+    ) -> PyResult<Job> {
+        let (w, h) = decode::scaled_size(&image.header, scale_denom);
+        let (w, h) = plan::output_size(w, h, &steps);
+        let expected = match output {
             Output::Chw(t) => t.channels * w * h * t.elem,
             Output::Rgb => w * h * 3,
         };
@@ -140,22 +211,37 @@ impl EncodedImage {
                 "output of {out_len} bytes; {expected} needed"
             )));
         }
-        let data = &self.data;
-        let header = &self.header;
-        py.detach(move || {
-            // SAFETY: the caller's contract above: out_len live, writable bytes no one else
-            // touches until this call returns.
-            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_len) };
-            let run = if draft { plan::run_draft } else { plan::run };
-            take_decode_time();
-            let started = Instant::now();
-            let ok = run(data, header, scale_denom, &steps, &output, out).is_ok();
-            let total = started.elapsed();
-            let decode = take_decode_time();
-            NANOS[0].fetch_add(decode.as_nanos() as u64, Relaxed);
-            NANOS[1].fetch_add(total.saturating_sub(decode).as_nanos() as u64, Relaxed);
-            Ok(ok)
+        Ok(Job {
+            scale_denom,
+            steps,
+            out_ptr,
+            out_len,
         })
+    }
+
+    /// Runs the steps on `image` (without the GIL), adding the time to `NANOS`: true where
+    /// the sample was written.
+    fn run(&self, image: &EncodedImage, output: &Output, draft: bool) -> bool {
+        // SAFETY: the caller's contract (`EncodedImage.run`): out_len live, writable bytes no
+        // one else touches until the call returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.out_ptr as *mut u8, self.out_len) };
+        let run = if draft { plan::run_draft } else { plan::run };
+        take_decode_time();
+        let started = Instant::now();
+        let ok = run(
+            &image.data,
+            &image.header,
+            self.scale_denom,
+            &self.steps,
+            output,
+            out,
+        )
+        .is_ok();
+        let total = started.elapsed();
+        let decode = take_decode_time();
+        NANOS[0].fetch_add(decode.as_nanos() as u64, Relaxed);
+        NANOS[1].fetch_add(total.saturating_sub(decode).as_nanos() as u64, Relaxed);
+        ok
     }
 }
 
@@ -256,6 +342,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<EncodedImage>()?;
     m.add_class::<SamplePool>()?;
     m.add_function(wrap_pyfunction!(vision_open, m)?)?;
+    m.add_function(wrap_pyfunction!(vision_run_many, m)?)?;
     m.add_function(wrap_pyfunction!(vision_pillow_13_passes, m)?)?;
     Ok(())
 }

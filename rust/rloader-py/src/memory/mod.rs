@@ -9,12 +9,15 @@
 //! - `batch_buffers.rs`: the loader's recycled batch memory (`BatchBuffers`, `PooledView`,
 //!   NOTE [Batch memory] in rloader-memory), for the single-process loop and worker threads;
 //! - `pinned.rs`: slots and blocks registered with the accelerator's driver, freed only once
-//!   the device has read them (`PinnedSlots`, `PinnedBlocks`).
+//!   the device has read them (`PinnedSlots`, `PinnedBlocks`);
+//! - `stacking.rs`: where the batch being fetched will be collated, lent to a dataset that
+//!   stacks its samples there itself (`batch_empty`, `StackedSamples`).
 
 mod batch_buffers;
 pub mod export;
 mod pinned;
 pub mod slots;
+pub mod stacking;
 
 pub use batch_buffers::{pooled_empty, BatchBuffers, PooledView};
 pub use export::{contiguous_bytes, ArrayView, ExportedBytes, Message};
