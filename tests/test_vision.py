@@ -588,3 +588,15 @@ def test_loaders_collate_the_samples_where_getitems_wrote_them(corpus, monkeypat
     blocks.clear()
     custom = list(rloader.DataLoader(subset, batch_size=4, collate_fn=list, **workers))
     assert blocks == [None, None] and all(type(b) is list for b in custom)
+
+
+def test_getitems_of_an_index_out_of_range_raises_as_torchvision_does(corpus):
+    transform = T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
+    ours, theirs = RV.ImageFolder(corpus, transform), datasets.ImageFolder(corpus, transform)
+    errors = []
+    for getitems in (lambda b: [theirs[j] for j in b], ours.__getitems__):
+        torch.manual_seed(0)
+        with pytest.raises(IndexError) as e:
+            getitems([0, len(theirs)])
+        errors.append((str(e.value), torch.get_rng_state()))
+    assert errors[0][0] == errors[1][0] and torch.equal(errors[0][1], errors[1][1])

@@ -94,10 +94,13 @@ class _RustSamples:
         # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
         # the samples are decoded after all the draws. A sample __getitem__ would give to
         # torchvision ends the run: it and those after it are made one by one.
+        try:
+            items = [self.samples[index] for index in indices]
+        except (IndexError, TypeError):  # raised one by one, after the samples before it
+            return [self[i] for i in indices]
+        opened = _rloader.vision_open_many([path for path, _ in items])
         with worker_draws():
-            for index in indices:
-                path, target = self.samples[index]
-                encoded, _why = _rloader.vision_open(path)
+            for (_, target), (encoded, _why) in zip(items, opened):
                 if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
                     break
                 if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:

@@ -38,16 +38,27 @@ pub struct EncodedImage {
 /// file to leave to Pillow (unreadable, another format, a mode not reproduced exactly).
 #[pyfunction]
 pub fn vision_open(py: Python<'_>, path: PathBuf) -> (Option<EncodedImage>, Option<String>) {
-    py.detach(|| {
-        let data = match std::fs::read(&path) {
-            Ok(data) => data,
-            Err(err) => return (None, Some(err.to_string())),
-        };
-        match decode::probe(&data) {
-            Ok(header) => (Some(EncodedImage { data, header }), None),
-            Err(why) => (None, Some(reason(why))),
-        }
-    })
+    py.detach(|| open(&path))
+}
+
+/// `vision_open` for each path, the GIL released once for them all.
+#[pyfunction]
+pub fn vision_open_many(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+) -> Vec<(Option<EncodedImage>, Option<String>)> {
+    py.detach(|| paths.iter().map(|path| open(path)).collect())
+}
+
+fn open(path: &std::path::Path) -> (Option<EncodedImage>, Option<String>) {
+    let data = match std::fs::read(path) {
+        Ok(data) => data,
+        Err(err) => return (None, Some(err.to_string())),
+    };
+    match decode::probe(&data) {
+        Ok(header) => (Some(EncodedImage { data, header }), None),
+        Err(why) => (None, Some(reason(why))),
+    }
 }
 
 fn reason(why: NotHandled) -> String {
@@ -342,6 +353,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<EncodedImage>()?;
     m.add_class::<SamplePool>()?;
     m.add_function(wrap_pyfunction!(vision_open, m)?)?;
+    m.add_function(wrap_pyfunction!(vision_open_many, m)?)?;
     m.add_function(wrap_pyfunction!(vision_run_many, m)?)?;
     m.add_function(wrap_pyfunction!(vision_pillow_13_passes, m)?)?;
     Ok(())
