@@ -372,7 +372,13 @@ TRAIN = T.Compose(
 EVAL = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(*NORM)])
 
 
-@pytest.mark.parametrize("transform", [TRAIN, EVAL], ids=["train", "eval"])
+V2_TRAIN = v2.Compose(
+    [v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToImage(),
+     v2.ToDtype(torch.float32, scale=True), v2.Normalize(*NORM)]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("transform", [TRAIN, EVAL, V2_TRAIN], ids=["train", "eval", "v2-train"])
 def test_loaders_give_torchs_batches(corpus, engine, transform):
     # Thread workers draw from their own generators: torch's process workers' batches.
     root = os.path.join(corpus, "..", "loader")
@@ -391,7 +397,7 @@ def test_loaders_give_torchs_batches(corpus, engine, transform):
     got = list(rloader.DataLoader(ours, **engine.kwargs(batch_size=5, sampler=order())))
     assert len(got) == len(want)
     for (gx, gy), (wx, wy) in zip(got, want):
-        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+        assert type(gx) is type(wx) and torch.equal(gx, wx) and torch.equal(gy, wy)
 
 
 def test_a_file_after_a_corrupt_one_decodes_as_pillow_does(tmp_path):
