@@ -11,7 +11,9 @@ untimed warm-up epoch each, the loaders run interleaved (one epoch each, in turn
 times; each figure is the median.
 
     python benches/accelerate_prepare.py              # 20,000 samples, batch 256, 5 repeats
-    python benches/accelerate_prepare.py --quick      # 2,000 samples, 3 repeats
+    python benches/accelerate_prepare.py --quick      # 2,000 samples, 3 repeats (a smoke run)
+
+The run is written to benches/results/ as a dated JSON file (bench_results.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import time
 
 import accelerate
+import bench_results
 import torch
 import torch.utils.data as tud
 from accelerate import Accelerator
@@ -50,6 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.samples, args.repeats = 2_000, 3
+    started = bench_results.now()
 
     dataset = ImageLabelDataset(args.samples)
     acc = Accelerator(cpu=True)
@@ -122,6 +126,28 @@ def main() -> None:
         "runs (s): "
         + "; ".join(f"{name}: " + ", ".join(f"{t:.3f}" for t in ts) for name, ts in times.items())
     )
+    figures = {
+        "samples": args.samples,
+        "batch_size": args.batch_size,
+        "num_workers": args.workers,
+        "seconds": times,
+        "comparisons": [
+            bench_results.comparison(
+                f"accelerate-prepared, {args.workers} workers: rloader (install()) vs torch",
+                times["torch prepared"],
+                times["rloader prepared (install())"],
+                smoke=args.quick,
+            )
+        ],
+    }
+    path = bench_results.save(
+        "accelerate_prepare",
+        figures,
+        smoke=args.quick,
+        started=started,
+        accelerate=accelerate.__version__,
+    )
+    print(f"This run's figures: {path}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ memcpy bandwidth (one core, and all of them) and pinned host-to-device bandwidth
     python benches/gpu.py --workers 8 14 --repeats 3
     python benches/gpu.py --dry-run         # the same code on the CPU (no pinning, no device):
                                             # checks the script, measures nothing of a GPU
+
+The run is written to benches/results/ as a dated JSON file (bench_results.py; a dry run's in
+benches/results/smoke/).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_results  # (benches/ is this script's folder)
 import numpy as np
 import torch
 import torch.utils.data as tud
@@ -208,7 +212,7 @@ def first_batch_runs(args, device: str, workload: str, kind: str, pin: bool) -> 
     return runs
 
 
-def first_batches(args, device: str) -> None:
+def first_batches(args, device: str) -> list:
     """Time from iter() to the first batch on the device, fresh workers each time; each loader
     in a process of its own (a fork copies what the process holds: another loader's memory
     would slow this one's starts)."""
@@ -221,7 +225,7 @@ def first_batches(args, device: str) -> None:
             print(pinning_costs(48 << 20), flush=True)
         except Exception as e:  # a measurement of the machine, not of either loader
             print(f"pinning costs not measured: {e!r}", flush=True)
-    rows = []
+    rows, comparisons = [], []
     for workload in FIRST_WORKLOADS:
         runs = {}
         for kind in FIRST_KINDS:
@@ -244,7 +248,18 @@ def first_batches(args, device: str) -> None:
                 sys.stderr.write(f"[first batch, {workload}, {kind}, pinned={p}]\n")
         if ("torch", pin) not in runs:
             continue
-        torch_med = statistics.median(t[0] for t in runs[("torch", pin)])
+        torch_runs = [t[0] for t in runs[("torch", pin)]]
+        torch_med = statistics.median(torch_runs)
+        comparisons += [
+            bench_results.comparison(
+                f"first batch, {args.first_workers} fresh workers, {workload}: {k}"
+                + (", pinned" if p else ""),
+                torch_runs,
+                [t[0] for t in samples],
+            )
+            for (k, p), samples in runs.items()
+            if k != "torch" and p == pin and len(samples) == len(torch_runs)
+        ]
         for (k, p), samples in runs.items():
             med = [statistics.median(col) for col in zip(*samples)]
             total = [t[0] for t in samples]
@@ -283,6 +298,7 @@ def first_batches(args, device: str) -> None:
         ),
         rows,
     )
+    return comparisons
 
 
 def fork_costs() -> None:
@@ -325,25 +341,29 @@ def fork_costs() -> None:
     print("forks: " + "; ".join(lines), flush=True)
 
 
-def imagefolder(args, device: str) -> None:
-    """ImageFolder + ImageNet transforms, pinned batches moved to the device."""
+def imagefolder(args, device: str) -> list:
+    """ImageFolder + ImageNet transforms, pinned batches moved to the device: torchvision's
+    under torch's and rloader's loaders, and rloader.vision's (decoded in Rust)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from real_pipelines import imagenet_train_transform, jpeg_folder
     from torchvision import datasets as tv_datasets
 
-    folder = jpeg_folder(args.data_dir, False, images=args.images_jpeg) / "train"
-    dataset = tv_datasets.ImageFolder(str(folder), transform=imagenet_train_transform())
+    import rloader.vision
+
+    folder = str(jpeg_folder(args.data_dir, False, images=args.images_jpeg) / "train")
+    dataset = tv_datasets.ImageFolder(folder, transform=imagenet_train_transform())
+    ours = rloader.vision.ImageFolder(folder, transform=imagenet_train_transform())
     n, w, pin = len(dataset), args.imagefolder_workers, device == "cuda"
 
-    def make(lib, **ours):
-        return lib.DataLoader(
-            dataset, batch_size=64, shuffle=True, num_workers=w, pin_memory=pin, **ours
-        )
+    def make(lib, ds=dataset, **kw):
+        return lib.DataLoader(ds, batch_size=64, shuffle=True, num_workers=w, pin_memory=pin, **kw)
 
     loaders = {
         "torch": make(tud),
         "rloader processes": make(rloader),
         "rloader threads": make(rloader, worker_type="thread"),
+        "rloader.vision processes": make(rloader, ours),
+        "rloader.vision threads": make(rloader, ours, worker_type="thread"),
     }
     times = interleaved(loaders, device, args.repeats, "ImageFolder")
     torch_time = statistics.median(times["torch"])
@@ -361,9 +381,17 @@ def imagefolder(args, device: str) -> None:
     print(
         f"\nImageFolder, {n:,} JPEGs, ImageNet training transforms, batch 64, shuffled, "
         f"{w} fresh workers each epoch, pin_memory={pin}, to {device}; median of "
-        f"{args.repeats} interleaved epochs (target, issue #24: processes >= 1.3x torch)"
+        f"{args.repeats} interleaved epochs (targets: rloader processes >= 1.3x torch, issue #24;"
+        " rloader.vision threads >= 3x, issue #37)"
     )
     table(("loader", "images/s", "range", "vs torch"), rows)
+    return [
+        bench_results.comparison(
+            f"ImageFolder, {w} workers, pinned, to {device}: {name}", times["torch"], runs
+        )
+        for name, runs in times.items()
+        if name != "torch"
+    ]
 
 
 def interleaved(loaders: dict, device: str, repeats: int, label: str) -> dict:
@@ -434,15 +462,21 @@ def main() -> None:
             fork_costs()
         except Exception as e:  # a measurement of the machine, not of either loader
             print(f"fork costs not measured: {e!r}", flush=True)
+    started = bench_results.now()
+    comparisons = []
     if "first" in args.sections:
-        first_batches(args, device)
+        comparisons += first_batches(args, device)
     if "imagefolder" in args.sections:
-        imagefolder(args, device)
+        comparisons += imagefolder(args, device)
     if "throughput" in args.sections:
-        throughput(args, device)
+        comparisons += throughput(args, device)
+    figures = {"device": where, "comparisons": comparisons}
+    # A dry run measures nothing of a GPU: a smoke run's file, never scored.
+    path = bench_results.save("gpu", figures, smoke=args.dry_run, started=started)
+    print(f"This run's figures: {path}")
 
 
-def throughput(args, device: str) -> None:
+def throughput(args, device: str) -> list:
     pin = device == "cuda"
     dataset = Images(args.images)
     nbytes = args.images * IMAGE_BYTES
@@ -470,11 +504,20 @@ def throughput(args, device: str) -> None:
         "rloader processes": lambda w: loader(rloader, w),
         "rloader threads": lambda w: loader(rloader, w, worker_type="thread"),
     }
-    rows = []
+    rows, comparisons = [], []
     for workers in args.workers:
         loaders = {name: make(workers) for name, make in kinds.items()}
         times = interleaved(loaders, device, args.repeats, f"{workers} workers")
         torch_time = statistics.median(times["torch"])
+        comparisons += [
+            bench_results.comparison(
+                f"uint8 images, batch {args.batch_size}, {workers} workers, to {device}: {name}",
+                times["torch"],
+                runs,
+            )
+            for name, runs in times.items()
+            if name != "torch"
+        ]
         for name, runs in times.items():
             med = statistics.median(runs)
             rows.append(
@@ -495,6 +538,7 @@ def throughput(args, device: str) -> None:
     print("  ".join("-" * w for w in widths))
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    return comparisons
 
 
 if __name__ == "__main__":

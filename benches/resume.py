@@ -10,7 +10,9 @@ plus ``next(iter(loader))``: what a restarted job waits before its first batch. 
 generates the epoch's permutation (as every epoch does) and skips the handed-out indices in
 Rust; StatefulDataLoader replays its sampler up to the position.
 
-    python benches/resume.py [--samples N] [--repeats R]
+    python benches/resume.py [--samples N] [--repeats R]    # --quick: 1M samples, 1 run
+
+The run is written to benches/results/ as a dated JSON file (bench_results.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import statistics
 import time
 import warnings
 
+import bench_results
 import torch
 
 import rloader
@@ -77,7 +80,11 @@ def main() -> None:
     )
     parser.add_argument("--samples", type=int, default=50_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1M samples, 1 run (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.samples, args.repeats = 1_000_000, 1
+    started = bench_results.now()
     n, batch = args.samples, 256
     warnings.simplefilter("ignore")  # torchdata's deprecation notice
     try:
@@ -114,9 +121,21 @@ def main() -> None:
                 f"  {name:20s} {statistics.median(values) * 1e3:10.0f} ms "
                 f"(runs {min(values) * 1e3:.0f}-{max(values) * 1e3:.0f} ms)"
             )
+    comparisons = []
     if all(times.values()):
         ratio = statistics.median(times["StatefulDataLoader"]) / statistics.median(times["rloader"])
         print(f"  rloader is {ratio:.1f}x faster")
+        comparisons.append(
+            bench_results.comparison(
+                f"resume at 90% of {n:,} samples: first batch vs torchdata StatefulDataLoader",
+                times["StatefulDataLoader"],
+                times["rloader"],
+                smoke=args.quick,
+            )
+        )
+    figures = {"samples": n, "batch_size": batch, "seconds": times, "comparisons": comparisons}
+    path = bench_results.save("resume", figures, smoke=args.quick, started=started)
+    print(f"This run's figures: {path}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ one copy (the containers' shared memory: paths and labels).
 
     python benches/shared_memory.py                 # 4 ranks x 2 workers, 2M paths
     python benches/shared_memory.py --quick         # 2 ranks x 2 workers, 200k paths
+
+The run is written to benches/results/ as a dated JSON file (bench_results.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import bench_results  # noqa: E402
 from side_by_side import child_pids, pss, release_freed_memory  # noqa: E402
 
 MODES = ["torch", "rl-proc", "rl-thread"]
@@ -223,6 +226,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.ranks, args.n = 2, 200_000
+    started = bench_results.now()
 
     print(f"{args.ranks} ranks x {args.workers} workers, {args.n:,} paths (torchrun, CPU, gloo)")
     rows = {}
@@ -271,6 +275,28 @@ def main() -> None:
     batch = c["shared_batch"] / c["list_batch"]
     print(f"{'batch reads of 256, take() / list comprehension rate':58s} {batch:13.2f}x   {'>= 2x':>12s}"
           f"   ({c['shared_batch'] / 1e6:.2f}M vs {c['list_batch'] / 1e6:.2f}M items/s)")  # fmt: skip
+    above = {mode: full["pss"] - bare["pss"] for mode, (bare, full) in rows.items()}
+    figures = {
+        "ranks": args.ranks,
+        "workers": args.workers,
+        "paths": args.n,
+        "modes": {mode: {"bare": bare, "with_data": full} for mode, (bare, full) in rows.items()},
+        "one_copy_bytes": one_copy,
+        "costs": c,
+        # PSS the data adds on the node, torch's lists against each shared mode's (bytes).
+        "comparisons": [
+            bench_results.comparison(
+                f"PSS the data adds, {args.ranks} ranks x {args.workers} workers: {mode} vs torch",
+                [above["torch"]],
+                [above[mode]],
+                smoke=args.quick,
+            )
+            for mode in above
+            if mode != "torch" and "torch" in above
+        ],
+    }
+    path = bench_results.save("shared_memory", figures, smoke=args.quick, started=started)
+    print(f"This run's figures: {path}")
 
 
 if __name__ == "__main__":
