@@ -12,6 +12,7 @@ Smoke runs (``--quick``: sizes too small to mean anything on a shared machine) a
 
     python benches/bench_results.py FILE...                       # one table of these runs' rows
     python benches/bench_results.py --latest side_by_side real_pipelines   # each bench's newest run
+    python benches/bench_results.py --markdown FILE...            # the rows as the README's table
 """
 
 from __future__ import annotations
@@ -225,12 +226,24 @@ def summary(paths: list) -> list:
     return lines
 
 
+def markdown(paths: list) -> list:
+    """The README's table of these runs' comparison rows: workload, ratio, spread (the README's
+    tables are made with this, and tests/test_readme_figures.py checks them against the files)."""
+    lines = ["| workload | ratio | spread |", "|---|---|---|"]
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["figures"].get("comparisons", []):
+            lo, hi = row["spread"]
+            lines.append(f"| {row['name']} | {row['ratio']:.2f}× | {lo:.2f}–{hi:.2f}× |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("files", nargs="*", type=Path)
     parser.add_argument("--latest", nargs="+", default=[], metavar="BENCH")
+    parser.add_argument("--markdown", action="store_true", help="the rows as the README's table")
     args = parser.parse_args()
     paths = list(args.files)
     for bench in args.latest:
@@ -240,7 +253,7 @@ def main() -> None:
         paths.append(path)
     if not paths:
         parser.error("name the files, or --latest BENCH...")
-    print("\n" + "\n".join(summary(paths)))
+    print("\n".join(markdown(paths)) if args.markdown else "\n" + "\n".join(summary(paths)))
 
 
 if __name__ == "__main__":
