@@ -385,6 +385,13 @@ class PurePython(tud.Dataset):
         return total % 997
 
 
+class SaysGilFree(PurePython):
+    """PurePython that says its loading runs without the GIL (as rloader.vision's folders do
+    where Rust makes whole batches): ``num_workers="auto"`` takes its word for it."""
+
+    _rloader_loads_without_gil = True
+
+
 class Waiting(PurePython):
     """0.5 ms of waiting a sample: loading that lets its core go."""
 

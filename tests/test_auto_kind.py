@@ -24,6 +24,7 @@ from _auto_helpers import (
 from _datasets import (
     PurePython,
     PurePythonStream,
+    SaysGilFree,
     SquarePairs,
     Waiting,
 )
@@ -185,6 +186,7 @@ def test_the_gil_probe_tells_loading_that_holds_the_gil_from_loading_that_lets_i
         "holds its CPU, processes dear to start",
         "holds its CPU, processes over the budget",
         "holds its CPU, a stream",
+        "holds its CPU, says it lets the GIL go",
     ],
 )
 def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its_cpu(
@@ -216,9 +218,13 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     if loading != "waits":  # (its CPU share as on a quiet machine: a busy one deschedules it)
         monkeypatch.setattr(auto_measure, "cpu_clock", auto_measure.clock)
     stream = loading.endswith("a stream")
+    gil_free = loading.endswith("lets the GIL go")
     dataset = (
-        Waiting(400) if loading == "waits" else PurePythonStream(400) if stream else PurePython(400)
-    )
+        Waiting(400) if loading == "waits"
+        else PurePythonStream(400) if stream
+        else SaysGilFree(400) if gil_free
+        else PurePython(400)
+    )  # fmt: skip
     loader = rloader.DataLoader(dataset, batch_size=4, num_workers="auto", worker_type="auto")
 
     def samples(batches):  # (a stream's 2 workers each batch their own shard: the samples)
@@ -237,7 +243,7 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     assert probes and pools, kinds
     assert auto["gil_blocked"] == pytest.approx(0.95 if loading == "holds the GIL" else 0.05)
     assert auto["gil_probed_s"] >= auto_policy.GIL_PROBE_S
-    if loading == "waits" or dear or loading.endswith("over the budget"):
+    if loading == "waits" or dear or loading.endswith("over the budget") or gil_free:
         assert pools[0]["worker_type"] == "thread", kinds
         return
     assert {d["worker_type"] for d in pools} == {"process"}, kinds

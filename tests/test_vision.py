@@ -606,3 +606,15 @@ def test_getitems_of_an_index_out_of_range_raises_as_torchvision_does(corpus):
             getitems([0, len(theirs)])
         errors.append((str(e.value), torch.get_rng_state()))
     assert errors[0][0] == errors[1][0] and torch.equal(errors[0][1], errors[1][1])
+
+
+def test_auto_is_told_the_loading_runs_without_the_gil_where_rust_makes_whole_batches(corpus):
+    from rloader._auto.kind import loads_without_gil
+
+    whole = RV.ImageFolder(corpus, TRAIN)
+    assert loads_without_gil(whole) and loads_without_gil(torch.utils.data.Subset(whole, [0]))
+    tail = RV.ImageFolder(
+        corpus, T.Compose([T.RandomResizedCrop(8), T.ToTensor(), T.RandomErasing()])
+    )
+    assert not loads_without_gil(tail)  # RandomErasing runs in Python, holding the GIL
+    assert not loads_without_gil(datasets.ImageFolder(corpus, TRAIN))

@@ -17,7 +17,7 @@ from .decisions import Decisions
 from .engines import STAGES, Engine, EngineView, stages
 from .gil_probe import GilProbeSession
 from .keys import Source
-from .kind import KindChoice
+from .kind import KindChoice, loads_without_gil
 from .learned import learned_of, per_worker
 from .options import AUTO, is_auto
 from .prefetch import PrefetchTuning
@@ -77,6 +77,7 @@ class AutoIter(Decisions):
             # until the garbage collector runs)
             epoch_batches=lambda: me()._epoch_batches(),
             epoch_ended=lambda: me()._finished,
+            gil_free=loads_without_gil(loader.dataset),
         )
         self._engines: list = []  # in hand-out order; the last draws the keys
         self._taken_done = 0  # batches handed out by engines that have ended

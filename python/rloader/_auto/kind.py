@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
+from torch.utils.data import Subset
+
 from . import policy
 from .engines import Engine
 from .gil_probe import GilProbeSession
@@ -28,6 +30,16 @@ from .stats import AutoStats
 from .window import Tally
 
 log = logging.getLogger("rloader")
+
+
+def loads_without_gil(dataset) -> bool:
+    """Whether ``dataset`` says (``_rloader_loads_without_gil``, rloader.vision's folders where
+    Rust makes whole batches) that its loading runs mostly without the GIL, in long stretches:
+    threads then suit it even where it holds its CPU (``KindChoice.probe_gil``). A ``Subset``
+    says what its dataset says."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return bool(getattr(dataset, "_rloader_loads_without_gil", False))
 
 
 class KindChoice:
@@ -47,8 +59,10 @@ class KindChoice:
         budget: int,
         epoch_batches: Callable[[], Optional[int]],
         epoch_ended: Callable[[], bool],
+        gil_free: bool = False,
     ) -> None:
         self.learned = learned
+        self.gil_free = gil_free  # the dataset's loading runs mostly without the GIL
         self.stats = stats
         self.tally = tally
         self.gil = gil
@@ -69,9 +83,10 @@ class KindChoice:
 
     def probe_gil(self) -> None:
         """At the main process's windows: where a second thread could not have taken the GIL
-        through the loading (``probed_kind``), or the loading holds its CPU (``holds_cpu``) and
-        processes would win their start back, the first pool is one of processes (if the
-        budget holds one), without a trial of threads."""
+        through the loading (``probed_kind``), or the loading holds its CPU (``holds_cpu``; not
+        where the dataset says it loads without the GIL, ``gil_free``) and processes would win
+        their start back, the first pool is one of processes (if the budget holds one),
+        without a trial of threads."""
         learned = self.learned
         if self.kind_fixed is not None or learned.kind is not None:
             return
@@ -82,6 +97,7 @@ class KindChoice:
             )
         elif (
             policy.holds_cpu(learned.cpu_share)
+            and not self.gil_free
             and self.gil.had_its_say(gil, self.tally.started)
             and self.processes_affordable(None)
         ):

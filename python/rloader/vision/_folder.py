@@ -156,6 +156,12 @@ class _RustSamples:
         samples += [self[i] for i in indices[len(images) :]]
         return samples if block is None else StackedSamples(samples, block)
 
+    @property
+    def _rloader_loads_without_gil(self) -> bool:
+        """Whether a loader's batches are made by Rust, the GIL released but for the draws:
+        `num_workers="auto"` then starts threads even though the loading holds its CPU."""
+        return self._whole_plan() is not None
+
     def _whole_plan(self) -> Plan | None:
         """The plan where it is the whole transform and `__getitem__` is this class's, else
         None."""
