@@ -235,6 +235,47 @@ class Labelled(tud.Dataset):
         return path, self.labels[i], self.classes[path.split("/")[1]]
 
 
+class SeedOfReader(tud.Dataset):
+    """Sample i: (i, the seed of the worker that read it, ``get_worker_info().seed``; -1 in the
+    main process), so that a test sees each epoch's worker seeds with its order."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        return i, -1 if info is None else info.seed
+
+
+class ShardedStream(tud.IterableDataset):
+    """A stateful stream each worker reads its own shard of, of uneven lengths (the workers end
+    at different times), with an epoch counter: a fresh pass (not a resumed one) starts the next
+    epoch, whose items differ, so persistent workers' epochs differ from fresh workers'."""
+
+    def __init__(self, n):
+        self.n, self.epoch, self.next = n, 0, 0
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        w, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        items = list(range(w, self.n + 12 * w, nw))
+        if self.next == 0:
+            self.epoch += 1
+        while self.next < len(items):
+            self.next += 1
+            yield 1000 * self.epoch + items[self.next - 1]
+        self.next = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "next": self.next}
+
+    def load_state_dict(self, state):
+        self.epoch, self.next = state["epoch"], state["next"]
+
+
 class Whereabouts(tud.Dataset):
     """Where each sample was read: (pid, inode of the container's memfd as the process that
     read it maps it, the item)."""

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import SeedOfReader, ShardedStream
 from _samplers import StridingSampler
 
 import rloader
@@ -90,9 +91,10 @@ def checkpointed(state):
 
 
 def interrupted(make, save_workers, load_workers, epoch, batch, total, explicit):
-    """Epochs of a run stopped at `batch` of `epoch` (None: after the epoch ended), saved, and
-    continued by a new loader, as a restarted job would. With the global RNG, the checkpoint
-    holds its state too, as a training loop's would."""
+    """Epochs of a run stopped at `batch` of `epoch` (None: after the epoch ended; "all": after
+    its last batch, before StopIteration), saved, and continued by a new loader, as a restarted
+    job would: from a state at an epoch's end the new loader's first iter() is the next epoch.
+    With the global RNG, the checkpoint holds its state too, as a training loop's would."""
     g = torch.Generator().manual_seed(11) if explicit else None
     torch.manual_seed(3)
     loader = make(save_workers, g)
@@ -110,7 +112,7 @@ def interrupted(make, save_workers, load_workers, epoch, batch, total, explicit)
     resumed = make(load_workers, g2)
     resumed.load_state_dict(state)
     torch.set_rng_state(rng)
-    if batch is None:
+    if batch is None or batch == "all":
         seen.append(current)
     else:
         seen.append(current + [as_lists(b) for b in resumed])
@@ -147,7 +149,7 @@ def test_resume_with_workers(name, point):
     assert interrupted(make, 2, 2, epoch, batch, 3, explicit=True) == expected
 
 
-@pytest.mark.parametrize("point", ["start", "middle", "epoch end"])
+@pytest.mark.parametrize("point", ["start", "middle", "last batch", "epoch end"])
 @pytest.mark.parametrize("name", ["shuffle", "weighted", "batch sampler", "torch's random sampler"])
 @pytest.mark.parametrize("workers", [(2, 0), (0, 2), (2, 1)])
 def test_resume_with_another_worker_count(name, point, workers):
@@ -171,9 +173,10 @@ def test_resume_with_persistent_workers():
     assert interrupted(make, 2, 2, 1, 3, 3, True) == uninterrupted(make, 2, 3, True)
 
 
+@pytest.mark.parametrize("batch", [None, "all"])
 @pytest.mark.parametrize("epoch", [0, 1])
 @pytest.mark.parametrize("explicit", [True, False])
-def test_resume_between_epochs_with_persistent_workers(epoch, explicit):
+def test_resume_between_epochs_with_persistent_workers(epoch, explicit, batch):
     # The saving loader's next epoch reuses its workers (no base seed drawn); the resumed one
     # starts a pool (one drawn): the generator is put back as if it had not.
     def make(nw, g):
@@ -187,9 +190,77 @@ def test_resume_between_epochs_with_persistent_workers(epoch, explicit):
         )
 
     expected = uninterrupted(make, 2, 3, explicit)
-    assert interrupted(make, 2, 2, epoch, None, 3, explicit) == expected
+    assert interrupted(make, 2, 2, epoch, batch, 3, explicit) == expected
     if epoch == 1:  # (without workers every epoch draws a base seed: only the next one matches)
-        assert interrupted(make, 2, 0, epoch, None, 3, explicit) == expected
+        assert interrupted(make, 2, 0, epoch, batch, 3, explicit) == expected
+
+
+def rows(batch):
+    return [as_lists(part) for part in batch]
+
+
+def rank_one_of_two(seed, **kwargs):
+    """A loader over rank 1 of 2 of a DistributedSampler (5 batches), with its sampler; the
+    workers' seeds (in the samples) come from ``generator``."""
+    dataset = SeedOfReader(29)
+    sampler = rloader.DistributedSampler(dataset, num_replicas=2, rank=1, seed=5)
+    generator = torch.Generator().manual_seed(seed)
+    loader = rloader.DataLoader(
+        dataset, batch_size=3, sampler=sampler, generator=generator, **kwargs
+    )
+    return loader, sampler
+
+
+def next_epoch_after_a_state_at_the_end(kwargs, saved_after, set_epoch):
+    """Three epochs, ``set_epoch`` before each ``iter()``, against a run saved at the end of
+    the first (after its last batch, or after StopIteration too) and resumed by a new loader,
+    ``set_epoch`` before or, as Lightning calls it there, after the resumed ``iter()`` (and
+    before the next one's)."""
+    loader, sampler = rank_one_of_two(7, **kwargs)
+    expected = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        expected.append([rows(b) for b in loader])
+    assert expected[0] != expected[1] != expected[2]  # each epoch its own order (and seeds)
+    loader, sampler = rank_one_of_two(7, **kwargs)
+    it = iter(loader)
+    seen = [[rows(next(it)) for _ in range(len(loader))]]
+    if saved_after == "StopIteration":
+        assert next(it, None) is None
+    state = checkpointed(loader.state_dict())
+    del it, loader
+    resumed, sampler = rank_one_of_two(99, **kwargs)  # the generator's state is the saved one
+    resumed.load_state_dict(state)
+    if set_epoch == "before iter()":
+        sampler.set_epoch(1)
+    it = iter(resumed)
+    if set_epoch == "after iter()":
+        sampler.set_epoch(1)
+    seen.append([rows(b) for b in it])
+    sampler.set_epoch(2)
+    seen.append([rows(b) for b in resumed])
+    return seen, expected
+
+
+@pytest.mark.parametrize("set_epoch", ["before iter()", "after iter()"])
+@pytest.mark.parametrize("saved_after", ["the last batch", "StopIteration"])
+def test_a_state_at_an_epochs_end_resumes_into_the_next_epoch(engine, saved_after, set_epoch):
+    # Every batch of the epoch handed out: the epoch is over, whether or not the iterator has
+    # raised StopIteration yet. The resume is the next epoch (its order, its workers' seeds),
+    # and its draws wait for its first batch, so that a set_epoch() between iter() and that
+    # batch (Lightning's, on resume) is the epoch's. (Persistent workers keep their seeds from
+    # epoch to epoch, which a new pool does not: test_resume_between_epochs_with_persistent_
+    # workers checks their order.)
+    seen, expected = next_epoch_after_a_state_at_the_end(engine.kwargs(), saved_after, set_epoch)
+    assert seen == expected
+
+
+@pytest.mark.parametrize("saved_after", ["the last batch", "StopIteration"])
+def test_a_state_at_an_epochs_end_resumes_into_the_next_epoch_under_auto(quick, saved_after):
+    seen, expected = next_epoch_after_a_state_at_the_end(
+        dict(num_workers="auto"), saved_after, "after iter()"
+    )
+    assert seen == expected
 
 
 def test_the_saved_order_travels_with_the_state():
@@ -292,6 +363,25 @@ def test_elastic_resume_covers_what_no_old_rank_yielded(old, new, drop_last):
         assert len(flat) == len(set(flat)) and len(left) - len(flat) < new
     else:
         assert set(flat) == left and len(flat) - len(left) < new  # padding only as it pads
+
+
+def test_an_elastic_resume_of_ranks_at_their_epochs_end_is_the_next_epoch():
+    # Every old rank had handed out its every batch (not yet StopIteration): nothing is left
+    # of the epoch, and each new rank's first iter() is its next epoch, not an empty one.
+    states = []
+    for rank in range(2):
+        loader, _ = rank_loader(2, rank)
+        it = iter(loader)
+        for _ in range(len(loader)):
+            next(it)
+        states.append(checkpointed(loader.state_dict()))
+    for rank in range(3):
+        resumed, sampler = rank_loader(3, rank)
+        resumed.load_state_dict(states)
+        fresh, fresh_sampler = rank_loader(3, rank)
+        sampler.set_epoch(1)
+        fresh_sampler.set_epoch(1)
+        assert [b.tolist() for b in resumed] == [b.tolist() for b in fresh] != []
 
 
 def states_after_one_batch(world):
@@ -401,11 +491,16 @@ class FailsToLoadOnce(StridingSampler):
         super().load_state_dict(state)
 
 
-def test_a_resume_that_fails_in_iter_leaves_the_rng_alone_and_stays_pending():
+@pytest.mark.parametrize("taken", ["one", "all"])
+def test_a_resume_that_fails_in_iter_leaves_the_rng_alone_and_stays_pending(monkeypatch, taken):
+    # (taken all: the resume is the next epoch, made as the saved one's draws are made again)
+    monkeypatch.setattr(FailsToLoadOnce, "failures", 1)
     loader = rloader.DataLoader(list(range(N)), batch_size=4, sampler=FailsToLoadOnce(N))
     it = iter(loader)
-    next(it)
-    state, rest = loader.state_dict(), [b.tolist() for b in it]
+    for _ in range(len(loader) if taken == "all" else 1):
+        next(it)
+    state = loader.state_dict()
+    rest = [b.tolist() for b in (loader if taken == "all" else it)]
     other = rloader.DataLoader(list(range(N)), batch_size=4, sampler=FailsToLoadOnce(N))
     other.load_state_dict(state)
     before = torch.get_rng_state()
@@ -481,32 +576,6 @@ def test_states_saved_during_an_elastic_epoch_resume_on_that_world_only():
 
 
 # ---------------------------------------------------------------- stateful iterable datasets, workers
-
-
-class ShardedStream(rloader.IterableDataset):
-    """A stateful stream each worker reads its own shard of, of uneven lengths (the workers end
-    at different times), with an epoch counter: a fresh pass (not a resumed one) starts the next
-    epoch, whose items differ, so persistent workers' epochs differ from fresh workers'."""
-
-    def __init__(self, n):
-        self.n, self.epoch, self.next = n, 0, 0
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        w, nw = (0, 1) if info is None else (info.id, info.num_workers)
-        items = list(range(w, self.n + 12 * w, nw))
-        if self.next == 0:
-            self.epoch += 1
-        while self.next < len(items):
-            self.next += 1
-            yield 1000 * self.epoch + items[self.next - 1]
-        self.next = 0
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "next": self.next}
-
-    def load_state_dict(self, state):
-        self.epoch, self.next = state["epoch"], state["next"]
 
 
 def sharded(nw, persistent=False, in_order=True, batch_size=4, **kw):
@@ -865,7 +934,10 @@ def stateful_dataloader():
     return pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
 
-@pytest.mark.parametrize("point", POINTS)
+# Not "last batch": there torchdata (0.11) resumes into what was left of the epoch, nothing,
+# and only the iter() after that into the next epoch: a loop that counts epochs (Lightning's)
+# loses one. rloader resumes into the next epoch (test_resume_is_the_uninterrupted_run).
+@pytest.mark.parametrize("point", ["start", "middle", "epoch end"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_sequential_resume_is_torchdatas(workers, point):
     # The same points are checked against the uninterrupted run by test_resume_with_workers and

@@ -296,7 +296,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` yields exactly the batches the saved
-        loader had not handed out yet, then later epochs are those of an uninterrupted run.
+        loader had not handed out yet, then later epochs are those of an uninterrupted run. A
+        state saved once every batch of an epoch was handed out resumes into the next epoch.
 
         Build the loader with the same arguments (``num_workers`` may differ, but not for an
         IterableDataset saved mid-epoch, whose stream depends on how many workers read it, nor

@@ -42,7 +42,9 @@ borrowed for the resumed epoch's draws and put back as it was: it belongs to the
 restores it with the rest of a checkpoint.
 
 Between epochs (before the first ``iter()``, or once an epoch has ended) the state holds the
-generators' current states instead, and the next ``iter()`` starts a fresh epoch from them.
+generators' current states instead, and the next ``iter()`` starts a fresh epoch from them. A
+state saved once every batch of a map-style epoch was handed out is made one between epochs as
+it is resumed (NOTE [Epoch's end] in epoch.py).
 
 Elastic resume (``load_state_dict()`` given every rank's state, on another number of ranks) is
 ``reshard``'s: it works out this rank's share of the saved epoch, which ``state._elastic_plan``

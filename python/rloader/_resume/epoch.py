@@ -13,6 +13,7 @@ import torch.utils.data as tud
 
 from .._loader_record import record_of
 from .._seed import draw_seed
+from ..sampler import iter_keys
 from .format import drawing_sampler, generators_of, pack, sampler_state, set_generators
 from .readers import planned_readers, restarts_workers, stateful_iterable, stateful_workers
 
@@ -52,6 +53,9 @@ class Epoch:
         self.restored_stream = False
         self.stream_ended = False  # a restored stream that had ended: nothing more comes
         self.base_drawn = True
+        # Resumed between epochs: the sampler's first draw waits for the first batch (see
+        # ``draws_in_iter``), so a set_epoch() between iter() and that batch is this epoch's.
+        self._draws_later = False
 
     @classmethod
     def begin(cls, loader, draws_base_seed: bool) -> "Epoch":
@@ -59,6 +63,12 @@ class Epoch:
         workers): records the states, and applies a pending resume."""
         record = record_of(loader)
         pending, record.pending = record.pending, None
+        if pending is not None and _every_batch_handed_out(loader, pending):
+            try:
+                pending = _after_the_end(loader, pending)  # NOTE [Epoch's end]
+            except BaseException:
+                record.pending = pending  # (a sampler that failed: the resume waits still)
+                raise
         readers = planned_readers(loader, pending)
         workers = between = None
         if pending is not None and pending["position"] is None:
@@ -74,6 +84,9 @@ class Epoch:
             pending = None
         epoch = cls(loader, readers)
         epoch.workers = workers
+        if between is not None and not epoch.iterable:
+            epoch._draws_later = True
+            epoch.pulls_in_iter = False
         if between is not None and between.get("next_draws_base", True) != draws_base_seed:
             gen = loader.generator if loader.generator is not None else torch.default_generator
             epoch._base_fix = gen.get_state() if draws_base_seed else "draw"
@@ -164,6 +177,14 @@ class Epoch:
         self.end_window()
         return keys
 
+    def draws_in_iter(self) -> bool:
+        """Whether a pool makes the epoch's first draws (its workers' first tasks) in
+        ``iter()``, as torch's does; asked once, by the epoch's first pool. An epoch resumed
+        between epochs makes them at its first batch instead, as ``num_workers=0`` does (NOTE
+        [Epoch's end])."""
+        later, self._draws_later = self._draws_later, False
+        return not later
+
     def worker_states(self) -> Optional[list]:
         """Of a resumed epoch over stateful workers: per worker, the state its dataset loads
         before ``iter()`` (None: it starts as the loader's dataset), and whether its stream had
@@ -248,6 +269,70 @@ class Epoch:
 
 
 _END = object()
+
+
+# NOTE [Epoch's end]: a state saved once every batch of its epoch was handed out (a map-style
+# epoch's ``len(loader)`` batches, none held back) is at that epoch's end, whether or not the
+# iterator has raised StopIteration yet: Lightning saves there (at the last batch's end) and
+# counts the epoch as done, and so does a loop that saves after its last step. Its resume is the
+# next epoch, as after StopIteration: the saved epoch's draws are made again, to their end, from
+# its saved generator states (torch's global RNG borrowed), which leaves the generators and the
+# sampler as the uninterrupted run's next iter() finds them, whatever a sampler draws after its
+# last batch; then the state is one between epochs. An IterableDataset's epoch ends where its
+# stream does, which only StopIteration tells.
+#
+# A resume between epochs makes the sampler's first draw at the epoch's first batch, not in
+# iter(): Lightning's resumed fit loop calls iter() before set_epoch() (the uninterrupted one
+# after), and the epoch's order must be that set_epoch()'s. The base seed is drawn in iter().
+
+
+def _every_batch_handed_out(loader, pending: dict) -> bool:
+    """Whether ``pending``, a state saved mid-epoch, had handed out every batch of its epoch."""
+    position = pending["position"]
+    if (
+        not position  # (None: between epochs already; 0: an epoch of no batches, not drawn)
+        or pending.get("holes")
+        or pending.get("elastic") is not None
+        or pending.get("elastic_from") is not None
+        or isinstance(loader.dataset, tud.IterableDataset)
+    ):
+        return False
+    try:
+        return position >= len(loader)
+    except TypeError:  # an epoch of unknown length: it ends where the sampler does
+        return False
+
+
+def _after_the_end(loader, pending: dict) -> dict:
+    """The state between ``pending``'s epoch, every batch of which was handed out, and the
+    next: that epoch's draws made again to their end (NOTE [Epoch's end])."""
+    sampler = drawing_sampler(loader)
+    distributed = (pending["sampler"] or {}).get("distributed")
+    set_epoch = sampler.epoch if distributed is not None else None  # the user's, kept
+    borrowed = torch.get_rng_state()
+    try:
+        set_generators(loader, pending["generators"], "loader")
+        saved = pending["sampler"] or {}
+        if "state_dict" in saved:
+            sampler.load_state_dict(saved["state_dict"])
+        if distributed is not None:
+            sampler.epoch = distributed["epoch"]
+        if pending.get("base_drawn", True):
+            draw_seed(loader.generator)
+        set_generators(loader, pending["generators"], "sampler")  # (as Epoch.keys orders them)
+        keys = iter_keys(loader._index_sampler)
+        skip = getattr(keys, "skip", None)
+        if callable(skip):  # an rloader BatchStream: skipped in Rust
+            skip(pending["position"], [])
+        for _ in keys:  # (to the sampler's end: what it draws after its last batch)
+            pass
+        generators = {role: pack(gen) for role, gen in generators_of(loader).items()}
+        after = sampler_state(sampler)
+    finally:
+        torch.set_rng_state(borrowed)
+        if set_epoch is not None:
+            sampler.epoch = set_epoch
+    return dict(pending, position=None, holes=[], generators=generators, sampler=after)
 
 
 def skip_handed(keys, end: int, holes: list):

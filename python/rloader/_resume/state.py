@@ -48,6 +48,8 @@ def state_dict(loader) -> dict:
             sampler=epoch.sampler,
             pulled=position > 0 or epoch.pulls_in_iter,
             base_drawn=epoch.base_drawn,
+            # (for a resume after every batch was handed out: NOTE [Epoch's end])
+            next_draws_base=_next_draws_base(loader),
         )
         if epoch.iterable:
             state["readers"] = list(epoch.readers)
@@ -70,15 +72,20 @@ def state_dict(loader) -> dict:
         state["readers"] = list(readers)
     if keeps_main_copy(loader, readers):
         state["dataset"] = loader.dataset.state_dict()  # where the next epoch starts from
-    # Persistent workers' next epoch draws no base seed; a fresh pool's does (Epoch.begin).
+    state["next_draws_base"] = _next_draws_base(loader)
+    return state
+
+
+def _next_draws_base(loader) -> bool:
+    """Whether this loader's next iter() draws a base seed: persistent workers' next epoch
+    does not, a fresh pool's does (Epoch.begin)."""
     it = loader._iterator
-    state["next_draws_base"] = not (
+    return not (
         loader.persistent_workers
         and loader.num_workers > 0
         and it is not None
         and not it._rloader_pool.stopped
     )
-    return state
 
 
 def load_state_dict(loader, state) -> None:
@@ -116,7 +123,9 @@ def _elastic_plan(loader, states: list, position: int, holes: list = ()) -> dict
     (those handed out on this world, when the resumed epoch was saved again)."""
     sampler = drawing_sampler(loader)
     share = reshard.remaining_share(sampler, states)
-    if share is None:  # between epochs on the old world: the new world starts its next epoch
+    # Between epochs on the old world, or every old rank at its epoch's end (no new rank has
+    # anything left: NOTE [Epoch's end]): the new world starts its next epoch.
+    if share is None or not share[0]:
         return dict(format=FORMAT, position=None, sampler=None, generators={})
     mine, epoch = share
     # (the plan waits beside the loader, in its record: it must not hold the loader itself)

@@ -293,8 +293,10 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
         if layout != loader.prefetch_factor:
             it._set_prefetch_factor(loader.prefetch_factor)  # (before the first draws)
         # The first tasks wait in the rings, so worker 0 starts on them as soon as it exists
-        # (torch too queues them in iter(), but only once all its workers are started).
-        it._prefill()
+        # (torch too queues them in iter(), but only once all its workers are started); an
+        # epoch resumed between epochs draws them at its first batch (NOTE [Epoch's end]).
+        if pin is not None or _resume.epoch_of(owner).draws_in_iter():
+            it._prefill()
     except BaseException:
         record.region = region
         raise

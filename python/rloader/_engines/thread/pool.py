@@ -330,7 +330,9 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
         # a persistent loader whose dataset refers back to it (NOTE [Worker slots]); collected
         # with such a cycle, the pool stops itself (`ThreadPool.__clear__`).
         weakref.finalize(it, pool.stopper().stop)
-        it._prefill()
+        # (an epoch resumed between epochs draws at its first batch: NOTE [Epoch's end])
+        if _resume.epoch_of(getattr(loader, "_rloader_owner", loader)).draws_in_iter():
+            it._prefill()
     except BaseException:
         pool.stop()
         raise
