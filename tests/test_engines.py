@@ -9,6 +9,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -413,3 +414,38 @@ def test_workers_run_ops_on_one_intra_op_thread_as_torchs_workers_do(engine):
         assert (torch.get_num_threads(), later) == (2, [2])
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_workers=2),
+        dict(num_workers=2, persistent_workers=True),
+        dict(num_workers=2, worker_type="thread"),
+        dict(num_workers="auto"),
+        dict(num_workers="auto", persistent_workers=True),
+        dict(num_workers="auto", worker_type="auto"),
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_a_loader_held_only_by_its_iterator_gives_every_batch(kwargs):
+    # `for batch in DataLoader(...)`: nothing but the iterator holds the loader.
+    # (auto's decisions read the loader after its first windows: batches enough for them)
+    want = [b.tolist() for b in tud.DataLoader(range(2000), batch_size=10)]
+    assert [b.tolist() for b in rloader.DataLoader(range(2000), batch_size=10, **kwargs)] == want
+
+
+def test_a_dropped_persistent_auto_loader_goes_without_the_garbage_collector():
+    # Its iterator holds it only through an epoch: after one, no cycle keeps its workers.
+    loader = rloader.DataLoader(
+        range(200), batch_size=10, num_workers="auto", persistent_workers=True
+    )
+    for _ in range(2):
+        assert sum(1 for _ in loader) == 20
+    gc.disable()
+    try:
+        gone = weakref.ref(loader)
+        del loader
+        assert gone() is None
+    finally:
+        gc.enable()

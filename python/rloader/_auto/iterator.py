@@ -44,9 +44,13 @@ class AutoIter(Decisions):
     decisions that switch between them (NOTE [Auto workers])."""
 
     def __init__(self, loader, keys, base_seed: int, make_engine, epoch_of) -> None:
-        # Weakly: a persistent loader holds its iterator, and a cycle would keep a dropped
-        # loader's workers alive until the garbage collector runs.
+        # Weakly, and strongly only while it must: a persistent loader holds its iterator, and
+        # a cycle would keep a dropped loader's workers alive until the garbage collector runs;
+        # but `for b in DataLoader(...)` holds its loader through the iterator alone. So the
+        # iterator holds its loader through its epochs (`_hold`), a persistent one's until the
+        # epoch ends (the loader's next iter() resets it).
         self._loader_ref = weakref.ref(loader)
+        self._hold = loader
         self._make_engine = make_engine
         self._epoch_of = epoch_of
         self._iterable = loader._dataset_kind == _DatasetKind.Iterable
@@ -135,6 +139,7 @@ class AutoIter(Decisions):
 
     def _shutdown_workers(self) -> None:
         self._closed = True
+        self._hold = None
         self._gil.stop()
         engines, self._engines = self._engines, []
         for engine in engines:
@@ -148,6 +153,7 @@ class AutoIter(Decisions):
     # -- epochs and engines --------------------------------------------------------------
 
     def _begin_epoch(self, keys, reported_len) -> None:
+        self._hold = self._loader
         self._started_at = measure.clock()
         self._first_engine = True  # (torch's warnings once per epoch)
         self._stats.clear()
@@ -425,3 +431,5 @@ class AutoIter(Decisions):
         if not self._persistent:
             for engine in self._engines:
                 engine.stop()
+        elif self._hold is not None:
+            self._hold = None  # (the loader, if anyone holds it, holds this iterator)
