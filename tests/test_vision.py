@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import torch.utils.data as tud
 from PIL import Image
 from torchvision import datasets
 from torchvision import transforms as T
@@ -527,29 +528,44 @@ def test_getitems_gives_torchvisions_samples_in_order(corpus, name):
             assert torch.equal(_as_tensor(gx), _as_tensor(wx)), theirs.samples[i][0]
 
 
-def test_getitems_raises_what_torchvision_raises_for_a_bad_file_in_a_batch(tmp_path):
+def _bad_root_with_a_picture(tmp_path, width, height) -> str:
+    """_bad_files' folder, with one good picture last (class "d")."""
     root = _bad_files(str(tmp_path))
     os.makedirs(os.path.join(root, "d"))
-    _vision_corpus._picture(np.random.default_rng(0), 61, 47).save(f"{root}/d/0.jpg")
-    transform = T.Compose([T.RandomResizedCrop(16), T.ToTensor()])
+    _vision_corpus._picture(np.random.default_rng(0), width, height).save(f"{root}/d/0.jpg")
+    return root
+
+
+def _one_by_one_and_getitems(ours, theirs, batch, seed) -> list:
+    """What ``[theirs[j] for j in batch]`` and ``ours.__getitems__(batch)`` give from one seed:
+    the samples stacked, or the error's type and words; and the generator after them."""
+    outcomes = []
+    for getitems in (lambda b: [theirs[j] for j in b], ours.__getitems__):
+        torch.manual_seed(seed)
+        try:
+            samples = getitems(batch)
+        except Exception as e:  # noqa: BLE001 - whichever torchvision raises is the expectation
+            outcomes.append(((type(e), str(e)), torch.get_rng_state()))
+        else:  # Pillow decodes some damaged files: so must we, to the same pixels
+            outcomes.append((torch.stack([x for x, _ in samples]), torch.get_rng_state()))
+    return outcomes
+
+
+@pytest.mark.parametrize("case", ["between good pictures", "before a picture its crop refuses"])
+def test_getitems_raises_what_torchvision_raises_first_for_a_bad_file(tmp_path, case):
+    # One by one, a bad file's error (or, where Pillow decodes it, the next sample's) comes
+    # first; so it does from __getitems__, with the generator where torchvision leaves it.
+    refused = case.endswith("refuses")
+    root = _bad_root_with_a_picture(tmp_path, *((20, 20) if refused else (61, 47)))
+    crop = T.RandomCrop(32) if refused else T.RandomResizedCrop(16)
+    transform = T.Compose([crop, T.ToTensor()])
     ours, theirs = RV.ImageFolder(root, transform), datasets.ImageFolder(root, transform)
-    good = len(theirs) - 1
+    last = len(theirs) - 1
     for i, (path, _) in enumerate(theirs.samples[:-1]):
-        outcomes = []
-        for getitems in (lambda b: [theirs[j] for j in b], ours.__getitems__):
-            torch.manual_seed(i)
-            try:
-                samples = getitems([good, i, good])
-            except Exception as e:  # noqa: BLE001 - whichever Pillow raises is the expectation
-                outcomes.append((type(e), str(e), torch.get_rng_state()))
-            else:  # Pillow decodes some damaged files: so must we, to the same pixels
-                outcomes.append((torch.stack([x for x, _ in samples]), torch.get_rng_state()))
-        (want, *want_rest), (got, *got_rest) = outcomes
-        if isinstance(want, torch.Tensor):
-            assert torch.equal(got, want), path
-        else:
-            assert (got, got_rest[0]) == (want, want_rest[0]), path
-        assert torch.equal(got_rest[-1], want_rest[-1]), f"{path}: generator state"
+        batch = [i, last] if refused else [last, i, last]
+        (want, want_rng), (got, got_rng) = _one_by_one_and_getitems(ours, theirs, batch, i)
+        assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want, path
+        assert torch.equal(got_rng, want_rng), f"{path}: generator state"
 
 
 class _OwnGetitem(RV.ImageFolder):
@@ -579,7 +595,8 @@ def test_loaders_collate_the_samples_where_getitems_wrote_them(corpus, monkeypat
 
     monkeypatch.setattr(_rloader, "batch_empty", recording)
     assert real([2, 3], torch.float32) is None  # nothing lent outside a loader's fetch
-    ds = RV.ImageFolder(corpus, T.Compose([T.Resize((6, 7)), T.ToTensor()]))
+    # (batches of 4 samples of 1.2 MB: the default collate stacks them into recycled memory)
+    ds = RV.ImageFolder(corpus, T.Compose([T.Resize((160, 160)), T.ToTensor()]))
     jpegs = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "other" not in p]
     subset = torch.utils.data.Subset(ds, jpegs[:8])
     workers = {"none": {}, "thread": {"num_workers": 2, "worker_type": "thread"}}[kind]
@@ -618,3 +635,83 @@ def test_auto_is_told_the_loading_runs_without_the_gil_where_rust_makes_whole_ba
     )
     assert not loads_without_gil(tail)  # RandomErasing runs in Python, holding the GIL
     assert not loads_without_gil(datasets.ImageFolder(corpus, TRAIN))
+
+
+class _Reversed(tud.Dataset):
+    """A wrapper that reverses the batch its dataset's __getitems__ made, in place."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitems__(self, indices):
+        samples = self.ds.__getitems__(indices)
+        samples.reverse()
+        return samples
+
+
+class _Cached(_Reversed):
+    """A wrapper that makes its first batch once and hands it out again."""
+
+    def __getitems__(self, indices):
+        if not hasattr(self, "batch"):
+            self.batch = self.ds.__getitems__(indices)
+        return self.batch
+
+
+BIG = T.Compose([T.Resize((160, 160)), T.ToTensor()])  # (batches the collate stacks into blocks)
+
+
+def _jpegs(ds, n=8):
+    return [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "other" not in p][:n]
+
+
+def test_a_batch_changed_or_kept_after_getitems_is_collated_as_torch_does(corpus):
+    ds = torch.utils.data.Subset(RV.ImageFolder(corpus, BIG), _jpegs(RV.ImageFolder(corpus)))
+    want = list(torch.utils.data.DataLoader(_Reversed(ds), batch_size=4))
+    got = list(rloader.DataLoader(_Reversed(ds), batch_size=4))
+    for (gx, gy), (wx, wy) in zip(got, want):  # images stay beside their labels
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+    cached = rloader.DataLoader(_Cached(ds), batch_size=4)
+    first, second = next(iter(cached))[0], next(iter(cached))[0]
+    assert first.data_ptr() != second.data_ptr()  # two batches, not one tensor twice
+    first.zero_()
+    assert second.any()
+
+
+def test_batch_types_follow_torchvisions_return_type_setting(corpus):
+    from torchvision import tv_tensors
+
+    transform = v2.Compose([v2.Resize((160, 160)), v2.ToImage(), v2.ToDtype(torch.float32, True)])
+    ours, theirs = RV.ImageFolder(corpus, transform), datasets.ImageFolder(corpus, transform)
+    idx = _jpegs(theirs)
+    for setting in ("Tensor", "TVTensor"):
+        with tv_tensors.set_return_type(setting):
+            want = next(iter(torch.utils.data.DataLoader(torch.utils.data.Subset(theirs, idx), 4)))
+            got = next(iter(rloader.DataLoader(torch.utils.data.Subset(ours, idx), 4)))
+        assert type(got[0]) is type(want[0]) and torch.equal(got[0], want[0]), setting
+
+
+class _Nested(tud.Dataset):
+    """A dataset whose __getitems__ iterates another loader (collate_fn=list) of ``ds``."""
+
+    def __init__(self, ds, loader_type):
+        self.ds, self.loader_type, self.inner = ds, loader_type, []
+
+    def __len__(self):
+        return 4
+
+    def __getitems__(self, indices):
+        loader = self.loader_type(self.ds, batch_size=2, collate_fn=list)
+        self.inner += [type(b) for b in loader]
+        return [(torch.zeros(3), i) for i in indices]
+
+
+@pytest.mark.parametrize("loader_type", [rloader.DataLoader, torch.utils.data.DataLoader])
+def test_a_loader_inside_a_getitems_borrows_nothing_of_the_outer_batch(corpus, loader_type):
+    ds = torch.utils.data.Subset(RV.ImageFolder(corpus, BIG), _jpegs(RV.ImageFolder(corpus), 4))
+    nested = _Nested(ds, loader_type)
+    assert len(list(rloader.DataLoader(nested, batch_size=4))) == 1
+    assert nested.inner == [list, list]  # plain lists: no batch memory of the outer loop

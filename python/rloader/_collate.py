@@ -255,21 +255,34 @@ class StackedSamples(list):
     """A batch of ``(tensor, *rest)`` samples whose tensors are ``stacked[0]``, ``stacked[1]``,
     ... in order, made so by the dataset in the memory the batch is collated into
     (``_rloader.batch_empty``; rloader.vision's ``__getitems__``). The default collate's
-    tensor column is then ``stacked`` itself, not a copy of it (``collate_stacked``); any other
-    collate function sees a list of samples."""
+    tensor column is then ``stacked`` itself, not a copy of it (``collate_stacked``), once, and
+    only while the list holds the samples it was made with; any other collate function, and a
+    list changed since, sees a list of samples."""
 
-    __slots__ = ("stacked",)
+    __slots__ = ("_rows", "stacked")
 
     def __init__(self, samples, stacked: torch.Tensor):
         super().__init__(samples)
-        self.stacked = stacked
+        self._rows = tuple(self)
+        self.stacked: Optional[torch.Tensor] = stacked
 
 
-def collate_stacked(batch: StackedSamples, general: Callable[[Any], Any]) -> list:
+def collate_stacked(batch: StackedSamples, general: Callable[[Any], Any]) -> Optional[list]:
     """The default collate of ``batch`` (a list of columns, as for any batch of tuples), its
-    other columns collated by ``general``. The Rust loops call it while the collate maps are
-    pristine (``CollatePlan``), so the tensor column is what stacking it would give."""
-    return [batch.stacked, *(general(list(column)) for column in list(zip(*batch))[1:])]
+    other columns collated by ``general``; None where ``batch`` no longer holds the samples it
+    was made with, or was collated already (it is then collated as any list). The Rust loops
+    call it while the collate maps are pristine (``CollatePlan``) and no torch mode is active,
+    so the tensor column is what stacking it would give: its type too (``tv_tensors`` stack to
+    plain tensors, unless torchvision is told to return its own)."""
+    stacked, rows = batch.stacked, batch._rows
+    if stacked is None or len(batch) != len(rows) or any(a is not b for a, b in zip(batch, rows)):
+        return None
+    batch.stacked = None  # (a batch is collated once: a second time copies)
+    kind = type(rows[0][0])
+    if kind is not torch.Tensor:  # what torch.stack makes of this kind, as it is set now
+        empty = torch.empty(0).as_subclass(kind)
+        stacked = stacked.as_subclass(type(torch.stack([empty, empty])))
+    return [stacked, *(general(list(column)) for column in list(zip(*rows))[1:])]
 
 
 class CollatePlan(NamedTuple):

@@ -39,7 +39,10 @@ def loads_without_gil(dataset) -> bool:
     says what its dataset says."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
-    return bool(getattr(dataset, "_rloader_loads_without_gil", False))
+    try:
+        return bool(getattr(dataset, "_rloader_loads_without_gil", False))
+    except Exception:  # (a proxy's __getattr__ that raises something else: no word said)
+        return False
 
 
 class KindChoice:

@@ -96,9 +96,12 @@ class _RustSamples:
         # torchvision ends the run: it and those after it are made one by one.
         try:
             items = [self.samples[index] for index in indices]
+            opened = _rloader.vision_open_many([path for path, _ in items])
         except (IndexError, TypeError):  # raised one by one, after the samples before it
             return [self[i] for i in indices]
-        opened = _rloader.vision_open_many([path for path, _ in items])
+        # An error of a sample's draws or target_transform is raised once the samples before it
+        # are made, as one by one (where one of those fails to decode, from there one by one).
+        error = None
         with worker_draws():
             for (_, target), (encoded, _why) in zip(items, opened):
                 if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
@@ -106,19 +109,25 @@ class _RustSamples:
                 if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
                     break
                 state = generator.get_state()
-                sample_steps, done = plan.record(encoded.size)
-                size = encoded.output_size(1, sample_steps)
-                if done < len(plan.geometry) or 0 in size:
-                    generator.set_state(state)
+                try:
+                    sample_steps, done = plan.record(encoded.size)
+                    size = encoded.output_size(1, sample_steps)
+                    if done < len(plan.geometry) or 0 in size:
+                        generator.set_state(state)
+                        break
+                    if self.target_transform is not None:
+                        target = self.target_transform(target)
+                except Exception as e:  # noqa: BLE001 - raised below, in its place
+                    error = e
                     break
-                if self.target_transform is not None:
-                    target = self.target_transform(target)
                 images.append(encoded)
                 steps.append(sample_steps)
                 sizes.append(size)
                 targets.append(target)
                 states.append(state)
         if not images:
+            if error is not None:
+                raise error
             return [self[i] for i in indices]
         conversion = plan.conversion
         width, height = sizes[0]
@@ -153,6 +162,8 @@ class _RustSamples:
             # (their target_transform called again: the draws are the same).
             generator.set_state(states[written])
             return samples + [self[i] for i in indices[written:]]
+        if error is not None:
+            raise error
         samples += [self[i] for i in indices[len(images) :]]
         return samples if block is None else StackedSamples(samples, block)
 

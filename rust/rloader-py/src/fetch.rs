@@ -301,12 +301,13 @@ impl Fetcher {
         }
         let stop = self.stop.as_deref();
         let samples = self.timed(Stage::Fetch, || {
-            // A `__getitems__` may make its samples where the default collate puts the batch.
-            let _lent = match (&self.collate, getitems) {
-                (Collate::Default { buffers, .. }, Some(_)) => {
-                    Some(stacking::lend(py, buffers.as_ref()))
+            // A `__getitems__` may make its samples where the default collate puts the batch
+            // (and no fetch sees an outer fetch's lending).
+            let _lent = match &self.collate {
+                Collate::Default { buffers, .. } => {
+                    stacking::lend(py, getitems.is_some(), buffers.as_ref())
                 }
-                _ => None,
+                Collate::Call(_) => stacking::lend(py, false, None),
             };
             Self::samples(py, ds, getitems, keys, spent, stop)
         })?;

@@ -51,7 +51,7 @@ pub fn fast_collate<'py>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = batch.py();
     let h = torch_api(py)?;
-    if torch_modes_active(py, h)? {
+    if torch_modes_active(py)? {
         return Ok(None);
     }
     let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = batch.cast::<PyList>() {
@@ -69,7 +69,8 @@ pub fn fast_collate<'py>(
 /// makes numpy batches and numbers on the default device), so the general path, which calls the
 /// same torch functions as torch's collate, does it. This path writes through `data_ptr()`, which
 /// only a CPU tensor of its own allocation can take.
-fn torch_modes_active(py: Python<'_>, h: &TorchApi) -> PyResult<bool> {
+pub(crate) fn torch_modes_active(py: Python<'_>) -> PyResult<bool> {
+    let h = torch_api(py)?;
     Ok(h.function_mode.bind(py).call0()?.is_truthy()?
         || h.dispatch_modes.bind(py).call0()?.extract::<usize>()? > 0)
 }

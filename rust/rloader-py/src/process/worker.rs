@@ -19,7 +19,7 @@ use rloader_workers::{times, Layout, MainProcess, PoolError};
 
 use crate::errors::to_py;
 use crate::fetch::{Collate, Fetcher};
-use crate::memory::{contiguous_bytes, slots};
+use crate::memory::{contiguous_bytes, slots, stacking};
 use crate::sampling::KeyBatch;
 use crate::stats::{Stage, Stats};
 use crate::vision;
@@ -98,6 +98,7 @@ pub fn worker_loop(py: Python<'_>, spec: WorkerSpec<'_>) -> PyResult<()> {
         .with_doorbell(Doorbell::attach(shm.clone(), DOORBELL_AT));
     // Collation and send_batch find this worker's slots here (NOTE [Slots]).
     let _arena = slots::install(layout.arena(shm.clone(), worker_id));
+    stacking::forget(); // (a fork inside a lending would leave it to this thread)
     let collate = Collate::new(collate_fn, collate_plan)?;
     // This worker's fetch and collate times, added to its cell in the region after each task
     // for the main process's `DataLoader.stats()` (rloader-workers' times.rs).
