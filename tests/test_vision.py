@@ -203,6 +203,26 @@ def test_composed_pipelines(corpus, transform):
                 v2.ToDtype(torch.float32, scale=True),
             ]
         ),
+        # torchvision's classification reference's training preset with an auto-augment
+        T.Compose(
+            [
+                T.RandomResizedCrop(64),
+                T.RandomHorizontalFlip(),
+                T.TrivialAugmentWide(),
+                T.PILToTensor(),
+                T.ConvertImageDtype(torch.float),
+                T.Normalize(*NORM),
+            ]
+        ),
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(64),
+                v2.ColorJitter(0.4, 0.4, 0.4),
+                v2.ToImage(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(*NORM),
+            ]
+        ),
         T.Compose([T.Grayscale(), T.Resize(32), T.ToTensor()]),
         T.Compose([T.Resize(32), T.Lambda(lambda img: img.rotate(10)), T.ToTensor()]),
         T.Compose([T.RandomCrop(4, padding=2), T.ToTensor()]),
@@ -214,6 +234,8 @@ def test_composed_pipelines(corpus, transform):
         "jitter",
         "erasing",
         "v2-rotation",
+        "trivial-augment",
+        "v2-jitter",
         "grayscale-first",
         "lambda",
         "padded-crop",
@@ -222,6 +244,19 @@ def test_composed_pipelines(corpus, transform):
 )
 def test_an_unsupported_transform_hands_its_image_on(corpus, transform):
     assert_same_samples(transform, corpus, indices=range(0, 45, 2))
+
+
+def test_the_conversion_after_an_unsupported_transform_is_rusts(corpus):
+    # (whose samples the test above compares with torchvision's)
+    from rloader.vision._plan import Plan
+
+    jitter = T.ColorJitter(0.4)
+    plan = Plan(T.Compose([T.RandomResizedCrop(8), jitter, T.ToTensor(), T.Normalize(*NORM)]))
+    assert plan.rest == [jitter] and plan.tail is not None
+    assert [type(t) for t in plan.tail.transforms] == [T.ToTensor, T.Normalize]
+    erasing = T.RandomErasing()  # a tensor transform between: nothing for Rust after it
+    plan = Plan(T.Compose([T.RandomResizedCrop(8), T.ToTensor(), erasing, T.Normalize(*NORM)]))
+    assert plan.rest[0] is erasing and plan.tail is None
 
 
 def test_attributes_and_files_found_are_torchvisions(corpus):

@@ -56,6 +56,7 @@ __all__ = [
     "vision_open",
     "vision_open_many",
     "vision_run_many",
+    "vision_convert",
     "vision_pillow_13_passes",
     "SamplePool",
 ]
@@ -748,6 +749,18 @@ def vision_run_many(
 ) -> int:
     """`EncodedImage.run` at full scale for each image into its `(out_ptr, out_len)`, the GIL
     released once; stops at the first that failed or warned: how many were written."""
+
+def vision_convert(
+    rgb: bytes,
+    width: int,
+    height: int,
+    out_ptr: int,
+    out_len: int,
+    table: bytes,
+    elem: int,
+    channels: int,
+) -> None:
+    """An RGB image's bytes written at `out_ptr` as CHW through `table`, without the GIL."""
 
 def vision_pillow_13_passes(on: bool) -> None:
     """Which order of resampling passes to reproduce: Pillow 13's (True) or older Pillow's."""

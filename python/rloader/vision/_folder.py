@@ -181,7 +181,7 @@ class _RustSamples:
         if self.loader not in (default_loader, pil_loader) or get_image_backend() != "PIL":
             return None
         plan = self._plan()
-        if plan is None or plan.conversion is None or plan.rest:
+        if plan is None or plan.conversion is None or plan.rest or plan.tail is not None:
             return None
         return plan
 
@@ -242,7 +242,31 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
         with worker_draws():
             for t in rest:
                 sample = t(sample)
+    if plan.tail is not None:
+        sample = _convert(plan.tail, sample, pool)
     return sample
+
+
+def _convert(tail, sample, pool):
+    """`tail` (a Conversion) of `sample`: by Rust through its tables where the sample is an RGB
+    PIL image (what they were computed from), else by torchvision's transforms."""
+    if not (isinstance(sample, Image.Image) and sample.mode == "RGB"):
+        with worker_draws():
+            for t in tail.transforms:
+                sample = t(sample)
+        return sample
+    width, height = sample.size
+    nbytes = 3 * height * width * tail.elem
+    shape = (3, height, width)
+    out = (
+        torch.empty(shape, dtype=tail.dtype)
+        if pool is None
+        else pool.empty(shape, tail.dtype, nbytes)
+    )
+    _rloader.vision_convert(
+        sample.tobytes(), width, height, out.data_ptr(), nbytes, tail.table, tail.elem, 3
+    )
+    return out if tail.kind is torch.Tensor else out.as_subclass(tail.kind)
 
 
 class DatasetFolder(_RustSamples, datasets.DatasetFolder):

@@ -195,7 +195,10 @@ class Conversion:
 
 class Plan:
     """`transform` read once: `geometry` (transforms recorded per sample), `conversion` (or
-    None: the plan's result is a PIL image) and `rest` (run by torchvision after)."""
+    None: the plan's result is a PIL image), `rest` (run by torchvision after) and `tail` (or
+    None): where `rest` ends with a conversion to a tensor, that conversion, which Rust makes
+    of the RGB image the rest of `rest` gives (``ColorJitter`` or ``TrivialAugmentWide``
+    before ``ToTensor`` and ``Normalize``), through the same tables."""
 
     def __init__(self, transform):
         # Exactly torchvision's Compose: a subclass may call its transforms otherwise.
@@ -219,10 +222,20 @@ class Plan:
             except Unrecordable:
                 m = n
         self.rest = steps[m:]
+        self.tail = None
+        k = len(self.rest)
+        while k > 0 and type(self.rest[k - 1]) in _ELEMENTWISE:
+            k -= 1
+        if k > 1 and type(self.rest[k - 1]) in _TO_TENSOR:
+            try:
+                self.tail = Conversion(self.rest[k - 1 :])
+                self.rest = self.rest[: k - 1]
+            except Unrecordable:
+                pass
 
     @property
     def empty(self) -> bool:
-        return not self.geometry and self.conversion is None
+        return not self.geometry and self.conversion is None and self.tail is None
 
     def record(self, size: tuple[int, int]):
         """Runs the geometry on a recorder of `size` (drawing its random parameters as

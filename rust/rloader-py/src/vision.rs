@@ -10,9 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use rloader_memory::BatchMemory;
 use rloader_vision::decode::{self, take_decode_time, Format, Header, NotHandled};
+use rloader_vision::image::Image;
 use rloader_vision::plan::{self, Output, Step};
 use rloader_vision::resample::Filter;
-use rloader_vision::tensor::Table;
+use rloader_vision::tensor::{write_chw, Table};
 
 use crate::memory::pooled_empty;
 use crate::torch_api::torch_api;
@@ -171,6 +172,50 @@ pub fn vision_run_many(
             .take_while(|(job, image)| job.run(image.get(), &output, draft))
             .count()
     }))
+}
+
+/// Writes `rgb` (a `width` x `height` RGB image's bytes, as Pillow's `tobytes()` gives them)
+/// to the `out_len` bytes at `out_ptr` as CHW through `table`, as `EncodedImage.run` writes
+/// its output, without the GIL (a PIL image that torchvision transforms made, converted as
+/// the plan's conversion would). Same SAFETY contract as `EncodedImage.run`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn vision_convert(
+    py: Python<'_>,
+    rgb: &Bound<'_, PyBytes>,
+    width: usize,
+    height: usize,
+    out_ptr: usize,
+    out_len: usize,
+    table: &Bound<'_, PyBytes>,
+    elem: usize,
+    channels: usize,
+) -> PyResult<()> {
+    let output = output(Some(table.as_bytes()), elem, channels)?;
+    let Output::Chw(table) = &output else {
+        unreachable!("a table was given")
+    };
+    let rgb = rgb.as_bytes();
+    if rgb.len() != width * height * 3 {
+        return Err(PyValueError::new_err(format!(
+            "{} bytes of RGB for {width}x{height}",
+            rgb.len()
+        )));
+    }
+    if out_len != channels * width * height * elem || out_ptr == 0 {
+        return Err(PyValueError::new_err(format!(
+            "output of {out_len} bytes; {} needed",
+            channels * width * height * elem
+        )));
+    }
+    py.detach(|| {
+        let img = Image::from_vec(width, height, 3, rgb.to_vec());
+        // SAFETY: the caller's contract: out_len live, writable bytes no one else touches
+        // until this returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_len) };
+        write_chw(&img, table, out);
+    });
+    Ok(())
 }
 
 /// How a sample's pixels are written: CHW through `table` (`channels` tables of 256 values of
@@ -355,6 +400,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vision_open, m)?)?;
     m.add_function(wrap_pyfunction!(vision_open_many, m)?)?;
     m.add_function(wrap_pyfunction!(vision_run_many, m)?)?;
+    m.add_function(wrap_pyfunction!(vision_convert, m)?)?;
     m.add_function(wrap_pyfunction!(vision_pillow_13_passes, m)?)?;
     Ok(())
 }
