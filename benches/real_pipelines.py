@@ -806,6 +806,41 @@ STAGES = {
 }
 
 
+RATIO_HEADERS = ("rloader vs torch", "ratio", "runs", "target", "")
+
+
+def ratio_cells(label: str, row: dict, smoke: bool) -> tuple:
+    """A comparison's row of the ratios table (``RATIO_HEADERS``): the ratio, the spread of
+    the runs' ratios, the target and whether it was met; a smoke run's rows are not scored."""
+    if smoke:
+        target, verdict = "-", "(smoke)"
+    elif row["target"] is None:
+        target, verdict = "-", "(information)"
+    else:
+        target, verdict = f">= {row['target']:g}x", "met" if row["met"] else "MISSED"
+    lo, hi = row["spread"]
+    return (label, f"{row['ratio']:.2f}x", f"{lo:.2f}-{hi:.2f}x", target, verdict)
+
+
+def save_run(bench: str, figures: dict, scored: tuple, quick: bool, started, load_before: str):
+    """Prints how many targets were met (``scored``: met, total, how long it all took), then
+    writes the run's file (``bench_results.save``) and says where."""
+    met, total, elapsed = scored
+    if quick:
+        print(f"\nA smoke run (--quick, {elapsed}): its rows are too short to score.")
+    else:
+        print(f"\n{met} of {total} targets met; {elapsed}")
+    path = bench_results.save(
+        bench,
+        figures,
+        smoke=quick,
+        started=started,
+        environment={"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+        load_average_at_start=load_before,
+    )
+    print(f"This run's figures: {path}")
+
+
 def report(res: Result, smoke: bool) -> tuple[int, int, dict]:
     """Prints a pipeline's tables; returns (targets met, targets) and its figures. A smoke
     run's rows (``--quick``) are not scored."""
@@ -851,19 +886,11 @@ def report(res: Result, smoke: bool) -> tuple[int, int, dict]:
             theirs=c.theirs.name,
         )
         figures.append(row)
-        if smoke:
-            target, verdict = "-", "(smoke)"
-        elif c.target is None:
-            target, verdict = "-", "(information)"
-        else:
+        if row["target"] is not None:
             total += 1
             met += row["met"]
-            target, verdict = f">= {c.target:g}x", "met" if row["met"] else "MISSED"
-        lo, hi = row["spread"]
-        comparisons.append(
-            (c.label, f"{row['ratio']:.2f}x", f"{lo:.2f}-{hi:.2f}x", target, verdict)
-        )
-    print_table(("rloader vs torch", "ratio", "runs", "target", ""), comparisons)
+        comparisons.append(ratio_cells(c.label, row, smoke))
+    print_table(RATIO_HEADERS, comparisons)
     for line in [*res.limits, *p.notes]:
         print(f"- {line}")
     pipeline = {
@@ -936,19 +963,7 @@ def main() -> None:
         figures["pipelines"][res.pipeline.key] = fig["pipeline"]
         figures["comparisons"] += fig["comparisons"]
     elapsed = f"{time.perf_counter() - started:.0f} s in all"
-    if args.quick:
-        print(f"\nA smoke run (--quick, {elapsed}): its rows are too short to score.")
-    else:
-        print(f"\n{met} of {total} targets met; {elapsed}")
-    path = bench_results.save(
-        "real_pipelines",
-        figures,
-        smoke=args.quick,
-        started=started_at,
-        environment={"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
-        load_average_at_start=load_before,
-    )
-    print(f"This run's figures: {path}")
+    save_run("real_pipelines", figures, (met, total, elapsed), args.quick, started_at, load_before)
 
 
 if __name__ == "__main__":

@@ -5,57 +5,25 @@ parameters change."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _bench_output import bench_module, number, run_bench, table
 
 pytestmark = pytest.mark.timeout(280)
 
-BENCH = Path(__file__).resolve().parent.parent / "benches" / "real_pipelines.py"
 QUICK_WINDOWS, BATCH = 4_096, 32  # the tokens pipeline's epoch with --quick
-
-
-def bench_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH.parent))  # (as `python benches/...` has it)
-    spec = importlib.util.spec_from_file_location("real_pipelines", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # (its dataclasses look it up there)
-    spec.loader.exec_module(module)
-    return module
-
-
-def table(lines: list, header: str) -> dict:
-    """The rows of the table whose header line starts with ``header``, by first cell; cells
-    are separated by two spaces or more."""
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = {}
-    for line in lines[start + 2 :]:
-        if not line.strip() or line.startswith("- "):
-            break
-        cells = re.split(r"\s{2,}", line.strip())
-        rows[cells[0]] = cells[1:]
-    return rows
-
-
-def number(cell: str) -> float:
-    return float(cell.replace(",", "").rstrip("x"))
 
 
 def test_tokens_pipeline_quick_prints_tables_that_agree(tmp_path):
     results = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--pipelines", "tokens", "--repeats", "1"]
-        + ["--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "RLOADER_BENCH_RESULTS": str(results)},
+    done = run_bench(
+        "real_pipelines",
+        ["--quick", "--pipelines", "tokens", "--repeats", "1", "--data-dir", str(tmp_path)],
+        results,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -130,7 +98,7 @@ def test_tokens_pipeline_quick_prints_tables_that_agree(tmp_path):
 
 
 def test_generated_data_is_cached_until_its_parameters_change(tmp_path, monkeypatch):
-    bench = bench_module(monkeypatch)
+    bench = bench_module(monkeypatch, "real_pipelines")
     made = []
 
     def make(folder: Path) -> None:
