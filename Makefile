@@ -5,7 +5,8 @@
 # Everything lives in a git-ignored .venv, created on first use and reused after.
 #   make test-oldest   the Python tests on the oldest Python and torch claimed (.venv-oldest)
 #   make soak, make fuzz   the long soak and the fuzzers (docs/develop.md)
-#   make bench-real   the real pipelines (JPEG folders, tar shards, token windows, Arrow) in full
+#   make bench-real   the real pipelines (JPEG folders, tar shards, token windows, Arrow) in full,
+#                     then fresh workers under real scripts' heaps
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -115,9 +116,12 @@ bench: build $(BENCH_STAMP)
 	$(PY) benches/bench_results.py --latest side_by_side real_pipelines
 
 # The real pipelines in full (benches/real_pipelines.py; docs/benchmarks.md): the first run
-# generates ~110 MB of JPEGs, tar shards of them, a 200 MB token file and an Arrow table.
+# generates ~110 MB of JPEGs, tar shards of them, a 200 MB token file and an Arrow table. Then
+# fresh workers under real scripts' heaps (benches/fresh_workers.py, issue #36: each run a
+# script of its own, a few minutes; it adds a 40 MB annotations file to the data).
 bench-real: build $(BENCH_STAMP)
 	$(PY) benches/real_pipelines.py
+	$(PY) benches/fresh_workers.py
 
 # Resuming 90% into a 50M-sample epoch, against torchdata's StatefulDataLoader (installed here
 # without its dependencies, which the venv already has: torchdata is only this bench's baseline).
