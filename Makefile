@@ -118,7 +118,7 @@ bench: build $(BENCH_STAMP)
 # The real pipelines in full (benches/real_pipelines.py; docs/benchmarks.md): the first run
 # generates ~110 MB of JPEGs, tar shards of them, a 200 MB token file and an Arrow table. Then
 # fresh workers under real scripts' heaps (benches/fresh_workers.py, issue #36: each run a
-# script of its own, a few minutes; it adds a 40 MB annotations file to the data).
+# script of its own, several minutes; it adds a 40 MB annotations file to the data).
 bench-real: build $(BENCH_STAMP)
 	$(PY) benches/real_pipelines.py
 	$(PY) benches/fresh_workers.py

@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -466,6 +467,8 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path)
     args = parser.parse_args()
     if args.child:
+        # index-memory's 4 workers are more than 2 cores: both libraries warn so, each run.
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
         print(json.dumps(child(json.loads(args.child))))
         return
 
