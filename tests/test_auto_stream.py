@@ -223,12 +223,11 @@ def test_arguments():
     assert [b.tolist() for b in it] == batches(tud.DataLoader(SquarePairs(), batch_size=5))[0]
     rloader.DataLoader(SquarePairs(), num_workers="auto", persistent_workers=True)
     rloader.DataLoader(SquarePairs(), num_workers="auto", multiprocessing_context="spawn")
-    for bad in ("many", "AUTO"):  # the error torch raises for a str
-        with pytest.raises(TypeError) as theirs:
+    for bad in ("many", "AUTO"):  # torch's type for a str, in words that name "auto"
+        with pytest.raises(TypeError):
             tud.DataLoader(SquarePairs(), num_workers=bad)
-        with pytest.raises(TypeError) as ours:
+        with pytest.raises(TypeError, match=f"must be an int or 'auto'.*num_workers='{bad}'"):
             rloader.DataLoader(SquarePairs(), num_workers=bad)
-        assert str(ours.value) == str(theirs.value)
     with pytest.raises(ValueError, match="non-negative"):
         rloader.DataLoader(SquarePairs(), num_workers=-1)
     with pytest.raises(ValueError, match="worker_type='auto'"):

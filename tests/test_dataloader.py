@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import inspect
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -284,6 +285,25 @@ def test_argument_errors_match_torch(kwargs):
     with pytest.raises(type(theirs.value)) as ours:
         DataLoader(list(range(4)), **kwargs)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("value", ["Auto", "bogus", "2"])
+def test_a_count_given_as_another_str_than_auto_says_auto_is_taken(value):
+    # torch compares the str with 0 (TypeError); rloader, which takes "auto", raises the same
+    # type saying so, in __init__ and at iter() when set afterwards.
+    said = rf"must be an int or 'auto' .*but got {{}}={re.escape(repr(value))}$"
+    with pytest.raises(TypeError):
+        tud.DataLoader(list(range(4)), num_workers=value)
+    with pytest.raises(TypeError, match=said.format("num_workers")):
+        DataLoader(list(range(4)), num_workers=value)
+    with pytest.raises(TypeError):
+        tud.DataLoader(list(range(4)), num_workers=1, prefetch_factor=value)
+    with pytest.raises(TypeError, match=said.format("prefetch_factor")):
+        DataLoader(list(range(4)), num_workers=1, prefetch_factor=value)
+    loader = DataLoader(list(range(4)))
+    loader.num_workers = value
+    with pytest.raises(TypeError, match=said.format("num_workers")):
+        iter(loader)
 
 
 @pytest.mark.parametrize(

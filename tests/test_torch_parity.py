@@ -272,6 +272,41 @@ def test_collating_a_tensor_with_an_int_fails_as_in_torch(engine, error):
     assert theirs[2].splitlines()[-1] == ours[2].splitlines()[-1]
 
 
+# num_workers a user may type, and what torch does with each: a float is taken, and fails
+# where torch's iterator ranges over it (after its warning about too many workers, where it
+# warns); negative numbers and None fail in __init__'s comparison.
+NUM_WORKERS = {
+    "2.5": (2.5, TypeError),
+    "2.0": (2.0, TypeError),
+    "0.0": (0.0, ok),
+    "-1": (-1, ValueError),
+    "-1.5": (-1.5, ValueError),
+    "None": (None, TypeError),
+    "True": (True, ok),
+}
+
+
+@pytest.mark.parametrize("num_workers, expect", NUM_WORKERS.values(), ids=NUM_WORKERS.keys())
+def test_num_workers_of_the_wrong_kind_fail_as_in_torch(num_workers, expect):
+    def listed(lib):
+        loader = lib.DataLoader(list(range(4)), batch_size=2, num_workers=num_workers)
+        return [b.tolist() for b in loader]
+
+    assert_parity(listed, expect=expect)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # torch's, 2.5
+def test_float_num_workers_fail_at_iter_on_thread_workers_too():
+    # Built as torch builds it (the float is kept); iter() fails with torch's own TypeError,
+    # on threads as on processes.
+    torch_loader = tud.DataLoader(list(range(4)), num_workers=2.5)
+    loader = rloader.DataLoader(list(range(4)), num_workers=2.5, worker_type="thread")
+    assert loader.num_workers == torch_loader.num_workers == 2.5
+    theirs, _ = outcome(iter, torch_loader)
+    assert outcome(iter, loader)[0] == theirs
+    assert theirs[:2] == ("err", TypeError)
+
+
 def test_rloaders_names_check_objects_built_on_torchs_classes():
     class TorchStream(tud.IterableDataset):
         def __iter__(self):

@@ -122,6 +122,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         in_order: bool = True,
         worker_type: str = "process",
     ) -> None:
+        _check_count("num_workers", num_workers)
         if _auto.is_auto(num_workers):  # NOTE [Auto workers]
             num_workers = _auto.AutoWorkers(num_workers if isinstance(num_workers, int) else None)
         _check_worker_type(worker_type, multiprocessing_context, num_workers)
@@ -145,8 +146,10 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
             )
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
+        elif prefetch_factor is not None:
+            _check_count("prefetch_factor", prefetch_factor)
+            if prefetch_factor < 0:
+                raise ValueError("prefetch_factor option should be non-negative")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
 
@@ -245,6 +248,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         return dispatch.start(self)
 
     def __iter__(self):
+        _check_count("num_workers", self.num_workers)  # (it may have been set after __init__)
         persistent = self.persistent_workers and (
             _auto.is_auto(self.num_workers) or self.num_workers > 0
         )
@@ -309,6 +313,17 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         """
         _resume.check(self, state)  # a TypeError or ValueError naming the bad field
         _resume.load_state_dict(self, state)
+
+
+def _check_count(name: str, value) -> None:
+    """Refuses a str other than ``"auto"`` where rloader takes an int or ``"auto"``: torch's
+    exception type (its comparison with 0 raises a TypeError), in words that name what is
+    accepted."""
+    if isinstance(value, str) and not _auto.is_auto(value):
+        raise TypeError(
+            f"{name} must be an int or 'auto' (the loader chooses; docs/auto.md), "
+            f"but got {name}={value!r}"
+        )
 
 
 def _check_worker_type(worker_type, multiprocessing_context, num_workers) -> None:

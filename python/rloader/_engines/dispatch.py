@@ -4,6 +4,8 @@ epoch (``reset``)."""
 
 from __future__ import annotations
 
+import operator
+
 from torch.utils.data.dataloader import _DatasetKind
 
 from .. import _resume
@@ -21,8 +23,11 @@ def start(loader):
     if loader.num_workers == 0:
         return single_process.start(loader)
     if loader.worker_type == "thread":
+        operator.index(loader.num_workers)  # torch's TypeError for 2.5 workers, as in range()
         return thread_pool.start_threads(loader, buffers=lambda pin: batch_buffers(loader, pin))
     loader.check_worker_number_rationality()
+    # torch's TypeError for 2.5 workers, where torch meets it (range(), once it has warned)
+    operator.index(loader.num_workers)
     return process_pool.start_pool(loader)
 
 
