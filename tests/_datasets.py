@@ -4,6 +4,7 @@ method."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -27,6 +28,30 @@ class Squares(tud.Dataset):
 
     def __getitem__(self, i):
         return {"x": torch.full((3,), float(i * i)), "i": i, "name": f"s{i}", "a": np.arange(2) + i}
+
+
+class AsyncSquares(tud.Dataset):
+    """Squares, with ``async def __getitem__``."""
+
+    def __init__(self, n=37):
+        self.sync = Squares(n)
+
+    def __len__(self):
+        return len(self.sync)
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(0.001 * (i % 3))  # samples finish out of order
+        return self.sync[i]
+
+
+class AsyncBatches(AsyncSquares):
+    """AsyncSquares with ``async def __getitems__``, which is used instead when present."""
+
+    async def __getitems__(self, keys):
+        return [self.sync[i] for i in keys]
+
+    async def __getitem__(self, i):
+        raise AssertionError("__getitems__ is used when present")
 
 
 class Ints(tud.Dataset):

@@ -12,13 +12,14 @@ import pickle
 import random
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
 from _children import no_worker_threads_within, worker_threads
-from _datasets import Squares, UnpicklableDataset, failing_init
+from _datasets import AsyncBatches, AsyncSquares, Squares, UnpicklableDataset, failing_init
 from _samplers import read_past_errors
 
 import rloader
@@ -300,28 +301,6 @@ def test_many_threads_are_no_warning():
 # ---------------------------------------------------------------- async datasets
 
 
-class AsyncSquares(tud.Dataset):
-    """Squares, with ``async def __getitem__``."""
-
-    def __init__(self, n=37):
-        self.sync = Squares(n)
-
-    def __len__(self):
-        return len(self.sync)
-
-    async def __getitem__(self, i):
-        await asyncio.sleep(0.001 * (i % 3))  # samples finish out of order
-        return self.sync[i]
-
-
-class AsyncBatches(AsyncSquares):
-    async def __getitems__(self, keys):
-        return [self.sync[i] for i in keys]
-
-    async def __getitem__(self, i):
-        raise AssertionError("__getitems__ is used when present")
-
-
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # torch's, 3 workers
 @pytest.mark.parametrize("dataset", [AsyncSquares, AsyncBatches])
 @pytest.mark.parametrize(
@@ -410,6 +389,58 @@ def test_async_errors_reraise_as_worker_errors():
                 AsyncSquares(), num_workers=2, worker_init_fn=failing_init, **THREADS
             )
         )
+
+
+ELSEWHERE = {
+    "main": (dict(num_workers=0), "num_workers=0 calls it in the main process"),
+    "processes": (dict(num_workers=1), "worker processes call it"),
+    "auto": (dict(num_workers="auto", worker_type="auto"), "num_workers='auto' starts in"),
+}
+
+
+@pytest.mark.parametrize(
+    "dataset, method", [(AsyncSquares, "__getitem__"), (AsyncBatches, "__getitems__")]
+)
+@pytest.mark.parametrize("engine", ELSEWHERE.values(), ids=ELSEWHERE.keys())
+def test_async_datasets_outside_thread_workers_say_to_use_them(dataset, method, engine):
+    # torch hands the coroutines to default_collate, which raises a TypeError and leaves them
+    # unawaited. rloader raises torch's type at iter(), before any sample is asked for (no
+    # coroutine made, none unawaited), saying what to do.
+    kwargs, where = engine
+    torch_kwargs = dict(num_workers=0) if kwargs["num_workers"] == "auto" else kwargs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # torch's coroutines, never awaited
+        with pytest.raises(TypeError):
+            list(tud.DataLoader(dataset(8), batch_size=4, **torch_kwargs))
+        gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError) as ours:
+            iter(rloader.DataLoader(dataset(8), batch_size=4, **kwargs))
+        gc.collect()
+    text = str(ours.value)
+    assert text.startswith(f"{dataset.__name__}.{method} is 'async def'"), text
+    assert where in text and "worker_type='thread' with a fixed num_workers > 0" in text, text
+    assert [str(w.message) for w in caught] == []
+
+
+def awaited_then_collated(coroutines):
+    """A collate_fn that awaits an async dataset's samples itself."""
+
+    async def gather():
+        return await asyncio.gather(*coroutines)
+
+    return tud.default_collate(asyncio.run(gather()))
+
+
+@pytest.mark.parametrize("engine", ["main", "process"], indirect=True)
+def test_async_datasets_go_to_a_users_collate_fn_as_in_torch(engine):
+    # Only default_collate is refused: another collate_fn is given the coroutines, as torch
+    # gives them.
+    kwargs = engine.kwargs(batch_size=4, collate_fn=awaited_then_collated)
+    theirs = list(tud.DataLoader(AsyncSquares(10), **engine.torch_kwargs(**kwargs)))
+    assert same(list(rloader.DataLoader(AsyncSquares(10), **kwargs)), theirs)
+    assert same(theirs, list(tud.DataLoader(Squares(10), batch_size=4)))
 
 
 class AsyncStuck(tud.Dataset):

@@ -241,6 +241,7 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
     def _get_iterator(self):
         if _auto.is_auto(self.num_workers):
             _check_worker_type(self.worker_type, self.multiprocessing_context, self.num_workers)
+            dispatch.refuse_unawaited(self, auto=True)
             return _auto.start(self, dispatch.engine, _resume.epoch_of)
         if self.num_workers > 0:
             # (checked again: both may have been set after the loader was made)

@@ -1,6 +1,6 @@
 """Which engine makes a loader's batches: the main process, worker threads or worker
 processes (``start``); one engine of an auto loader (``engine``); a persistent iterator's next
-epoch (``reset``)."""
+epoch (``reset``); an async dataset no engine but threads can load (``refuse_unawaited``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import operator
 from torch.utils.data.dataloader import _DatasetKind
 
 from .. import _resume
+from .._collate import _collate_plan
 from ..sampler import iter_keys
 from . import single_process
 from .batch_memory import batch_buffers
@@ -21,6 +22,7 @@ def start(loader):
     """The iterator of a loader with a fixed ``num_workers`` (its ``worker_type`` checked by
     the caller)."""
     if loader.num_workers == 0:
+        refuse_unawaited(loader)
         return single_process.start(loader)
     if loader.worker_type == "thread":
         operator.index(loader.num_workers)  # torch's TypeError for 2.5 workers, as in range()
@@ -28,7 +30,34 @@ def start(loader):
     loader.check_worker_number_rationality()
     # torch's TypeError for 2.5 workers, where torch meets it (range(), once it has warned)
     operator.index(loader.num_workers)
+    refuse_unawaited(loader)
     return process_pool.start_pool(loader)
+
+
+def refuse_unawaited(loader, auto: bool = False) -> None:
+    """Refuses a map-style dataset with an ``async def __getitem__`` (or ``__getitems__``) in
+    an engine that calls it as torch does (the main process, worker processes; ``auto``: an
+    auto loader, which starts in the main process) with ``default_collate``, which would fail
+    on its coroutines: torch's TypeError, saying that thread workers await them (NOTE [Async
+    datasets]). Checked once per ``iter()``, before any sample is asked for, so no coroutine
+    is left unawaited. Another ``collate_fn`` gets the coroutines, as in torch."""
+    if not loader._auto_collation or _collate_plan(loader.collate_fn) is None:
+        return
+    method = thread_pool.async_method(loader.dataset)
+    if method is None:
+        return
+    where = (
+        "num_workers='auto' starts in the main process"
+        if auto
+        else "num_workers=0 calls it in the main process"
+        if loader.num_workers == 0
+        else "worker processes call it"
+    )
+    raise TypeError(
+        f"{type(loader.dataset).__name__}.{method} is 'async def': only thread workers await "
+        f"it, and {where}, so default_collate would be given coroutines. Use "
+        "worker_type='thread' with a fixed num_workers > 0 (docs/threads.md, Async datasets)."
+    )
 
 
 def engine(view, keys, base_seed: int, kind: str):

@@ -178,12 +178,20 @@ def is_async(dataset) -> bool:
     """Whether ``dataset`` is a map-style dataset whose ``__getitems__`` or ``__getitem__`` is
     a coroutine function (``async def``): its thread workers then await it (NOTE [Async
     datasets])."""
+    return async_method(dataset) is not None
+
+
+def async_method(dataset) -> Optional[str]:
+    """The name of the method thread workers would await (``"__getitems__"`` or
+    ``"__getitem__"``; ``__getitems__`` wins when present, as in torch's fetcher), or None for
+    a dataset that is not async."""
     if isinstance(dataset, tud.IterableDataset):
-        return False
+        return None
     getitems = getattr(dataset, "__getitems__", None)
     if getitems:
-        return inspect.iscoroutinefunction(getitems)
-    return inspect.iscoroutinefunction(getattr(dataset, "__getitem__", None))
+        return "__getitems__" if inspect.iscoroutinefunction(getitems) else None
+    getitem = getattr(dataset, "__getitem__", None)
+    return "__getitem__" if inspect.iscoroutinefunction(getitem) else None
 
 
 class _AsyncThreadWorker(_ThreadWorker):
