@@ -22,11 +22,12 @@ PY_SOURCES := $(shell find python -name '*.py' -o -name '*.pyi' -o -name py.type
 .PHONY: bench bench-real bench-resume test test-rust test-python test-oldest build lint fuzz soak clean FORCE
 .DEFAULT_GOAL := test
 
-# What every venv gets to run the tests. lightning and accelerate: tests/test_lightning.py and
-# tests/test_accelerate.py check what those frameworks do with rloader's loaders. pytest-xdist
-# and pytest-randomly as in pyproject's `test` extra (randomly shuffles the tests' order: one
-# that leans on another's leftovers fails).
-TEST_TOOLS := numpy pytest pytest-timeout pytest-xdist pytest-randomly hypothesis lightning accelerate
+# What every venv gets to run the tests. lightning, accelerate and transformers:
+# tests/test_lightning.py, test_accelerate.py and test_transformers.py check what those
+# frameworks do with rloader's loaders (pip picks the transformers release that suits the
+# venv's Python: 4.57 on 3.9). pytest-xdist and pytest-randomly as in pyproject's `test` extra
+# (randomly shuffles the tests' order: one that leans on another's leftovers fails).
+TEST_TOOLS := numpy pytest pytest-timeout pytest-xdist pytest-randomly hypothesis lightning accelerate transformers
 # torchdata's StatefulDataLoader is the reference tests/test_resume.py compares resuming with
 # (those tests skip without it). 0.11.0 is its last release, made for torch 2.6 and working
 # with the newer ones; installed without its dependencies (requests and urllib3, which no module

@@ -581,3 +581,20 @@ class FrozenCount(tud.Dataset):
         import gc
 
         return torch.tensor([gc.get_freeze_count()])
+
+
+class TokenRows(tud.Dataset):
+    """Token ids of a tiny causal language model, labelled with themselves (what a
+    transformers.Trainer trains on): row i counts by i + 1 modulo the vocabulary."""
+
+    VOCAB = 32
+
+    def __init__(self, n=24, length=8):
+        self.n, self.length = n, length
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        ids = (torch.arange(self.length) * (i + 1) + i) % self.VOCAB
+        return {"input_ids": ids, "labels": ids.clone()}

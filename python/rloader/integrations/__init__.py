@@ -5,4 +5,6 @@ no framework):
 
 - :mod:`rloader.integrations.accelerate`: Hugging Face accelerate's ``Accelerator.prepare()``
   keeps rloader's engine (``rloader.integrations.accelerate.install()``).
+- :mod:`rloader.integrations.transformers`: a stock Hugging Face ``Trainer`` loads with
+  ``rloader.DataLoader`` (``rloader.integrations.transformers.install()``).
 """
