@@ -598,3 +598,45 @@ class TokenRows(tud.Dataset):
     def __getitem__(self, i):
         ids = (torch.arange(self.length) * (i + 1) + i) % self.VOCAB
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+# Wrappers of a dataset's __getitems__ (tests/test_vision.py: the batch it made, collated).
+
+
+class ReversedBatch(tud.Dataset):
+    """A wrapper that reverses the batch its dataset's __getitems__ made, in place."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitems__(self, indices):
+        samples = self.ds.__getitems__(indices)
+        samples.reverse()
+        return samples
+
+
+class CachedBatch(ReversedBatch):
+    """A wrapper that makes its first batch once and hands it out again."""
+
+    def __getitems__(self, indices):
+        if not hasattr(self, "batch"):
+            self.batch = self.ds.__getitems__(indices)
+        return self.batch
+
+
+class LoaderInGetitems(tud.Dataset):
+    """A dataset whose __getitems__ iterates another loader (collate_fn=list) of ``ds``."""
+
+    def __init__(self, ds, loader_type):
+        self.ds, self.loader_type, self.inner = ds, loader_type, []
+
+    def __len__(self):
+        return 4
+
+    def __getitems__(self, indices):
+        loader = self.loader_type(self.ds, batch_size=2, collate_fn=list)
+        self.inner += [type(b) for b in loader]
+        return [(torch.zeros(3), i) for i in indices]

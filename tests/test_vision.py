@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-import torch.utils.data as tud
+from _datasets import CachedBatch, LoaderInGetitems, ReversedBatch
 from PIL import Image
 from torchvision import datasets
 from torchvision import transforms as T
@@ -672,30 +672,6 @@ def test_auto_is_told_the_loading_runs_without_the_gil_where_rust_makes_whole_ba
     assert not loads_without_gil(datasets.ImageFolder(corpus, TRAIN))
 
 
-class _Reversed(tud.Dataset):
-    """A wrapper that reverses the batch its dataset's __getitems__ made, in place."""
-
-    def __init__(self, ds):
-        self.ds = ds
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitems__(self, indices):
-        samples = self.ds.__getitems__(indices)
-        samples.reverse()
-        return samples
-
-
-class _Cached(_Reversed):
-    """A wrapper that makes its first batch once and hands it out again."""
-
-    def __getitems__(self, indices):
-        if not hasattr(self, "batch"):
-            self.batch = self.ds.__getitems__(indices)
-        return self.batch
-
-
 BIG = T.Compose([T.Resize((160, 160)), T.ToTensor()])  # (batches the collate stacks into blocks)
 
 
@@ -705,11 +681,11 @@ def _jpegs(ds, n=8):
 
 def test_a_batch_changed_or_kept_after_getitems_is_collated_as_torch_does(corpus):
     ds = torch.utils.data.Subset(RV.ImageFolder(corpus, BIG), _jpegs(RV.ImageFolder(corpus)))
-    want = list(torch.utils.data.DataLoader(_Reversed(ds), batch_size=4))
-    got = list(rloader.DataLoader(_Reversed(ds), batch_size=4))
+    want = list(torch.utils.data.DataLoader(ReversedBatch(ds), batch_size=4))
+    got = list(rloader.DataLoader(ReversedBatch(ds), batch_size=4))
     for (gx, gy), (wx, wy) in zip(got, want):  # images stay beside their labels
         assert torch.equal(gx, wx) and torch.equal(gy, wy)
-    cached = rloader.DataLoader(_Cached(ds), batch_size=4)
+    cached = rloader.DataLoader(CachedBatch(ds), batch_size=4)
     first, second = next(iter(cached))[0], next(iter(cached))[0]
     assert first.data_ptr() != second.data_ptr()  # two batches, not one tensor twice
     first.zero_()
@@ -729,24 +705,9 @@ def test_batch_types_follow_torchvisions_return_type_setting(corpus):
         assert type(got[0]) is type(want[0]) and torch.equal(got[0], want[0]), setting
 
 
-class _Nested(tud.Dataset):
-    """A dataset whose __getitems__ iterates another loader (collate_fn=list) of ``ds``."""
-
-    def __init__(self, ds, loader_type):
-        self.ds, self.loader_type, self.inner = ds, loader_type, []
-
-    def __len__(self):
-        return 4
-
-    def __getitems__(self, indices):
-        loader = self.loader_type(self.ds, batch_size=2, collate_fn=list)
-        self.inner += [type(b) for b in loader]
-        return [(torch.zeros(3), i) for i in indices]
-
-
 @pytest.mark.parametrize("loader_type", [rloader.DataLoader, torch.utils.data.DataLoader])
 def test_a_loader_inside_a_getitems_borrows_nothing_of_the_outer_batch(corpus, loader_type):
     ds = torch.utils.data.Subset(RV.ImageFolder(corpus, BIG), _jpegs(RV.ImageFolder(corpus), 4))
-    nested = _Nested(ds, loader_type)
+    nested = LoaderInGetitems(ds, loader_type)
     assert len(list(rloader.DataLoader(nested, batch_size=4))) == 1
     assert nested.inner == [list, list]  # plain lists: no batch memory of the outer loop
