@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import re
+import sys
 
 import pytest
 from _bench_output import bench_module, number, run_bench, table
@@ -80,6 +81,11 @@ def median_worker_pss(runs: list) -> float:
     return (pss[1] + pss[2]) / 2
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 13),
+    reason="CPython 3.13 changed when a full collection runs: the bench's 'due' state is "
+    "3.9-3.12's (fresh_workers.DUE_STATE_HOLDS)",
+)
 def test_hold_full_collection_due_leaves_one_due_at_the_next_young_collections(monkeypatch):
     bench = bench_module(monkeypatch, "fresh_workers")
     enabled = gc.isenabled()
