@@ -633,7 +633,10 @@ def test_loaders_collate_the_samples_where_getitems_wrote_them(corpus, monkeypat
     # (batches of 4 samples of 1.2 MB: the default collate stacks them into recycled memory)
     ds = RV.ImageFolder(corpus, T.Compose([T.Resize((160, 160)), T.ToTensor()]))
     jpegs = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "other" not in p]
-    subset = torch.utils.data.Subset(ds, jpegs[:8])
+    # (and in each batch a file Pillow decodes: made one by one, copied into its row)
+    pillows = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(("cmyk.jpg", "trns.png"))]
+    assert len(pillows) == 2
+    subset = torch.utils.data.Subset(ds, jpegs[:3] + pillows[:1] + jpegs[3:6] + pillows[1:2])
     workers = {"none": {}, "thread": {"num_workers": 2, "worker_type": "thread"}}[kind]
     want = list(torch.utils.data.DataLoader(subset, batch_size=4))
     assert blocks == [None, None]  # torch's loops lend nothing

@@ -3,6 +3,8 @@ in Rust where that gives torchvision's result bit for bit."""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 from PIL import Image, features
 from torchvision import datasets, get_image_backend
@@ -13,6 +15,17 @@ from rloader._collate import StackedSamples
 
 from ._draws import draws_generator, worker_draws
 from ._plan import Plan
+
+
+class _Drawn(NamedTuple):
+    """A sample of a batch drawn for Rust: its file, steps, output size, target, and the
+    generator's state before its draws."""
+
+    encoded: Any
+    steps: list
+    size: tuple
+    target: Any
+    state: torch.Tensor
 
 
 class _RustSamples:
@@ -88,84 +101,100 @@ class _RustSamples:
         if plan is None:
             return [self[i] for i in indices]
         indices = list(indices)
-        generator = draws_generator()
-        limit = Image.MAX_IMAGE_PIXELS
-        images, steps, sizes, targets, states = [], [], [], [], []
-        # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
-        # the samples are decoded after all the draws. A sample __getitem__ would give to
-        # torchvision ends the run: it and those after it are made one by one.
         try:
             items = [self.samples[index] for index in indices]
             opened = _rloader.vision_open_many([path for path, _ in items])
         except (IndexError, TypeError):  # raised one by one, after the samples before it
             return [self[i] for i in indices]
-        # An error of a sample's draws or target_transform is raised once the samples before it
+        generator = draws_generator()
+        limit = Image.MAX_IMAGE_PIXELS
+        # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
+        # Rust's samples are decoded after all the draws, and a sample __getitem__ would not
+        # give Rust is made by it in its place. An error is raised once the samples before it
         # are made, as one by one (where one of those fails to decode, from there one by one).
+        made: list = []
         error = None
         with worker_draws():
-            for (_, target), (encoded, _why) in zip(items, opened):
-                if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
-                    break
-                if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
-                    break
+            for index, (_, target), (encoded, _why) in zip(indices, items, opened):
                 state = generator.get_state()
                 try:
-                    sample_steps, done = plan.record(encoded.size)
-                    size = encoded.output_size(1, sample_steps)
-                    if done < len(plan.geometry) or 0 in size:
+                    drawn = self._draw(plan, encoded, target, limit, state)
+                    if drawn is None:
                         generator.set_state(state)
-                        break
-                    if self.target_transform is not None:
-                        target = self.target_transform(target)
+                        drawn = self[index]
                 except Exception as e:  # noqa: BLE001 - raised below, in its place
                     error = e
                     break
-                images.append(encoded)
-                steps.append(sample_steps)
-                sizes.append(size)
-                targets.append(target)
-                states.append(state)
-        if not images:
+                made.append(drawn)
+        rust = [k for k, m in enumerate(made) if type(m) is _Drawn]
+        if not rust:
             if error is not None:
                 raise error
-            return [self[i] for i in indices]
+            return made
         conversion = plan.conversion
-        width, height = sizes[0]
+        kind, dtype = conversion.kind, conversion.dtype
+        width, height = made[rust[0]].size
+        shape = (3, height, width)
         block = None
-        if len(images) == len(indices) and sizes.count(sizes[0]) == len(sizes):
-            block = _rloader.batch_empty([len(images), 3, height, width], conversion.dtype)
+        if error is None and all(
+            m.size == (width, height)
+            if type(m) is _Drawn
+            else type(m[0]) is kind and m[0].dtype == dtype and m[0].shape == shape
+            for m in made
+        ):
+            block = _rloader.batch_empty([len(made), *shape], dtype)
         if block is not None:
-            outs = list(block.unbind(0))
+            rows = block.unbind(0)
+            outs = [rows[k] for k in rust]
         else:
             pool = self._pool()
+            nbytes = 3 * conversion.elem
             outs = [
-                pool.empty((3, h, w), conversion.dtype, 3 * h * w * conversion.elem)
-                for w, h in sizes
+                pool.empty((3, h, w), dtype, nbytes * h * w)
+                for w, h in (made[k].size for k in rust)
             ]
         written = _rloader.vision_run_many(
-            images,
-            steps,
+            [made[k].encoded for k in rust],
+            [made[k].steps for k in rust],
             [(out.data_ptr(), out.nbytes) for out in outs],
             conversion.table,
             conversion.elem,
             3,
             draft=self.draft,
         )
-        kind = conversion.kind
-        samples = [
-            (out if kind is torch.Tensor else out.as_subclass(kind), target)
-            for out, target in zip(outs[:written], targets)
-        ]
-        if written < len(images):
+        for k, out in zip(rust[:written], outs):
+            made[k] = (out if kind is torch.Tensor else out.as_subclass(kind), made[k].target)
+        if written < len(rust):
             # Rust's decoder failed or warned: torchvision makes that sample (or raises) from
             # the generator state it would have had, and the samples after it are made again
             # (their target_transform called again: the draws are the same).
-            generator.set_state(states[written])
-            return samples + [self[i] for i in indices[written:]]
+            at = rust[written]
+            generator.set_state(made[at].state)
+            return made[:at] + [self[i] for i in indices[at:]]
         if error is not None:
             raise error
-        samples += [self[i] for i in indices[len(images) :]]
-        return samples if block is None else StackedSamples(samples, block)
+        if block is None:
+            return made
+        for k in sorted(set(range(len(made))) - set(rust)):  # made one by one: into its row
+            sample, target = made[k]
+            rows[k].copy_(sample)
+            made[k] = (rows[k] if kind is torch.Tensor else rows[k].as_subclass(kind), target)
+        return StackedSamples(made, block)
+
+    def _draw(self, plan: Plan, encoded, target, limit, state) -> _Drawn | None:
+        """A sample's draws and target for Rust to make it from `encoded`, or None where
+        __getitem__ would not make it in Rust (its draws not kept)."""
+        if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
+            return None
+        if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
+            return None
+        steps, done = plan.record(encoded.size)
+        size = encoded.output_size(1, steps)
+        if done < len(plan.geometry) or 0 in size:
+            return None
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return _Drawn(encoded, steps, size, target, state)
 
     @property
     def _rloader_loads_without_gil(self) -> bool:
