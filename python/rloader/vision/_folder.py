@@ -110,8 +110,9 @@ class _RustSamples:
         limit = Image.MAX_IMAGE_PIXELS
         # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
         # Rust's samples are decoded after all the draws, and a sample __getitem__ would not
-        # give Rust is made by it in its place. An error is raised once the samples before it
-        # are made, as one by one (where one of those fails to decode, from there one by one).
+        # make in Rust is made by __getitem__, in its place. An error is raised once the
+        # samples before it are made, as one by one (where one of those fails to decode, from
+        # there one by one).
         made: list = []
         error = None
         with worker_draws():
