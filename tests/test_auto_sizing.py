@@ -44,39 +44,30 @@ def test_grows_when_the_dataset_is_slow(quick, monkeypatch):
     assert "waits on the main process" in decisions[1]["reason"]
 
 
-def test_a_pool_not_worth_starting_late_in_the_first_epoch_starts_the_next(quick, monkeypatch):
+@pytest.mark.parametrize(
+    "case", ["late in the first epoch", "epoch shorter than a window", "same, not persistent"]
+)
+def test_a_pool_the_first_epoch_asks_for_starts_the_next(quick, monkeypatch, case):
+    # A pool not worth starting late in the first epoch (the rest of the epoch does not win 4
+    # starts back, 0.66 s; 4 whole epochs do, 2.9 s), or asked for by an epoch shorter than a
+    # window (none ends within it): the next epoch starts on it.
     clock = fake_clock(monkeypatch)
-    # the rest of the epoch does not win 4 starts back (0.66 s), 4 whole epochs do (2.9 s)
-    monkeypatch.setattr(auto_policy, "PROCESS_START_S", 0.5)
-    monkeypatch.setattr(auto_measure, "own_memory", lambda: 0)
+    if case.startswith("late"):
+        monkeypatch.setattr(auto_policy, "PROCESS_START_S", 0.5)
+        monkeypatch.setattr(auto_measure, "own_memory", lambda: 0)
+    else:
+        monkeypatch.setattr(auto_policy, "MIN_WINDOW_S", 1e9)
     loader = rloader.DataLoader(
         SquarePairs(clock=clock, cost=0.01),
         batch_size=2,
         num_workers="auto",
-        persistent_workers=True,
+        persistent_workers=not case.endswith("not persistent"),
     )
     assert batches(loader) == batches(tud.DataLoader(SquarePairs(), batch_size=2))
     assert chosen(loader) == [0]
     assert loader.stats()["auto"]["next_num_workers"] == 4
     assert batches(loader) == batches(tud.DataLoader(SquarePairs(), batch_size=2))
     assert chosen(loader) == [4]  # the second epoch starts on the pool
-
-
-@pytest.mark.parametrize("persistent", [True, False])
-def test_an_epoch_shorter_than_a_window_decides_for_the_next(quick, monkeypatch, persistent):
-    clock = fake_clock(monkeypatch)
-    monkeypatch.setattr(auto_policy, "MIN_WINDOW_S", 1e9)  # no window ends within the epoch
-    loader = rloader.DataLoader(
-        SquarePairs(clock=clock, cost=0.01),
-        batch_size=2,
-        num_workers="auto",
-        persistent_workers=persistent,
-    )
-    assert batches(loader) == batches(tud.DataLoader(SquarePairs(), batch_size=2))
-    assert chosen(loader) == [0]
-    assert loader.stats()["auto"]["next_num_workers"] == 4
-    assert batches(loader) == batches(tud.DataLoader(SquarePairs(), batch_size=2))
-    assert chosen(loader) == [4]
 
 
 def test_stays_in_process_when_the_consumer_is_the_bottleneck(quick, monkeypatch):

@@ -70,11 +70,7 @@ class _RustSamples:
             with worker_draws():
                 return super().__getitem__(index)
         encoded, _why = _rloader.vision_open(path)
-        limit = Image.MAX_IMAGE_PIXELS
-        if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
-            with worker_draws():
-                return super().__getitem__(index)
-        if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
+        if not _decodes_exactly(encoded):
             with worker_draws():
                 return super().__getitem__(index)
         generator = draws_generator()
@@ -107,7 +103,6 @@ class _RustSamples:
         except (IndexError, TypeError):  # raised one by one, after the samples before it
             return [self[i] for i in indices]
         generator = draws_generator()
-        limit = Image.MAX_IMAGE_PIXELS
         # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
         # Rust's samples are decoded after all the draws, and a sample __getitem__ would not
         # make in Rust is made by __getitem__, in its place. An error is raised once the
@@ -119,7 +114,7 @@ class _RustSamples:
             for index, (_, target), (encoded, _why) in zip(indices, items, opened):
                 state = generator.get_state()
                 try:
-                    drawn = self._draw(plan, encoded, target, limit, state)
+                    drawn = self._draw(plan, encoded, target, state)
                     if drawn is None:
                         generator.set_state(state)
                         drawn = self[index]
@@ -149,11 +144,7 @@ class _RustSamples:
             outs = [rows[k] for k in rust]
         else:
             pool = self._pool()
-            nbytes = 3 * conversion.elem
-            outs = [
-                pool.empty((3, h, w), dtype, nbytes * h * w)
-                for w, h in (made[k].size for k in rust)
-            ]
+            outs = [_empty_chw(conversion, *made[k].size, pool) for k in rust]
         written = _rloader.vision_run_many(
             [made[k].encoded for k in rust],
             [made[k].steps for k in rust],
@@ -164,7 +155,7 @@ class _RustSamples:
             draft=self.draft,
         )
         for k, out in zip(rust[:written], outs):
-            made[k] = (out if kind is torch.Tensor else out.as_subclass(kind), made[k].target)
+            made[k] = (_as_kind(conversion, out), made[k].target)
         if written < len(rust):
             # Rust's decoder failed or warned: torchvision makes that sample (or raises) from
             # the generator state it would have had, and the samples after it are made again
@@ -179,15 +170,13 @@ class _RustSamples:
         for k in sorted(set(range(len(made))) - set(rust)):  # made one by one: into its row
             sample, target = made[k]
             rows[k].copy_(sample)
-            made[k] = (rows[k] if kind is torch.Tensor else rows[k].as_subclass(kind), target)
+            made[k] = (_as_kind(conversion, rows[k]), target)
         return StackedSamples(made, block)
 
-    def _draw(self, plan: Plan, encoded, target, limit, state) -> _Drawn | None:
+    def _draw(self, plan: Plan, encoded, target, state) -> _Drawn | None:
         """A sample's draws and target for Rust to make it from `encoded`, or None where
         __getitem__ would not make it in Rust (its draws not kept)."""
-        if encoded is None or (limit and encoded.size[0] * encoded.size[1] > limit):
-            return None
-        if encoded.format == "JPEG" and not _PILLOW_DECODES_WITH_TURBO:
+        if not _decodes_exactly(encoded):
             return None
         steps, done = plan.record(encoded.size)
         size = encoded.output_size(1, steps)
@@ -253,15 +242,11 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
     if width == 0 or height == 0:
         return None
     if conversion is not None:
-        shape, dtype = (3, height, width), conversion.dtype
-        if pool is None:
-            out = torch.empty(shape, dtype=dtype)
-        else:  # recycled memory: no page faults for a fresh tensor each sample
-            out = pool.empty(shape, dtype, 3 * height * width * conversion.elem)
+        out = _empty_chw(conversion, width, height, pool)
         ok = encoded.run(
             1, steps, out.data_ptr(), out.nbytes, conversion.table, conversion.elem, 3, draft=draft
         )
-        sample = out if conversion.kind is torch.Tensor else out.as_subclass(conversion.kind)
+        sample = _as_kind(conversion, out)
     else:
         out = torch.empty((height, width, 3), dtype=torch.uint8)
         ok = encoded.run(1, steps, out.data_ptr(), out.nbytes, draft=draft)
@@ -286,17 +271,37 @@ def _convert(tail, sample, pool):
                 sample = t(sample)
         return sample
     width, height = sample.size
-    nbytes = 3 * height * width * tail.elem
-    shape = (3, height, width)
-    out = (
-        torch.empty(shape, dtype=tail.dtype)
-        if pool is None
-        else pool.empty(shape, tail.dtype, nbytes)
-    )
+    out = _empty_chw(tail, width, height, pool)
     _rloader.vision_convert(
-        sample.tobytes(), width, height, out.data_ptr(), nbytes, tail.table, tail.elem, 3
+        sample.tobytes(), width, height, out.data_ptr(), out.nbytes, tail.table, tail.elem, 3
     )
-    return out if tail.kind is torch.Tensor else out.as_subclass(tail.kind)
+    return _as_kind(tail, out)
+
+
+def _decodes_exactly(encoded) -> bool:
+    """Whether Rust makes this opened file's pixels as Pillow would: a JPEG or PNG it read
+    (``encoded`` not None), under Pillow's decompression-bomb limit, and a JPEG only where
+    Pillow decodes with libjpeg-turbo."""
+    if encoded is None:
+        return False
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and encoded.size[0] * encoded.size[1] > limit:
+        return False
+    return encoded.format != "JPEG" or _PILLOW_DECODES_WITH_TURBO
+
+
+def _empty_chw(conversion, width: int, height: int, pool):
+    """An uninitialised CHW tensor of `conversion`'s dtype: from `pool`'s recycled memory (no
+    page faults for a fresh tensor each sample), or fresh without one."""
+    shape = (3, height, width)
+    if pool is None:
+        return torch.empty(shape, dtype=conversion.dtype)
+    return pool.empty(shape, conversion.dtype, 3 * height * width * conversion.elem)
+
+
+def _as_kind(conversion, out):
+    """`out` as the tensor type `conversion` makes (a plain tensor or a tv_tensors.Image)."""
+    return out if conversion.kind is torch.Tensor else out.as_subclass(conversion.kind)
 
 
 class DatasetFolder(_RustSamples, datasets.DatasetFolder):

@@ -101,8 +101,8 @@ pub fn collate_stacked<'py>(
     general: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = batch.py();
-    if batch.is_exact_instance_of::<pyo3::types::PyList>() || torch_modes_active(py)? {
-        return Ok(None);
+    if batch.is_exact_instance_of::<pyo3::types::PyList>() {
+        return Ok(None); // (every other dataset's batch: nothing more asked of it)
     }
     let (kind, collate) = STACKED.get_or_try_init(py, || -> PyResult<_> {
         let module = py.import("rloader._collate")?;
@@ -114,7 +114,7 @@ pub fn collate_stacked<'py>(
             module.getattr("collate_stacked")?.unbind(),
         ))
     })?;
-    if !batch.get_type().is(kind.bind(py)) {
+    if !batch.get_type().is(kind.bind(py)) || torch_modes_active(py)? {
         return Ok(None);
     }
     let out = collate.bind(py).call1((batch, general))?;
