@@ -120,12 +120,7 @@ class Epoch:
         if restarts_workers(loader, pending):
             self.workers = pending["workers"]  # each worker loads its own (start_pool)
             self.restored_stream = True
-        sampler = drawing_sampler(loader)
-        saved = pending["sampler"] or {}
-        if "state_dict" in saved:
-            sampler.load_state_dict(saved["state_dict"])
-        if "distributed" in saved:
-            sampler.epoch = saved["distributed"]["epoch"]
+        _restore_sampler(drawing_sampler(loader), pending["sampler"])
         # The saved epoch's draws come from the saved states in their order: when only one of
         # the two epochs draws a base seed, the states are set after that draw, or a draw
         # stands in for it (see Epoch.keys). torch's global RNG is the user's again at the end
@@ -286,6 +281,16 @@ _END = object()
 # after), and the epoch's order must be that set_epoch()'s. The base seed is drawn in iter().
 
 
+def _restore_sampler(sampler, saved: Optional[dict]) -> None:
+    """Puts the sampler where a saved epoch found it: its own saved state, if it has one, and a
+    DistributedSampler's epoch."""
+    saved = saved or {}
+    if "state_dict" in saved:
+        sampler.load_state_dict(saved["state_dict"])
+    if "distributed" in saved:
+        sampler.epoch = saved["distributed"]["epoch"]
+
+
 def _every_batch_handed_out(loader, pending: dict) -> bool:
     """Whether ``pending``, a state saved mid-epoch, had handed out every batch of its epoch."""
     position = pending["position"]
@@ -312,11 +317,7 @@ def _after_the_end(loader, pending: dict) -> dict:
     borrowed = torch.get_rng_state()
     try:
         set_generators(loader, pending["generators"], "loader")
-        saved = pending["sampler"] or {}
-        if "state_dict" in saved:
-            sampler.load_state_dict(saved["state_dict"])
-        if distributed is not None:
-            sampler.epoch = distributed["epoch"]
+        _restore_sampler(sampler, pending["sampler"])
         if pending.get("base_drawn", True):
             draw_seed(loader.generator)
         set_generators(loader, pending["generators"], "sampler")  # (as Epoch.keys orders them)
