@@ -275,6 +275,37 @@ class SeedOfReader(tud.Dataset):
         return i, -1 if info is None else info.seed
 
 
+def draws_generator() -> torch.Generator:
+    """Where a sample's random draws come from, as rloader.vision draws them: a thread
+    worker's own generator (``get_worker_info().rng``), else torch's global one."""
+    info = tud.get_worker_info()
+    if info is not None and getattr(info, "worker_method", None) == "thread":
+        return info.rng.torch_generator
+    return torch.default_generator
+
+
+class Augmenting(tud.Dataset):
+    """Sample i: ``[i, a random draw]`` (as an augmentation makes one). Its state (torchdata's
+    convention for a map-style dataset) is where its draws are, in a worker (the main
+    process's generator is the user's): resumed from it, a worker draws what it would have."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([i, int(torch.randint(0, 1 << 30, (), generator=draws_generator()))])
+
+    def state_dict(self):
+        return {} if tud.get_worker_info() is None else {"rng": draws_generator().get_state()}
+
+    def load_state_dict(self, state):
+        if "rng" in state:
+            draws_generator().set_state(state["rng"])
+
+
 class ShardedStream(tud.IterableDataset):
     """A stateful stream each worker reads its own shard of, of uneven lengths (the workers end
     at different times), with an epoch counter: a fresh pass (not a resumed one) starts the next

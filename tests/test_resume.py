@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 from _datasets import SeedOfReader, ShardedStream
-from _resume_helpers import as_lists, checkpointed, epochs_of
+from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
 from _samplers import StridingSampler
 
 import rloader
@@ -70,45 +70,6 @@ def loaders():
             data, batch_size=None, shuffle=True, num_workers=nw, generator=g
         ),
     }
-
-
-def interrupted(make, save_workers, load_workers, epoch, batch, total, explicit):
-    """Epochs of a run stopped at `batch` of `epoch` (None: after the epoch ended; "all": after
-    its last batch, before StopIteration), saved, and continued by a new loader, as a restarted
-    job would: from a state at an epoch's end the new loader's first iter() is the next epoch.
-    With the global RNG, the checkpoint holds its state too, as a training loop's would."""
-    g = torch.Generator().manual_seed(11) if explicit else None
-    torch.manual_seed(3)
-    loader = make(save_workers, g)
-    seen = epochs_of(loader, epoch)
-    it = iter(loader)
-    current = []
-    if batch is None:
-        current = [as_lists(b) for b in it]
-    else:
-        current = [as_lists(next(it)) for _ in range(len(loader) if batch == "all" else batch)]
-    state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
-    del it, loader
-    torch.manual_seed(12345)  # a restarted process: its own seeds, until the checkpoint is loaded
-    g2 = torch.Generator().manual_seed(999) if explicit else None
-    resumed = make(load_workers, g2)
-    resumed.load_state_dict(state)
-    torch.set_rng_state(rng)
-    if batch is None or batch == "all":
-        seen.append(current)
-    else:
-        seen.append(current + [as_lists(b) for b in resumed])
-    return seen + epochs_of(resumed, total - len(seen))
-
-
-def uninterrupted(make, workers, total, explicit):
-    g = torch.Generator().manual_seed(11) if explicit else None
-    torch.manual_seed(3)
-    return epochs_of(make(workers, g), total)
-
-
-# (epoch, batches taken before the save): "all" takes every batch without ending the epoch.
-POINTS = {"start": (0, 0), "middle": (0, 4), "last batch": (1, "all"), "epoch end": (0, None)}
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -30,6 +30,15 @@ state as they restart for an epoch (what a worker that has handed out nothing ye
 their stream ends (what a state between epochs saves, for the next epoch's workers to load).
 The states are per worker: another ``num_workers`` is refused.
 
+A map-style dataset with ``state_dict``/``load_state_dict`` (torchdata's convention: the state
+of what its samples draw from, such as rloader.vision's augmentations) read by a fixed number
+of workers has the same per-worker states saved, with the worker whose batch comes next, and a
+resumed pool of as many workers of that kind loads them and starts its round robin there:
+batch ``i`` goes to worker ``i mod n`` as in the uninterrupted epoch, from the state that
+worker had after its previous one, so every draw is the uninterrupted run's. Resumed with
+another count or kind, the order is still exact and the workers start as fresh ones do.
+Persistent workers go on from their states at the end of the previous epoch.
+
 An IterableDataset's stream depends on who reads it (each worker reads its shard): the state
 of an epoch says who read it (``readers``: ``[0, "main"]`` or ``[n, kind]``). A fixed loader's
 are its arguments; an auto loader reads a resumed epoch with the saved ones, whatever it would
@@ -57,7 +66,7 @@ alive.
 
 from .check import check
 from .epoch import Epoch, epoch_of
-from .readers import restarts_workers, stateful_iterable
+from .readers import restarts_workers, stateful_iterable, stateful_workers
 from .state import load_state_dict, state_dict
 
 __all__ = [
@@ -68,4 +77,5 @@ __all__ = [
     "restarts_workers",
     "state_dict",
     "stateful_iterable",
+    "stateful_workers",
 ]

@@ -194,6 +194,10 @@ def _check_workers(workers: Any, where: str) -> None:
         return
     n = _int_field(workers, "num_workers", here, least=1)
     _int_field(workers, "next_worker", here, least=0, below=n)
+    if workers.get("kind", "process") not in ("process", "thread"):
+        raise ValueError(
+            f"{here}['kind'] must be 'process' or 'thread', not {_what(workers.get('kind'))}"
+        )
     for key in ("states", "ended"):
         value = workers.get(key)
         if not isinstance(value, (list, tuple)) or len(value) != n:

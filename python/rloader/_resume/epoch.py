@@ -40,6 +40,9 @@ class Epoch:
         self.skipped = 0
         self.holes: list = []
         self.workers: Optional[dict] = None
+        # Persistent workers' states at the end of the previous epoch, if saved: those of a
+        # worker that has handed out nothing in this one yet.
+        self.carried: Optional[list] = None
         self._iterator: Optional[weakref.ref] = None
         self.elastic_from: Optional[list] = None
         self._plan: Optional[dict] = None
@@ -84,6 +87,8 @@ class Epoch:
             pending = None
         epoch = cls(loader, readers)
         epoch.workers = workers
+        if not draws_base_seed and record.epoch is not None:  # persistent workers go on
+            epoch.carried = record.epoch.end_states()
         if between is not None and not epoch.iterable:
             epoch._draws_later = True
             epoch.pulls_in_iter = False
@@ -192,6 +197,14 @@ class Epoch:
         """The worker whose batch comes first (that after the last one handed out)."""
         return 0 if self.workers is None else int(self.workers["next_worker"])
 
+    def end_states(self) -> Optional[list]:
+        """The stateful workers' states once this epoch ended (None if it has not, or has
+        none): where persistent workers start the next epoch."""
+        progress = self.progress()
+        if progress is None or not progress["finished"] or progress["workers"] is None:
+            return None
+        return list(progress["workers"]["states"])
+
     def end_window(self) -> None:
         """After ``iter()``'s draws: torch's global RNG is the user's again."""
         if self._borrowed is not None:
@@ -236,7 +249,8 @@ class Epoch:
         if self.stateful_workers and handouts is not None:
             # Per worker (state, ended) after its last batch handed out (or as it started the
             # epoch); if none since a resume, what it was resumed from.
-            saved = self.worker_states() or [(None, False)] * self.stateful_workers
+            saved = self.worker_states() or [(state, False) for state in self.carried or ()]
+            saved = saved or [(None, False)] * self.stateful_workers
             now = [
                 (state, ended) if state is not None else saved[w]
                 for w, (state, ended) in enumerate(zip(handouts.states, handouts.ended))
@@ -244,6 +258,7 @@ class Epoch:
             last = handouts.last_worker
             workers = dict(
                 num_workers=self.stateful_workers,
+                kind=self.readers[1],
                 states=[state for state, _ in now],
                 ended=[bool(ended) for _, ended in now],
                 next_worker=(
@@ -251,12 +266,12 @@ class Epoch:
                 ),
             )
         if finished and workers is not None:
-            # Between epochs: where each worker's dataset was once its stream ended, from which
-            # persistent workers start the next epoch (fresh ones start as the loader's dataset).
+            # Between epochs: where each worker's dataset was once its stream ended (an
+            # iterable's), or after its last batch (a map-style one's), from which persistent
+            # workers start the next epoch (fresh ones start as the loader's dataset).
             n = self.stateful_workers
-            workers = dict(
-                num_workers=n, states=handouts.end_states, ended=[False] * n, next_worker=0
-            )
+            states = handouts.end_states if self.iterable else workers["states"]
+            workers = dict(workers, states=states, ended=[False] * n, next_worker=0)
         exhausted = bool(getattr(iterator, "_exhausted", False))  # LoaderIter's stream
         return dict(
             position=position, holes=holes, finished=finished, workers=workers, exhausted=exhausted
@@ -333,7 +348,15 @@ def _after_the_end(loader, pending: dict) -> dict:
         torch.set_rng_state(borrowed)
         if set_epoch is not None:
             sampler.epoch = set_epoch
-    return dict(pending, position=None, holes=[], generators=generators, sampler=after)
+    workers = pending.get("workers")
+    if workers is not None:
+        # Each worker's state after its last batch: persistent workers go on from there in the
+        # next epoch, from the first worker; fresh ones start from their seeds.
+        persistent = not pending.get("next_draws_base", True)
+        workers = dict(workers, next_worker=0) if persistent else None
+    return dict(
+        pending, position=None, holes=[], generators=generators, sampler=after, workers=workers
+    )
 
 
 def skip_handed(keys, end: int, holes: list):

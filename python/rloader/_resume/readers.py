@@ -6,18 +6,33 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 import torch.utils.data as tud
 
 from .. import _auto
 from .._loader_record import record_of
 
 
+def _says_where_it_is(dataset) -> bool:
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
+
+
 def stateful_iterable(dataset) -> bool:
     """An IterableDataset that says where it is (``state_dict``/``load_state_dict``)."""
+    return isinstance(dataset, tud.IterableDataset) and _says_where_it_is(dataset)
+
+
+def stateful_map(dataset) -> bool:
+    """A map-style dataset that says where it is (torchdata's convention): the state of what
+    its samples draw from, such as rloader.vision's random augmentations. A module's
+    ``state_dict`` is its weights, not a place: a dataset that is a ``torch.nn.Module`` is not
+    one."""
     return (
-        isinstance(dataset, tud.IterableDataset)
-        and callable(getattr(dataset, "state_dict", None))
-        and callable(getattr(dataset, "load_state_dict", None))
+        not isinstance(dataset, tud.IterableDataset)
+        and not isinstance(dataset, torch.nn.Module)
+        and _says_where_it_is(dataset)
     )
 
 
@@ -45,23 +60,32 @@ def keeps_main_copy(loader, readers: tuple) -> bool:
 
 
 def stateful_workers(loader, readers: tuple) -> bool:
-    """A stateful IterableDataset read by worker processes: each worker's copy's state is
-    saved (the state after the last of its batches handed out), and restored in that worker.
-    Thread workers do not report their copies' states yet: their loaders resume such a dataset
-    as any other IterableDataset, by fetching and dropping (with the warning)."""
+    """Whether each worker's copy of the dataset has its state saved (the state after the
+    last of its batches handed out) and restored in that worker: a stateful IterableDataset
+    read by worker processes, or a stateful map-style dataset read by a fixed number of
+    workers (under auto its workers' draws depend on when it switches engines). Thread
+    workers do not report the states of an IterableDataset's copies yet: their loaders resume
+    one as any other IterableDataset, by fetching and dropping (with the warning)."""
     n, kind = readers
-    return n > 0 and kind == "process" and stateful_iterable(loader.dataset)
+    if n == 0:
+        return False
+    if stateful_map(loader.dataset):
+        return not is_auto(loader)
+    return kind == "process" and stateful_iterable(loader.dataset)
 
 
 def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
     """Whether a resume (the pending one by default) starts workers that load their datasets'
     states first (a persistent loader's running workers are then replaced)."""
     pending = record_of(loader).pending if pending is None else pending
-    return (
-        pending is not None
-        and pending.get("workers") is not None
-        and stateful_workers(loader, planned_readers(loader, pending))
-    )
+    if pending is None or pending.get("workers") is None:
+        return False
+    readers = planned_readers(loader, pending)
+    saved = pending["workers"]
+    # (a map-style dataset's states are those of so many workers of a kind: read by others,
+    # the epoch's order is still exact, and its workers start as fresh ones do)
+    same = [saved["num_workers"], saved.get("kind", "process")] == list(readers)
+    return stateful_workers(loader, readers) and same
 
 
 def check_workers(loader, state: dict) -> None:

@@ -239,9 +239,10 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
     else:
         keys, base_seed = drawn
         saved_states, first_worker = resumed or (None, 0)
-    # Workers of a stateful IterableDataset send its state with each batch; those of a resumed
-    # epoch load theirs first, and the round robin starts where it was.
-    worker_states = iterable and _resume.stateful_iterable(loader.dataset)
+    owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
+    # Workers of a stateful dataset send its state with each batch; those of a resumed epoch
+    # load theirs first, and the round robin starts where it was.
+    worker_states = _resume.stateful_workers(owner, (loader.num_workers, "process"))
     dataset_states = saved_states or [(None, False)] * loader.num_workers
     if loader.prefetch_factor <= 0:  # torch checks it here too: after drawing the seed
         raise _compat.assertion(
@@ -249,7 +250,6 @@ def start_pool(loader, drawn=None, resumed=None) -> "_rloader.PoolIter | PinnedB
         )
     pin = policy.pin_plan(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
-    owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
     record = record_of(owner)
     region, record.region = record.region, None  # this pool's until it stops
     # The region's slots: for the deepest prefetch an auto loader may tune to in place (not

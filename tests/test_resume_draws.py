@@ -1,0 +1,144 @@
+"""A map-style dataset that says where it is (``state_dict``/``load_state_dict``, torchdata's
+convention) has each worker's copy resumed from its state after its last batch handed out: the
+random draws of a resumed epoch (augmentations) are the uninterrupted run's, on worker
+processes and threads."""
+
+import pytest
+import torch
+import torch.utils.data as tud
+from _datasets import Augmenting, SeedOfReader
+from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
+
+import rloader
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+N = 37  # samples: batches of 4 leave a short last batch
+
+
+def augmenting(worker_type="process", persistent=False, dataset=Augmenting):
+    def make(workers, g):
+        return rloader.DataLoader(
+            dataset(N),
+            batch_size=4,
+            shuffle=True,
+            generator=g,
+            num_workers=workers,
+            worker_type=worker_type,
+            persistent_workers=persistent and workers > 0,
+        )
+
+    return make
+
+
+def draws_of(epochs):
+    return [[row[1] for batch in epoch for row in batch] for epoch in epochs]
+
+
+def order_of(epochs):
+    return [[row[0] for batch in epoch for row in batch] for epoch in epochs]
+
+
+# (a persistent worker that has not handed out a batch of the second epoch yet goes on from its
+# last batch of the first)
+DRAW_POINTS = {**POINTS, "second epoch's first batch": (1, 1)}
+
+
+@pytest.mark.parametrize("point", DRAW_POINTS)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_resume_on_worker_processes_draws_as_the_uninterrupted_run(workers, persistent, point):
+    make = augmenting("process", persistent)
+    expected = uninterrupted(make, workers, 3, True)
+    epoch, batch = DRAW_POINTS[point]
+    assert interrupted(make, workers, workers, epoch, batch, 3, True) == expected
+
+
+def test_the_uninterrupted_draws_are_torchs():
+    # What the resumed runs are compared with: torch's worker processes' draws. The orders are
+    # rloader's own, and so is how much of the generator they take (docs/migrating.md): the
+    # first epoch's draws are compared, batch by batch.
+    torch_epochs = uninterrupted(
+        lambda w, g: tud.DataLoader(
+            Augmenting(N), batch_size=4, shuffle=True, generator=g, num_workers=w
+        ),
+        2,
+        1,
+        True,
+    )
+    assert draws_of(uninterrupted(augmenting("process"), 2, 1, True)) == draws_of(torch_epochs)
+    assert draws_of(uninterrupted(augmenting("thread"), 2, 1, True)) == draws_of(torch_epochs)
+
+
+def test_every_draw_of_a_resume_mid_epoch_differs_without_the_states():
+    # The test above can fail: resumed as a plain dataset, a worker draws again from its seed.
+    class Plain(Augmenting):
+        state_dict = load_state_dict = None
+
+    expected = uninterrupted(augmenting("process", dataset=Plain), 2, 1, True)
+    resumed = interrupted(augmenting("process", dataset=Plain), 2, 2, 0, 4, 1, True)
+    assert order_of(resumed) == order_of(expected)  # the order is exact
+    assert draws_of(resumed)[0][16:] != draws_of(expected)[0][16:]
+
+
+@pytest.mark.parametrize("saved,loaded", [(2, 3), (2, 0), (0, 2)])
+def test_another_worker_count_resumes_the_order_and_draws_afresh(saved, loaded):
+    make = augmenting("process")
+    expected = uninterrupted(make, saved, 2, True)
+    resumed = interrupted(make, saved, loaded, 0, 4, 2, True)
+    assert order_of(resumed) == order_of(expected)
+
+
+def test_worker_states_are_saved_only_where_they_apply():
+    loader = augmenting("process")(2, torch.Generator().manual_seed(1))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["workers"]["num_workers"] == 2 and state["workers"]["kind"] == "process"
+    assert state["workers"]["next_worker"] == 1
+    assert state["workers"]["states"][1] is None  # worker 1 has handed out nothing yet
+    # A dataset without a state, or under auto, or in the main process: no workers' states.
+    for make in (
+        lambda: rloader.DataLoader(SeedOfReader(N), batch_size=4, num_workers=2),
+        lambda: rloader.DataLoader(Augmenting(N), batch_size=4, num_workers=0),
+        lambda: rloader.DataLoader(Augmenting(N), batch_size=4, num_workers="auto"),
+    ):
+        loader = make()
+        it = iter(loader)
+        next(it)
+        assert "workers" not in loader.state_dict()
+        del it
+
+
+def test_a_module_is_not_a_stateful_dataset():
+    class Module(torch.nn.Module, tud.Dataset):
+        def __len__(self):
+            return N
+
+        def __getitem__(self, i):
+            return i
+
+    loader = rloader.DataLoader(Module(), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    assert "workers" not in loader.state_dict()
+
+
+def test_worker_states_go_through_a_checkpoint_and_a_resume_of_a_resume():
+    make = augmenting("process")
+    expected = uninterrupted(make, 2, 1, True)
+    torch.manual_seed(3)
+    loader = make(2, torch.Generator().manual_seed(11))
+    it = iter(loader)
+    seen = [as_lists(next(it)) for _ in range(3)]
+    state = checkpointed(loader.state_dict())
+    for taken in (2, 3):  # resumed, then saved again before and after its own batches
+        loader = make(2, torch.Generator().manual_seed(99))
+        loader.load_state_dict(state)
+        it = iter(loader)
+        seen += [as_lists(next(it)) for _ in range(taken)]
+        state = checkpointed(loader.state_dict())
+    loader = make(2, torch.Generator().manual_seed(99))
+    loader.load_state_dict(state)
+    seen += epochs_of(loader, 1)[0]
+    assert seen == expected[0]
