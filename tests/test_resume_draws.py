@@ -54,6 +54,36 @@ def test_a_resume_on_worker_processes_draws_as_the_uninterrupted_run(workers, pe
     assert interrupted(make, workers, workers, epoch, batch, 3, True) == expected
 
 
+@pytest.mark.parametrize("point", DRAW_POINTS)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_resume_on_worker_threads_draws_as_the_uninterrupted_run(workers, persistent, point):
+    # Each thread worker draws from its own generator (get_worker_info().rng), seeded as
+    # torch seeds a worker process: its state is saved and restored as a process's is.
+    make = augmenting("thread", persistent)
+    expected = uninterrupted(make, workers, 3, True)
+    epoch, batch = DRAW_POINTS[point]
+    assert interrupted(make, workers, workers, epoch, batch, 3, True) == expected
+
+
+def test_states_of_threads_are_not_loaded_into_processes():
+    # A thread worker's state is its own generator's, a process's torch's global one: the
+    # order resumes, and the processes draw afresh.
+    make = {w: augmenting(w) for w in ("thread", "process")}
+    expected = uninterrupted(make["thread"], 2, 1, True)
+    torch.manual_seed(3)
+    loader = make["thread"](2, torch.Generator().manual_seed(11))
+    it = iter(loader)
+    seen = [as_lists(next(it)) for _ in range(4)]
+    state = checkpointed(loader.state_dict())
+    assert state["workers"]["kind"] == "thread"
+    resumed = make["process"](2, torch.Generator().manual_seed(99))
+    resumed.load_state_dict(state)
+    seen += epochs_of(resumed, 1)[0]
+    assert order_of([seen]) == order_of(expected)
+    assert draws_of([seen])[0][16:] != draws_of(expected)[0][16:]
+
+
 def test_the_uninterrupted_draws_are_torchs():
     # What the resumed runs are compared with: torch's worker processes' draws. The orders are
     # rloader's own, and so is how much of the generator they take (docs/migrating.md): the

@@ -120,7 +120,15 @@ class _ThreadWorker:
     """One worker thread's setup, run on that thread by the Rust worker loop."""
 
     def __init__(
-        self, worker_id: int, num_workers: int, base_seed: int, *, loader, device=None
+        self,
+        worker_id: int,
+        num_workers: int,
+        base_seed: int,
+        *,
+        loader,
+        device=None,
+        worker_states: bool = False,
+        dataset_state=None,
     ) -> None:
         self.worker_id = worker_id
         self.num_workers = num_workers
@@ -132,6 +140,10 @@ class _ThreadWorker:
         self.device = device  # pinning on this thread: the accelerator in use at iter()
         self.init_error: Optional[ExceptionWrapper] = None
         self.info: Optional[_thread_info.InfoCell] = None  # (the thread's, weakly)
+        # A stateful map-style dataset's: each batch comes with the state after it (``state``),
+        # and a resumed epoch's worker loads its saved one first (NOTE [Resume]).
+        self.worker_states = worker_states
+        self.dataset_state = dataset_state
 
     def start(self):
         """Makes this thread worker ``worker_id``: its ``get_worker_info()``, then
@@ -157,6 +169,8 @@ class _ThreadWorker:
                 torch.accelerator.set_device_index(self.device)
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker_id)
+            if self.dataset_state is not None:  # a resumed epoch: where this worker was
+                self.dataset.load_state_dict(self.dataset_state)
             return self.dataset, (iter(self.dataset) if self.iterable else None), None
         except Exception as exc:
             self.init_error = self.wrap_error(exc, exc.__traceback__)
@@ -164,6 +178,10 @@ class _ThreadWorker:
 
     def restart(self):
         return iter(self.dataset)
+
+    def state(self):
+        """The worker's dataset's state after a batch (asked on this thread)."""
+        return self.dataset.state_dict()
 
     def wrap_error(self, exc: BaseException, tb=None) -> ExceptionWrapper:
         return ExceptionWrapper(
@@ -278,10 +296,13 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
     ``start_pool`` for processes, in the same order (or ``drawn``, as there). ``buffers(pin)``:
     the loader's ``BatchBuffers``, which the workers' large default-collate outputs reuse."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
+    saved_states, first_worker = None, 0
     if drawn is None:
         keys = None if iterable else iter_keys(loader._index_sampler)
         base_seed = draw_seed(loader.generator)
-        keys = _resume.epoch_of(loader).keys(keys)  # NOTE [Resume]
+        epoch = _resume.epoch_of(loader)
+        keys = epoch.keys(keys)  # NOTE [Resume]
+        saved_states, first_worker = epoch.worker_states(), epoch.first_worker()
     else:
         keys, base_seed = drawn
     if loader.prefetch_factor <= 0:
@@ -294,13 +315,24 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
     _install_per_thread_worker_info()
     n = loader.num_workers
     asynchronous = is_async(loader.dataset)
+    owner = getattr(loader, "_rloader_owner", loader)  # an auto loader's engine: its loader
+    worker_states = not asynchronous and _resume.stateful_workers(owner, (n, "thread"))
+    saved_states = saved_states or [(None, False)] * n
     workers = []
     for w in range(n):
         if asynchronous:
             worker = _AsyncThreadWorker(w, n, base_seed, loader=loader, device=device)
             worker.pin = pin
         else:
-            worker = _ThreadWorker(w, n, base_seed, loader=loader, device=device)
+            worker = _ThreadWorker(
+                w,
+                n,
+                base_seed,
+                loader=loader,
+                device=device,
+                worker_states=worker_states,
+                dataset_state=saved_states[w][0],
+            )
         workers.append(worker)
     pool = _rloader.ThreadPool(
         workers=workers,
@@ -328,6 +360,7 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
                 persistent=bool(loader.persistent_workers),
                 length_of=loader._index_sampler,
                 reported_len=reported_len(loader),
+                first_worker=first_worker,
             ),
         )
         it._rloader_pool = pool  # the threads behind an iterator (persistent loaders look)
@@ -339,7 +372,7 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
         # with such a cycle, the pool stops itself (`ThreadPool.__clear__`).
         weakref.finalize(it, pool.stopper().stop)
         # (an epoch resumed between epochs draws at its first batch: NOTE [Epoch's end])
-        if _resume.epoch_of(getattr(loader, "_rloader_owner", loader)).draws_in_iter():
+        if _resume.epoch_of(owner).draws_in_iter():
             it._prefill()
     except BaseException:
         pool.stop()

@@ -21,6 +21,14 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// The worker's dataset state a batch came with, taken out of it (None: not said).
+    pub fn take_state(&mut self) -> Option<WorkerState> {
+        match self {
+            Answer::Batch(_, state) => state.take(),
+            _ => None,
+        }
+    }
+
     /// The batch to hand out, or the error to raise in its place.
     pub fn into_batch(self, py: Python<'_>) -> Result<Bound<'_, PyAny>, PyErr> {
         match self {

@@ -163,7 +163,7 @@ impl ThreadIter {
         if slf.cleared || slf.pool.get().stopped() && !slf.persistent {
             return Ok(None);
         }
-        let answer = match slf.next_answer(py)? {
+        let mut answer = match slf.next_answer(py)? {
             None => {
                 slf.hand_out.finish();
                 if !slf.persistent {
@@ -175,7 +175,8 @@ impl ThreadIter {
         };
         slf.pool.get().open_gate(); // a batch is out: every thread may start
         let (worker, task) = slf.scheduler.last_handed_out().unwrap_or_default();
-        slf.hand_out.record(py, task, worker, None);
+        let state = answer.take_state();
+        slf.hand_out.record(py, task, worker, state);
         let batch = answer.into_batch(py)?;
         slf.hand_out.yielded(py)?;
         Ok(Some(batch))

@@ -74,6 +74,9 @@ pub(super) struct Worker {
     init_error: Option<Answer>,
     /// Its iterable dataset is exhausted: later tasks (dropped by the Scheduler) get no answer.
     ended: bool,
+    /// Each batch comes with the worker's dataset state after it (the hooks' `state()`), for
+    /// a resume to restore (NOTE [Resume] in python/rloader/_resume).
+    worker_states: bool,
     spent: Vec<u64>,
 }
 
@@ -87,6 +90,10 @@ impl Worker {
             Option<Py<PyAny>>,
         )>()?;
         let init_error = error.map(Answer::Error);
+        let worker_states = hooks
+            .bind(py)
+            .getattr("worker_states")
+            .and_then(|w| w.is_truthy())?;
         let samples = match (setup.iterable, samples) {
             (false, _) => None,
             (true, Some(s)) => Some(s.try_iter()?.unbind()),
@@ -104,6 +111,7 @@ impl Worker {
             pin: batch.pin(py),
             init_error,
             ended: false,
+            worker_states,
             spent: Vec::new(),
         })
     }
@@ -161,8 +169,15 @@ impl Worker {
                 .map(Some),
             (batch, _) => Ok(batch),
         });
-        let event = match pinned {
-            Ok(Some(batch)) => WorkerEvent::Answered(Answer::Batch(batch.unbind(), None)),
+        let stated = pinned.and_then(|batch| match batch {
+            Some(batch) if self.worker_states => {
+                let state = self.hooks.bind(py).call_method0("state")?;
+                Ok(Some((batch, Some((state.unbind(), false)))))
+            }
+            batch => Ok(batch.map(|batch| (batch, None))),
+        });
+        let event = match stated {
+            Ok(Some((batch, state))) => WorkerEvent::Answered(Answer::Batch(batch.unbind(), state)),
             Ok(None) => {
                 self.ended = true;
                 WorkerEvent::Ended
