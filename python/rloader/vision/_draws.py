@@ -13,9 +13,11 @@ Python's ``random`` and numpy's global generator are not redirected.
 from __future__ import annotations
 
 import contextlib
+import random
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils.data import get_worker_info
 
 from rloader import _thread_info
 
@@ -76,3 +78,23 @@ def worker_draws():
     if info is None:
         return contextlib.nullcontext()
     return WorkerDraws(info.rng.torch_generator)
+
+
+def draws_state() -> dict:
+    """Where the calling worker's draws are: in a worker process, torch's and Python's global
+    generators (torchvision's transforms draw from both: `RandomChoice` and `RandomOrder` of
+    v1 from Python's); on a thread worker, its own generator. Empty in the main process, whose
+    generators are the user's (a training loop saves torch's with its checkpoint)."""
+    if _thread_info.info() is not None:
+        return {"torch": draws_generator().get_state()}
+    if get_worker_info() is None:
+        return {}
+    return {"torch": torch.get_rng_state(), "random": random.getstate()}
+
+
+def load_draws_state(state: dict) -> None:
+    """Puts the calling worker's draws where ``draws_state`` found them."""
+    if "torch" in state:
+        draws_generator().set_state(state["torch"])
+    if "random" in state:
+        random.setstate(state["random"])

@@ -13,7 +13,7 @@ from torchvision.datasets.folder import default_loader, pil_loader
 from rloader import _rloader
 from rloader._collate import StackedSamples
 
-from ._draws import draws_generator, worker_draws
+from ._draws import draws_generator, draws_state, load_draws_state, worker_draws
 from ._plan import Plan
 
 
@@ -203,6 +203,16 @@ class _RustSamples:
         if plan is None or plan.conversion is None or plan.rest or plan.tail is not None:
             return None
         return plan
+
+    def state_dict(self) -> dict:
+        """Where this worker's random draws are (torchdata's convention for a map-style
+        dataset): a DataLoader saves each worker's state after its last batch handed out, so a
+        mid-epoch resume draws every augmentation as the uninterrupted run did. Empty in the
+        main process, whose generators are the user's."""
+        return draws_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        load_draws_state(state)
 
     def _pool(self):
         pool = self.__dict__.get("_rloader_pool")
