@@ -20,7 +20,8 @@ def test_index_shapes_quick_print_tables_that_agree(tmp_path):
     results = tmp_path / "results"
     done = run_bench(
         "fresh_workers",
-        ["--quick", "--repeats", "1", "--collector", "due", "--shapes", "index,index-memory"]
+        ["--quick", "--repeats", "1", "--collector", "due"]
+        + ["--shapes", "index,index-memory,index-memory-unread"]
         + ["--data-dir", str(tmp_path)],
         results,
     )
@@ -30,7 +31,7 @@ def test_index_shapes_quick_print_tables_that_agree(tmp_path):
     record = json.loads(path.read_text())
     assert record["smoke"] is True and record["bench"] == "fresh_workers"
     shapes = record["figures"]["shapes"]
-    assert list(shapes) == ["index, due", "index-memory, due"]
+    assert list(shapes) == ["index, due", "index-memory, due", "index-memory-unread, due"]
 
     timing = lines[next(i for i, line in enumerate(lines) if line.startswith("== index, due:")) :]
     loaders = table(timing, "loader")
@@ -42,8 +43,8 @@ def test_index_shapes_quick_print_tables_that_agree(tmp_path):
         assert number(cells[0]) == pytest.approx(run["epoch_s"][1], abs=0.006)
         assert number(cells[2]) == pytest.approx(run["first_batch_s"][1], abs=0.0006)
         assert 0 < run["first_batch_s"][1] < run["epoch_s"][1]
-        # The parent's collector as hold_full_collection_due leaves it.
-        assert run["gc_count_before"][1:] == [11, 12]
+        # The parent's collector as hold_full_collection_due leaves it, at each epoch's fork.
+        assert [count[1:] for count in run["gc_count_before"]] == [[11, 12], [11, 12]]
         # Full collections, per epoch: the parent's and its workers' seconds each.
         for who in ("parent", "worker"):
             epochs = run[f"{who}_full_collections_s"]
@@ -53,6 +54,7 @@ def test_index_shapes_quick_print_tables_that_agree(tmp_path):
         "index, due: epoch",
         "index, due: time to first batch",
         "index-memory, due: PSS per worker",
+        "index-memory-unread, due: PSS per worker",
     ]
     comparisons = table(timing, "rloader vs torch")
     for label, cells in comparisons.items():
@@ -60,14 +62,20 @@ def test_index_shapes_quick_print_tables_that_agree(tmp_path):
         assert cells[2:] == ["-", "(smoke)"]  # a --quick run is never scored
     assert all(row["target"] is None and row["runs"] == 1 for row in rows.values())
 
+    for shape in ("index-memory, due", "index-memory-unread, due"):
+        for lib in ("torch", "rloader"):
+            (run,) = shapes[shape]["runs"][lib]
+            # Each epoch: a reading from each of the 4 workers, as it left.
+            assert [len(epoch) for epoch in run["workers"]] == [4, 4]
+            for epoch in run["workers"]:
+                assert sorted(w["worker_id"] for w in epoch) == [0, 1, 2, 3]
+                assert all(0 < w["private"] <= w["pss"] for w in epoch)
+        # The row's situation in the epoch it counts too: torch's 4 workers each run the full
+        # collection due at the fork (its parent ran it in the first epoch, once, with the
+        # state held only before that epoch, leaving the later ones none due).
+        (run,) = shapes[shape]["runs"]["torch"]
+        assert len(run["worker_full_collections_s"][1]) == 4
     memory = shapes["index-memory, due"]["runs"]
-    for lib in ("torch", "rloader"):
-        (run,) = memory[lib]
-        # Each epoch: a reading from each of the 4 workers, as it left.
-        assert [len(epoch) for epoch in run["workers"]] == [4, 4]
-        for epoch in run["workers"]:
-            assert sorted(w["worker_id"] for w in epoch) == [0, 1, 2, 3]
-            assert all(0 < w["private"] <= w["pss"] for w in epoch)
     ratio = rows["index-memory, due: PSS per worker"]["ratio"]
     want = median_worker_pss(memory["torch"]) / median_worker_pss(memory["rloader"])
     assert ratio == pytest.approx(want, rel=1e-3)
