@@ -603,6 +603,36 @@ def test_getitems_raises_what_torchvision_raises_first_for_a_bad_file(tmp_path, 
         assert torch.equal(got_rng, want_rng), f"{path}: generator state"
 
 
+def test_getitems_calls_target_transform_once_per_sample_past_a_file_rust_fails_on(tmp_path):
+    # Pillow decodes some files libjpeg-turbo warns on: from __getitems__ those are made by
+    # torchvision in their place, and the samples after them stay Rust's, each target
+    # transformed once, as one by one.
+    root = _bad_root_with_a_picture(tmp_path, 61, 47)
+    data = open(f"{root}/d/0.jpg", "rb").read()
+    scan = data.find(b"\xff\xda") + 40  # damaged entropy-coded data: a header Rust reads
+    for at in range(scan, len(data) - 20, 60):
+        with open(f"{root}/c/scan-{at}.jpg", "wb") as f:
+            f.write(data[:at] + bytes(b ^ 0x33 for b in data[at : at + 8]) + data[at + 8 :])
+    transform = T.Compose([T.RandomResizedCrop(16), T.ToTensor()])
+    calls = {"ours": [], "theirs": []}
+
+    def counting(name):
+        return lambda target: calls[name].append(target) or _drawing_target(target)
+
+    ours = RV.ImageFolder(root, transform, target_transform=counting("ours"))
+    theirs = datasets.ImageFolder(root, transform, target_transform=counting("theirs"))
+    last, decoded = len(theirs) - 1, 0
+    for i, (path, _) in enumerate(theirs.samples[:-1]):
+        calls["ours"].clear(), calls["theirs"].clear()
+        batch = [last, i, last, last]
+        (want, want_rng), (got, got_rng) = _one_by_one_and_getitems(ours, theirs, batch, i)
+        if isinstance(want, torch.Tensor):
+            decoded += 1
+            assert torch.equal(got, want) and torch.equal(got_rng, want_rng), path
+            assert calls["ours"] == calls["theirs"] == [theirs.targets[j] for j in batch], path
+    assert decoded  # (the corpus has a damaged file Pillow decodes)
+
+
 class _OwnGetitem(RV.ImageFolder):
     def __getitem__(self, index):
         sample, target = super().__getitem__(index)

@@ -127,6 +127,7 @@ class _RustSamples:
             if error is not None:
                 raise error
             return made
+        after = generator.get_state()  # the draws' end (where an error was raised, if one was)
         conversion = plan.conversion
         kind, dtype = conversion.kind, conversion.dtype
         width, height = made[rust[0]].size
@@ -141,37 +142,51 @@ class _RustSamples:
             block = _rloader.batch_empty([len(made), *shape], dtype)
         if block is not None:
             rows = block.unbind(0)
-            outs = [rows[k] for k in rust]
+            outs = {k: rows[k] for k in rust}
         else:
             pool = self._pool()
-            outs = [_empty_chw(conversion, *made[k].size, pool) for k in rust]
-        written = _rloader.vision_run_many(
-            [made[k].encoded for k in rust],
-            [made[k].steps for k in rust],
-            [(out.data_ptr(), out.nbytes) for out in outs],
-            conversion.table,
-            conversion.elem,
-            3,
-            draft=self.draft,
-        )
-        for k, out in zip(rust[:written], outs):
-            made[k] = (_as_kind(conversion, out), made[k].target)
-        if written < len(rust):
+            outs = {k: _empty_chw(conversion, *made[k].size, pool) for k in rust}
+        pending, written_here = rust, set()
+        while pending:
+            written = _rloader.vision_run_many(
+                [made[k].encoded for k in pending],
+                [made[k].steps for k in pending],
+                [(outs[k].data_ptr(), outs[k].nbytes) for k in pending],
+                conversion.table,
+                conversion.elem,
+                3,
+                draft=self.draft,
+            )
+            for k in pending[:written]:
+                made[k] = (_as_kind(conversion, outs[k]), made[k].target)
+                written_here.add(k)
+            if written == len(pending):
+                break
             # Rust's decoder failed or warned: torchvision makes that sample (or raises) from
-            # the generator state it would have had, and the samples after it are made again
-            # (their target_transform called again: the draws are the same).
-            at = rust[written]
+            # the generator state it would have had; the samples after it were drawn already.
+            at = pending[written]
             generator.set_state(made[at].state)
-            return made[:at] + [self[i] for i in indices[at:]]
+            made[at] = self._by_torchvision(indices[at], made[at].target)
+            pending = pending[written + 1 :]
+        generator.set_state(after)
         if error is not None:
             raise error
         if block is None:
             return made
-        for k in sorted(set(range(len(made))) - set(rust)):  # made one by one: into its row
+        for k in sorted(set(range(len(made))) - written_here):  # made one by one: into its row
             sample, target = made[k]
+            if type(sample) is not kind or sample.dtype != dtype or sample.shape != shape:
+                return made  # (torchvision made a sample Rust could not, of another shape)
             rows[k].copy_(sample)
             made[k] = (_as_kind(conversion, rows[k]), target)
         return StackedSamples(made, block)
+
+    def _by_torchvision(self, index: int, target):
+        """Sample ``index`` as torchvision's ``__getitem__`` makes it, with ``target`` already
+        through ``target_transform`` (which runs once per sample, as there)."""
+        with worker_draws():
+            sample = self.loader(self.samples[index][0])
+            return self.transform(sample) if self.transform is not None else sample, target
 
     def _draw(self, plan: Plan, encoded, target, state) -> _Drawn | None:
         """A sample's draws and target for Rust to make it from `encoded`, or None where
