@@ -306,6 +306,26 @@ class Augmenting(tud.Dataset):
             draws_generator().set_state(state["rng"])
 
 
+class StateFails(SeedOfReader):
+    """A map-style dataset whose ``state_dict()`` raises (a method it has for another use)."""
+
+    def state_dict(self):
+        raise NotImplementedError("no state here")
+
+    def load_state_dict(self, state):
+        raise NotImplementedError("no state here")
+
+
+class StateUnpicklable(SeedOfReader):
+    """A map-style dataset whose state does not pickle."""
+
+    def state_dict(self):
+        return {"how": lambda: None}
+
+    def load_state_dict(self, state):
+        pass
+
+
 class ShardedStream(tud.IterableDataset):
     """A stateful stream each worker reads its own shard of, of uneven lengths (the workers end
     at different times), with an epoch counter: a fresh pass (not a resumed one) starts the next

@@ -6,7 +6,7 @@ processes and threads."""
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import Augmenting, SeedOfReader
+from _datasets import Augmenting, SeedOfReader, StateFails, StateUnpicklable
 from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
 
 import rloader
@@ -82,6 +82,49 @@ def test_states_of_threads_are_not_loaded_into_processes():
     seen += epochs_of(resumed, 1)[0]
     assert order_of([seen]) == order_of(expected)
     assert draws_of([seen])[0][16:] != draws_of(expected)[0][16:]
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_resume_at_an_epochs_end_then_mid_epoch_is_the_uninterrupted_run(worker_type):
+    # Persistent workers: resumed from a state at epoch 0's last batch, the next epoch goes on
+    # without a base seed, as the saving loader's would; a state saved in it says so.
+    make = augmenting(worker_type, persistent=True)
+    expected = uninterrupted(make, 3, 2, True)
+    torch.manual_seed(3)
+    loader = make(3, torch.Generator().manual_seed(11))
+    seen, it = [], iter(loader)
+    for cut in (len(loader), 3):
+        seen += [as_lists(next(it)) for _ in range(cut)]
+        state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
+        del it
+        loader = make(3, torch.Generator().manual_seed(99))
+        loader.load_state_dict(state)
+        torch.set_rng_state(rng)
+        it = iter(loader)
+    seen += list(map(as_lists, it))
+    assert seen == expected[0] + expected[1]
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+@pytest.mark.parametrize("dataset", [StateFails, StateUnpicklable])
+def test_a_state_that_cannot_be_taken_leaves_loading_as_torchs(dataset, worker_type):
+    # The state is an extra: a dataset whose state_dict() raises, or whose state does not
+    # pickle, loads as with torch, and a resume starts its workers afresh (the order exact).
+    def rows(batches):  # (sample, its worker's seed) pairs
+        return [list(zip(*(column.tolist() for column in b))) for b in batches]
+
+    torch.manual_seed(0)
+    want = rows(tud.DataLoader(dataset(N), batch_size=4, num_workers=2))
+    kwargs = dict(batch_size=4, num_workers=2, worker_type=worker_type)
+    torch.manual_seed(0)
+    loader = rloader.DataLoader(dataset(N), **kwargs)
+    assert rows(loader) == want
+    torch.manual_seed(0)
+    it = iter(loader)
+    next(it)
+    resumed = rloader.DataLoader(dataset(N), **kwargs)
+    resumed.load_state_dict(loader.state_dict())
+    assert rows(resumed) == want[1:]
 
 
 def test_the_uninterrupted_draws_are_torchs():

@@ -32,12 +32,13 @@ The states are per worker: another ``num_workers`` is refused.
 
 A map-style dataset with ``state_dict``/``load_state_dict`` (torchdata's convention: the state
 of what its samples draw from, such as rloader.vision's augmentations) read by a fixed number
-of workers has the same per-worker states saved, with the worker whose batch comes next, and a
-resumed pool of as many workers of that kind loads them and starts its round robin there:
-batch ``i`` goes to worker ``i mod n`` as in the uninterrupted epoch, from the state that
-worker had after its previous one, so every draw is the uninterrupted run's. Resumed with
-another count or kind, the order is still exact and the workers start as fresh ones do.
-Persistent workers go on from their states at the end of the previous epoch.
+of workers has the same per-worker states saved (pickled as each batch is made, ``snapshot``:
+None where that fails), with the worker whose batch comes next, and a resumed pool of as many
+workers of that kind loads them and starts its round robin there. In order, batch ``i`` goes
+to worker ``i mod n`` as in the uninterrupted epoch, from the state that worker had after its
+previous one, so every draw is the uninterrupted run's. Resumed with another count or kind,
+the order is still exact and the workers start as fresh ones do. Persistent workers go on from
+their states at the end of the previous epoch, where it ended.
 
 An IterableDataset's stream depends on who reads it (each worker reads its shard): the state
 of an epoch says who read it (``readers``: ``[0, "main"]`` or ``[n, kind]``). A fixed loader's

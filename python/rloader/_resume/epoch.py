@@ -4,6 +4,7 @@ draws, the pending resume it applies, and what its iterator has handed out (NOTE
 from __future__ import annotations
 
 import itertools
+import pickle
 import warnings
 import weakref
 from typing import Any, Optional
@@ -33,7 +34,7 @@ class Epoch:
         self.readers = readers  # who reads the dataset (``readers``)
         # Whether iter() itself pulls the sampler's first keys (workers get tasks in iter()).
         self.pulls_in_iter = loader.num_workers > 0
-        # Workers whose copies of an IterableDataset say where they are: their states are saved.
+        # Workers whose copies of the dataset say where they are: their states are saved.
         self.stateful_workers = readers[0] if stateful_workers(loader, readers) else 0
         # Of a resumed epoch: the batches (in draw order) below `skipped` handed out before the
         # checkpoint but `holes`, and the saved workers' states ("workers" of state_dict()).
@@ -92,11 +93,14 @@ class Epoch:
         if between is not None and not epoch.iterable:
             epoch._draws_later = True
             epoch.pulls_in_iter = False
+        # Whether the generator moves by a base seed in this epoch: as the saving loader's would
+        # have, where the two differ (a state this epoch saves says so, for its own resume).
+        epoch.base_drawn = draws_base_seed
         if between is not None and between.get("next_draws_base", True) != draws_base_seed:
             gen = loader.generator if loader.generator is not None else torch.default_generator
             epoch._base_fix = gen.get_state() if draws_base_seed else "draw"
             epoch._loader = loader
-        epoch.base_drawn = draws_base_seed
+            epoch.base_drawn = not draws_base_seed
         if pending is not None:
             try:
                 epoch._resume(loader, pending, draws_base_seed)
@@ -197,6 +201,13 @@ class Epoch:
         """The worker whose batch comes first (that after the last one handed out)."""
         return 0 if self.workers is None else int(self.workers["next_worker"])
 
+    def _opened(self, state):
+        """A worker's state as handed out: a map-style dataset's came pickled (``snapshot``;
+        None if it could not be taken), an IterableDataset's as it is."""
+        if self.iterable or state is None:
+            return state
+        return pickle.loads(state)
+
     def end_states(self) -> Optional[list]:
         """The stateful workers' states once this epoch ended (None if it has not, or has
         none): where persistent workers start the next epoch."""
@@ -252,7 +263,7 @@ class Epoch:
             saved = self.worker_states() or [(state, False) for state in self.carried or ()]
             saved = saved or [(None, False)] * self.stateful_workers
             now = [
-                (state, ended) if state is not None else saved[w]
+                (self._opened(state), ended) if state is not None else saved[w]
                 for w, (state, ended) in enumerate(zip(handouts.states, handouts.ended))
             ]
             last = handouts.last_worker

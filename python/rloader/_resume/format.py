@@ -3,6 +3,7 @@ the pieces ``state_dict()`` writes, ``check`` reads and an epoch's resume sets b
 
 from __future__ import annotations
 
+import pickle
 import zlib
 from typing import Any, Optional
 
@@ -34,6 +35,16 @@ def unpack(blob: bytes) -> torch.Tensor:
         words[0::2], words[1::2] = halves[: halves.size // 2], halves[halves.size // 2 :]
         data = words.view(np.uint8)
     return torch.from_numpy(data.copy())
+
+
+def snapshot(dataset) -> Optional[bytes]:
+    """A map-style dataset's state as a worker sends it after a batch: pickled (a copy taken
+    then, small, in the batch's message), or None where ``state_dict()`` fails or its state
+    does not pickle. Loading goes on as without a state; a resume starts that worker afresh."""
+    try:
+        return pickle.dumps(dataset.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - a state is an extra: the batch must not fail for it
+        return None
 
 
 def drawing_sampler(loader) -> Optional[Any]:

@@ -106,8 +106,8 @@ class _RustSamples:
         # Each sample's draws as __getitem__ makes them, in order: decoding draws nothing, so
         # Rust's samples are decoded after all the draws, and a sample __getitem__ would not
         # make in Rust is made by __getitem__, in its place. An error is raised once the
-        # samples before it are made, as one by one (where one of those fails to decode, from
-        # there one by one).
+        # samples before it are made, as one by one (where Rust fails to decode one of those,
+        # torchvision makes it, below).
         made: list = []
         error = None
         with worker_draws():

@@ -27,6 +27,7 @@ from torch.utils.data._utils import worker as torch_worker
 
 from ... import _rloader
 from ..._collate import _collate_plan
+from ..._resume.format import snapshot
 from .wire import dump_error, dumps
 
 # Each worker seeds numpy's global generator, as torch's do. numpy 2 imports numpy.random only
@@ -132,7 +133,7 @@ def _worker_main(spec: dict) -> None:
                 samples=samples,
                 collate_plan=_collate_plan(spec["collate_fn"]),
                 init_error=init_error,
-                hooks=_WorkerHooks(worker_id, dataset, spec["worker_states"]),
+                hooks=_WorkerHooks(worker_id, dataset, spec["worker_states"], spec["iterable"]),
             )
         )
     except KeyboardInterrupt:
@@ -142,18 +143,21 @@ def _worker_main(spec: dict) -> None:
 class _WorkerHooks:
     """What the Rust worker loop calls back for (``_WorkerHooks`` in ``_rloader.pyi``)."""
 
-    def __init__(self, worker_id: int, dataset, worker_states: bool) -> None:
+    def __init__(self, worker_id: int, dataset, worker_states: bool, iterable: bool) -> None:
         self.worker_id = worker_id
         self.dataset = dataset
         self.worker_states = worker_states
+        self.iterable = iterable
 
     def dumps(self, batch, ended: bool = False):
-        """A batch as bytes; with ``worker_states`` (an IterableDataset with ``state_dict``)
-        paired with ``(the dataset's state right after making it, whether its iterator ended
-        making it)``, which the main process keeps once the batch is handed out
-        (``_Pool.loads``; NOTE [Resume]). A state that will not pickle is that batch's error."""
+        """A batch as bytes; with ``worker_states`` (a dataset with ``state_dict``) paired with
+        ``(the dataset's state right after making it, whether its iterator ended making it)``,
+        which the main process keeps once the batch is handed out (NOTE [Resume]). An
+        IterableDataset's state that will not pickle is that batch's error (its stream cannot
+        be resumed without it); a map-style dataset's is sent pickled (``snapshot``)."""
         if self.worker_states:
-            return dumps((batch, (self.dataset.state_dict(), ended)))
+            state = self.dataset.state_dict() if self.iterable else snapshot(self.dataset)
+            return dumps((batch, (state, ended)))
         return dumps(batch)
 
     def dump_state(self) -> bytes:

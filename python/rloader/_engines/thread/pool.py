@@ -47,6 +47,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from ... import _compat, _resume, _rloader, _thread_info
 from ..._collate import _collate_plan
 from ..._pinning import policy
+from ..._resume.format import snapshot
 from ..._seed import draw_seed
 from ...sampler import iter_keys
 from ..iterable_len import reported_len
@@ -180,8 +181,10 @@ class _ThreadWorker:
         return iter(self.dataset)
 
     def state(self):
-        """The worker's dataset's state after a batch (asked on this thread)."""
-        return self.dataset.state_dict()
+        """The worker's dataset's state after a batch, asked on this thread (``snapshot``).
+        Only what the dataset keeps per thread is per worker (rloader.vision's generators):
+        the threads' copies are shallow, and share whatever else it holds."""
+        return snapshot(self.dataset)
 
     def wrap_error(self, exc: BaseException, tb=None) -> ExceptionWrapper:
         return ExceptionWrapper(

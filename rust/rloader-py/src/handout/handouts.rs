@@ -3,10 +3,11 @@
 //!
 //! It records, per batch handed out (or raised as its error): the task it answered (tasks are
 //! numbered in the order their keys were drawn; `rloader_workers::HandedOutTasks` keeps the set
-//! small out of order too), the worker that made it, and for an iterable dataset that says where it
-//! is, that worker's dataset state right after making it and whether its iterator ended there
-//! (a short last batch). Such workers also say their dataset's state as they start an epoch
-//! (persistent workers) and as their stream ends: what a loader between epochs saves.
+//! small out of order too), the worker that made it, and for a dataset that says where it is,
+//! that worker's dataset state right after making it and whether its iterator ended there (a
+//! short last batch). The workers of such an iterable dataset also say their dataset's state as
+//! they start an epoch (persistent workers) and as their stream ends: what a loader between
+//! epochs saves.
 //!
 //! Whoever hands batches to the user records them: `PoolIter.__next__`, or with pin_memory
 //! `PinnedBatches.__next__` on the main thread (the pin thread only polls the PoolIter, and

@@ -96,7 +96,7 @@ pub struct PoolIter {
     /// the workers').
     hand_out: HandOutState,
     /// Each batch comes with its worker's dataset state (`(batch, state)` from the hooks'
-    /// `loads`): an iterable dataset with `state_dict`.
+    /// `loads`): a dataset with `state_dict`.
     worker_states: bool,
     /// Batches arriving in slots are pinned there (`_pin_slots`, NOTE [Pinned slots]).
     pinned: Option<Arc<PinnedSlots>>,
@@ -126,8 +126,8 @@ impl PoolIter {
     /// - `keys`: `iter(index_sampler)`, or the pin thread's `KeyFeed`; None for an iterable
     ///   dataset; `auto_collation`: each task is a batch of keys (torch's auto-collation);
     /// - `hand_out`: in which order, how long and how many batches are handed out;
-    /// - `worker_states`: each answer carries its worker's dataset state (an iterable dataset
-    ///   with `state_dict`).
+    /// - `worker_states`: each answer carries its worker's dataset state (a dataset with
+    ///   `state_dict`).
     #[new]
     #[pyo3(signature = (*, region, hooks, keys, auto_collation, hand_out, worker_states=false))]
     fn new(
