@@ -116,3 +116,10 @@ def test_the_state_is_each_workers_draws(folder):
     it = iter(threads)
     next(it)
     assert set(threads.state_dict()["workers"]["states"][0]) == {"torch"}
+
+
+def test_a_state_that_is_not_a_folders_says_so(folder):
+    ds = RV.ImageFolder(folder, TRAIN)
+    for bad in ([1, 2], {"torch": None, "other": 1}):
+        with pytest.raises(ValueError, match="state_dict"):
+            ds.load_state_dict(bad)

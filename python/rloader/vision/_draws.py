@@ -94,6 +94,11 @@ def draws_state() -> dict:
 
 def load_draws_state(state: dict) -> None:
     """Puts the calling worker's draws where ``draws_state`` found them."""
+    if not isinstance(state, dict) or not set(state) <= {"torch", "random"}:
+        raise ValueError(
+            "an rloader.vision dataset's state is what its state_dict() returned, a dict of "
+            f"'torch' and 'random' generator states, not {str(state)[:80]}"
+        )
     if "torch" in state:
         draws_generator().set_state(state["torch"])
     if "random" in state:
