@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import random
 import signal
 import sys
 import threading
@@ -15,6 +16,8 @@ import time
 import numpy as np
 import torch
 import torch.utils.data as tud
+
+import rloader
 
 
 class Squares(tud.Dataset):
@@ -691,3 +694,646 @@ class LoaderInGetitems(tud.Dataset):
         loader = self.loader_type(self.ds, batch_size=2, collate_fn=list)
         self.inner += [type(b) for b in loader]
         return [(torch.zeros(3), i) for i in indices]
+
+
+# -- moved out of the test files that used them (issue #38) ------------------------------
+
+
+class Pairs(tud.Dataset):
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.full((3,), float(i)), "i": i}
+
+
+class GetItems(tud.Dataset):
+    def __init__(self):
+        self.calls = []
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        raise AssertionError("__getitems__ should have been used")
+
+    def __getitems__(self, keys):
+        self.calls.append(list(keys))
+        return [k * 10 for k in keys]
+
+
+class StridedLayouts(tud.IterableDataset):
+    """Yields whole batches (``batch_size=None``) of tensors that are not their storage's
+    whole, in order: what a pre-batched pipeline or a custom collate_fn hands over."""
+
+    def __iter__(self):
+        x = torch.arange(8 * 3 * 4 * 5, dtype=torch.float32).view(8, 3, 4, 5)
+        channels_last = x.contiguous(memory_format=torch.channels_last)
+        base = torch.arange(40, dtype=torch.int64)
+        yield {
+            "channels_last": channels_last,
+            "view": channels_last[:, 0],  # shares channels_last's storage
+            "expanded": torch.ones(1, 16).expand(8, 16),
+            "transposed": base.view(5, 8).t(),
+            "offset": base[3:9],  # a contiguous view, not at its storage's start
+            "strided": base[::3],
+            "empty_view": base[5:5],
+            "bfloat16": torch.ones(4, 6, dtype=torch.bfloat16).t(),
+            "scalar_view": base[7],
+        }
+
+
+class ViewsOfLarge(tud.Dataset):
+    """Items are views into one 8 MB tensor (as TensorDataset's are)."""
+
+    def __init__(self) -> None:
+        self.data = torch.arange(1 << 20, dtype=torch.float64).view(-1, 64)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return self.data[i * 3 : i * 3 + 2, ::2]
+
+
+class Batched(tud.Dataset):
+    """A torch dataset that fetches batches itself and records the calls."""
+
+    def __init__(self, n):
+        self.n = n
+        self.batched_calls = []
+
+    def __getitem__(self, i):
+        return ("one", i)
+
+    def __getitems__(self, indices):
+        self.batched_calls.append(list(indices))
+        return [("many", i) for i in indices]
+
+    def __len__(self):
+        return self.n
+
+
+class ShortBatched(Batched):
+    def __getitems__(self, indices):
+        return [("many", i) for i in indices[:-1]]
+
+
+class RStream(rloader.IterableDataset):
+    """ItemStream on rloader.IterableDataset rather than torch's."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+INITS: dict = {}
+
+
+def counting_init(worker_id):
+    """Records, per worker, the thread each worker_init_fn call ran on."""
+    key = (os.getpid(), worker_id)
+    INITS.setdefault(key, []).append(threading.get_ident())
+
+
+class WhoFetches(tud.Dataset):
+    """(worker, the thread that fetched the sample, that worker's init calls so far)."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        key = (os.getpid(), tud.get_worker_info().id)
+        return key, threading.get_ident(), list(INITS.get(key, []))
+
+
+class IntraOpThreads(tud.Dataset):
+    """What `torch.get_num_threads()` says where each sample is fetched."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.get_num_threads()
+
+
+class SlowAfterFirst(tud.Dataset):
+    """Item 0 at once, every other item after `delay` seconds."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i:
+            threading.Event().wait(self.delay)
+        return torch.tensor([i])
+
+
+class CountedStream(tud.IterableDataset):
+    """tensor([0]), tensor([1]), ... counting in shared memory how many the workers produced."""
+
+    def __init__(self, produced) -> None:
+        self.produced = produced
+
+    def __iter__(self):
+        for i in range(1000):
+            with self.produced.get_lock():
+                self.produced.value += 1
+            yield torch.tensor([i])
+
+
+class UnevenStream(tud.IterableDataset):
+    """Worker 0 yields 3 items, worker 1 yields 7 (a shard each)."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        wid = info.id if info is not None else 0
+        yield from (torch.tensor([100 * wid + i]) for i in range(3 + 4 * wid))
+
+
+class DiesOnResume(tud.IterableDataset):
+    """A worker's second iterator (a persistent worker's new epoch) kills the worker."""
+
+    calls = 0
+
+    def __iter__(self):
+        DiesOnResume.calls += 1
+        if DiesOnResume.calls >= 2:
+            os._exit(3)
+        info = tud.get_worker_info()
+        return (torch.tensor([i]) for i in range(info.id, 8, info.num_workers))
+
+
+class ThreeWorkerStream(tud.IterableDataset):
+    """Worker 0 has no data; workers 1 and 2 yield 6 items each, counting them."""
+
+    def __init__(self, produced) -> None:
+        self.produced = produced
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info.id == 0:
+            return iter(())
+        return self.items(info.id)
+
+    def items(self, wid):
+        for i in range(6):
+            with self.produced.get_lock():
+                self.produced.value += 1
+            yield torch.tensor([wid * 100 + i])
+
+
+class ByteArrays(tud.Dataset):
+    """Sample i: 16 KiB of numpy uint8, all i % 251: a batch of 16 is a 256 KiB block."""
+
+    def __init__(self, n: int = 96, size: int = 1 << 14) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.full(self.size, i % 251, dtype=np.uint8)
+
+
+class Vectors(tud.Dataset):
+    """Sample i: a float32 tensor of 8192 values (32 KiB), all i; ``dtypes`` cycles per sample,
+    ``grad`` makes them require grad."""
+
+    def __init__(self, n: int = 96, dtypes=(torch.float32,), grad: bool = False) -> None:
+        self.n, self.dtypes, self.grad = n, dtypes, grad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = torch.full((8192,), float(i), dtype=self.dtypes[i % len(self.dtypes)])
+        return x.requires_grad_() if self.grad else x
+
+
+class ChannelsLast(tud.Dataset):
+    """Sample i: a float32 [2, 8, 16, 16] tensor in channels-last memory format (16 KiB), all i:
+    torch.stack keeps that format, so its batch is not contiguous."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        return torch.full((2, 8, 16, 16), float(i)).to(memory_format=torch.channels_last)
+
+
+class VaryingArrays(tud.Dataset):
+    """Batch k (of 16) holds samples of 16 KiB + (k % 6) * 512 bytes: six sizes, 256 to 296 KiB
+    a batch, in turn."""
+
+    def __len__(self) -> int:
+        return 16 * 36
+
+    def __getitem__(self, i: int):
+        return np.full((1 << 14) + 512 * (i // 16 % 6), i % 251, dtype=np.uint8)
+
+
+class Slowed(tud.Dataset):
+    """``dataset``'s samples, each 2 ms late: batches that arrive while the last is in use."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        time.sleep(0.002)
+        return self.dataset[i]
+
+
+class FilledArrays(tud.Dataset):
+    """Sample i: 64 KiB of numpy uint8, all i % 251, so that every batch differs from the next."""
+
+    def __len__(self) -> int:
+        return 2048
+
+    def __getitem__(self, i: int):
+        return np.full(1 << 16, i % 251, dtype=np.uint8)
+
+
+class FilledTensors(FilledArrays):
+    """The same samples as tensors (stacked into the block rather than copied into it)."""
+
+    def __getitem__(self, i: int):
+        return torch.full((1 << 16,), i % 251, dtype=torch.uint8)
+
+
+class GrowingRows(tud.Dataset):
+    """Sample i is i+1 KiB: later batches need more of their slot."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        return torch.full((256 * (1 + i * 40),), float(i))
+
+
+class StatefulStream(rloader.IterableDataset):
+    """An IterableDataset that says where it is, as torchdata's stateful datasets do."""
+
+    def __init__(self, n):
+        self.n, self.next = n, 0
+
+    def __iter__(self):
+        while self.next < self.n:
+            self.next += 1
+            yield self.next - 1
+        self.next = 0
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+class PlainStream(rloader.IterableDataset):
+    """range(n), each worker its strided share; no state of its own."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+class TorchdataStyleStream(tud.IterableDataset):
+    """A stateful stream sharded by worker (its state: the next index), torchdata-style: a
+    fresh iter() starts over unless load_state_dict was called just before."""
+
+    def __init__(self, n=31):
+        self.n, self.pos, self.loaded = n, None, False
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos, self.loaded = state["pos"], True
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        w, nw = (info.id, info.num_workers) if info else (0, 1)
+        i = self.pos if (self.loaded and self.pos is not None) else w
+        self.loaded = False
+        while i < self.n:
+            self.pos = i + nw
+            yield i
+            i += nw
+
+
+class Gated(tud.Dataset):
+    """Index i -> i, after a delay that varies with i; the indices in `gates` wait until their
+    gate's file exists, so that a test holds one batch back and others overtake it."""
+
+    def __init__(self, n, gates=None):
+        self.n, self.gates = n, dict(gates or {})
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        gate = self.gates.get(i)
+        deadline = time.monotonic() + 30
+        while gate is not None and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.001 * (i % 4))
+        return i
+
+
+class MiBRows(tud.Dataset):
+    """1 MiB tensors: a batch of 4 needs 4 MiB of slot."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        return torch.full((256, 1024), float(i)), i
+
+
+class Sleepy(tud.Dataset):
+    """16 samples of (zeros(2), i), each taking ``seconds`` to fetch."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return torch.zeros(2), i
+
+
+class SlowThenQuick(Sleepy):
+    """32 samples: each of the first 16 takes ``seconds`` to fetch, the others nothing."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return super().__getitem__(i) if i < 16 else (torch.zeros(2), i)
+
+
+class AsyncSleepy(Sleepy):
+    """Sleepy, with ``async def __getitem__``."""
+
+    async def __getitem__(self, i):
+        time.sleep(self.seconds)  # (blocking on purpose: a known least duration)
+        return torch.zeros(2), i
+
+
+class LocalErrorDataset(tud.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        class OddError(Exception):  # a type pickle cannot find by name
+            pass
+
+        if i == 2:
+            raise OddError("sample 2 is odd")
+        return i
+
+
+class SeedReport(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        return (
+            info.id,
+            info.num_workers,
+            info.seed,
+            torch.initial_seed(),
+            random.random(),
+            float(np.random.random()),
+            float(torch.rand(())),
+        )
+
+
+class ExitsCleanly(tud.Dataset):
+    """Its last sample ends the worker with code 0, once the worker was told to stop."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 7:
+            os._exit(0)
+        return i
+
+
+class LongStrings(tud.Dataset):
+    def __len__(self) -> int:
+        return 200_000
+
+    def __getitem__(self, i: int) -> str:
+        return "x" * 200 + str(i)
+
+
+class OneSlowSample(tud.Dataset):
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int):
+        time.sleep(5 if i == 0 else 0.01)
+        return i
+
+
+class SentFirstBatch(tud.Dataset):
+    """Squares whose worker 0 sets ``sent`` on reading its second batch's first index: by then
+    it has sent its first batch (a worker answers its tasks one after the other)."""
+
+    def __init__(self, sent, second_batch_start: int) -> None:
+        self.sent, self.second_batch_start = sent, second_batch_start
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> int:
+        info = tud.get_worker_info()
+        if info is not None and info.id == 0 and i == self.second_batch_start:
+            self.sent.set()
+        return i * i
+
+
+class ZeroWaitsForTheRest(tud.Dataset):
+    """Sample 0 waits until every other sample has been fetched: in order, nothing after it
+    can be handed out first; out of order, the rest may come while it waits."""
+
+    def __init__(self, n):
+        self.n = n
+        self.others = threading.Semaphore(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == 0:
+            for _ in range(self.n - 1):
+                assert self.others.acquire(timeout=30)
+        else:
+            self.others.release()
+        return i
+
+
+class Concurrent(tud.Dataset):
+    """Each sample waits until `parties` samples are being fetched at once."""
+
+    def __init__(self, n, parties):
+        self.n = n
+        self.barrier = threading.Barrier(parties, timeout=30)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.barrier.wait()  # raises BrokenBarrierError if fewer are ever in flight at once
+        return i
+
+
+class InfoReport(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        theirs = tud.get_worker_info()
+        ours = rloader.get_worker_info()
+        return (
+            theirs is ours,
+            theirs.id,
+            theirs.num_workers,
+            theirs.seed,
+            getattr(theirs, "worker_method", None),  # (torch < 2.15 workers have none)
+            theirs.dataset is self,
+            threading.current_thread() is not threading.main_thread(),
+        )
+
+
+class RngReport(tud.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        rng = info.rng
+        fresh = random.Random(info.seed).random()
+        return (
+            info.id,
+            rng.random_generator.random(),
+            float(torch.rand((), generator=rng.torch_generator)),
+            float(rng.numpy_generator.random()),
+            rng.torch_generator.initial_seed() == info.seed,
+            fresh,
+        )
+
+
+class CountsFetches(tud.Dataset):
+    def __init__(self):
+        self.calls = [0]  # a list: each worker thread's shallow copy shares it
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        self.calls[0] += 1
+        time.sleep(0.02)
+        return i
+
+
+class AllAtOnce(tud.Dataset):
+    """Each sample waits until `expected` samples are awaited at the same time (the count is
+    in a list: each worker thread has a shallow copy of the dataset, and the list is shared)."""
+
+    def __init__(self, n, expected):
+        self.n, self.expected = n, expected
+        self.lock = threading.Lock()
+        self.in_flight = [0]
+
+    def __len__(self):
+        return self.n
+
+    async def __getitem__(self, i):
+        with self.lock:
+            self.in_flight[0] += 1
+        deadline = time.monotonic() + 30
+        while self.in_flight[0] < self.expected:
+            assert time.monotonic() < deadline, f"only {self.in_flight[0]} samples in flight"
+            await asyncio.sleep(0.001)
+        return i
+
+
+class AsyncFailing(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    async def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("sample 5 is broken")
+        return i
+
+
+class AsyncStuck(tud.Dataset):
+    def __len__(self):
+        return 4
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(30)
+
+
+class WhoBegan(tud.Dataset):
+    """Squares that note which workers have begun, and which had when worker 0 fetched the last
+    sample of its first batch. (Thread workers share these lists: their copies are shallow.)"""
+
+    def __init__(self, n: int, batch_size: int, wait_for_another: bool = False) -> None:
+        self.n, self.batch_size = n, batch_size
+        self.began: list = []
+        self.at_first_batch: list = []
+        self.another = threading.Event()
+        self.waited: list = []
+        self.wait_for_another = wait_for_another
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        wid = tud.get_worker_info().id
+        if wid not in self.began:
+            self.began.append(wid)
+        if wid != 0:
+            self.another.set()
+        elif i == 0 and self.wait_for_another:  # bounded: a failure fails, it does not hang
+            self.waited.append(self.another.wait(timeout=60))
+        if wid == 0 and i == self.batch_size - 1 and not self.at_first_batch:
+            self.at_first_batch.append(sorted(self.began))
+        return i * i
+
+
+class ColdSquarePairs(SquarePairs):
+    """SquarePairs whose first 4 fetches advance ``clock`` by a second more: batch memory
+    filled for the first time (num_workers="auto" leaves its first batches unmeasured)."""
+
+    def __getitem__(self, i):
+        if i < 4:  # the first two batches of two
+            self.clock.now += 1.0
+        return super().__getitem__(i)

@@ -101,3 +101,30 @@ class StridingSampler(rloader.Sampler):
 
     def load_state_dict(self, state):
         self.epoch = state["epoch"]
+
+
+class FailsToLoadOnce(StridingSampler):
+    """A StridingSampler whose load_state_dict raises once (``failures`` times), then loads."""
+
+    failures = 1
+
+    def load_state_dict(self, state):
+        if FailsToLoadOnce.failures:
+            FailsToLoadOnce.failures -= 1
+            raise RuntimeError("not yet")
+        super().load_state_dict(state)
+
+
+class SlowEpochThenQuick(tud.Sampler):
+    """Samples 0-15 in the first epoch, 16-31 (no work at all) in each later one."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def __len__(self):
+        return 16
+
+    def __iter__(self):
+        start = 0 if self.epochs == 0 else 16
+        self.epochs += 1
+        return iter(range(start, start + 16))

@@ -10,7 +10,7 @@ import sys
 import warnings
 
 import pytest
-from _datasets import ListIndexedRows
+from _datasets import ListIndexedRows, Pairs
 
 pytest.importorskip("accelerate")
 
@@ -30,17 +30,6 @@ from _compare import same  # noqa: E402
 pytestmark = pytest.mark.timeout(240)
 
 WORKERS = [0, 2]
-
-
-class Pairs(tud.Dataset):
-    def __init__(self, n=37):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return {"x": torch.full((3,), float(i)), "i": i}
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from _auto_helpers import (
     stepped,
 )
 from _datasets import (
+    ColdSquarePairs,
     Shards,
     SquarePairs,
 )
@@ -303,20 +304,18 @@ def test_the_main_processs_first_batches_are_not_measured(quick, monkeypatch):
     clock = fake_clock(monkeypatch)
     windows = recorded_windows(monkeypatch)
 
-    class Cold(SquarePairs):
-        def __getitem__(self, i):
-            if i < 4:  # the first two batches of two
-                clock.now += 1.0
-            return super().__getitem__(i)
-
-    loader = rloader.DataLoader(Cold(clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    loader = rloader.DataLoader(
+        ColdSquarePairs(clock=clock, cost=0.01), batch_size=2, num_workers="auto"
+    )
     stepped(loader, clock)
     first = windows[0]
     assert first.workers == 0
     assert first.wait_s / first.batches == pytest.approx(0.02)
     # ... unless the epoch is too short to leave a window after them
     windows.clear()
-    short = rloader.DataLoader(Cold(n=10, clock=clock, cost=0.01), batch_size=2, num_workers="auto")
+    short = rloader.DataLoader(
+        ColdSquarePairs(n=10, clock=clock, cost=0.01), batch_size=2, num_workers="auto"
+    )
     stepped(short, clock)
     assert windows[0].batches == 4 and windows[0].wait_s > 2.0  # (the first two: 1 s each)
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 import torch.utils.data._utils.collate as torch_collate
+from _datasets import FloatRows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -317,22 +318,14 @@ def _collate_reporting_shared(batch):
     return out, out.is_shared()
 
 
-class _Arange(tud.Dataset):
-    def __getitem__(self, i):
-        return torch.full((2,), float(i))
-
-    def __len__(self):
-        return 4
-
-
 @pytest.mark.timeout(120)
 def test_real_dataloader_worker_stacks_into_shared_memory():
     loader = tud.DataLoader(
-        _Arange(), batch_size=2, num_workers=1, collate_fn=_collate_reporting_shared
+        FloatRows(4, 2), batch_size=2, num_workers=1, collate_fn=_collate_reporting_shared
     )
     got = list(loader)
     assert [shared for _, shared in got] == [True, True]
-    assert_same([out for out, _ in got], list(tud.DataLoader(_Arange(), batch_size=2)))
+    assert_same([out for out, _ in got], list(tud.DataLoader(FloatRows(4, 2), batch_size=2)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import SizedStream, Stream
+from _datasets import (
+    GetItems,
+    Ints,
+    IntTensors,
+    MadeSamples,
+    SizedStream,
+    Stream,
+    StridedLayouts,
+    ViewsOfLarge,
+)
 
 import rloader
 from rloader import DataLoader, _compat
@@ -20,17 +29,6 @@ from rloader import DataLoader, _compat
 from _compare import both, same
 
 Point = collections.namedtuple("Point", "x y")
-
-
-class MapDS(tud.Dataset):
-    def __init__(self, n, make):
-        self.n, self.make = n, make
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return self.make(i)
 
 
 SAMPLES = {
@@ -65,7 +63,7 @@ SAMPLES = {
     ids=["b4", "b4-drop", "b1", "none", "b32"],
 )
 def test_same_batches_as_torch_for_each_sample_kind(kind, kwargs):
-    ds = MapDS(10, SAMPLES[kind])
+    ds = MadeSamples(SAMPLES[kind], 10)
     theirs, ours = both(ds, **kwargs)
     assert same(ours, theirs)
 
@@ -96,7 +94,7 @@ def tensor_traits(batch):
 def test_batch_tensors_are_made_like_torchs(make, kwargs):
     # Batches in recycled memory or in a worker's slot are no views, and their version counter
     # is torch's (0 when collated in this process, 1 when rebuilt from a worker's).
-    theirs, ours = both(MapDS(40, make), batch_size=10, **kwargs)
+    theirs, ours = both(MadeSamples(make, 40), batch_size=10, **kwargs)
     assert [tensor_traits(b) for b in ours] == [tensor_traits(b) for b in theirs]
     assert same(ours, theirs)
 
@@ -114,7 +112,7 @@ def test_batches_take_in_place_shape_changes_like_torchs(make, kwargs):
     # A batch in recycled memory or a worker's slot is a tensor of its own, not a detached
     # alias, which would refuse these.
     for lib in (tud, rloader):
-        batch = next(iter(lib.DataLoader(MapDS(20, make), batch_size=10, **kwargs)))
+        batch = next(iter(lib.DataLoader(MadeSamples(make, 20), batch_size=10, **kwargs)))
         batch.unsqueeze_(1).squeeze_(1).transpose_(0, 1)
         batch.resize_(5, 3, 100, 100)
         assert batch.shape == (5, 3, 100, 100)
@@ -191,21 +189,6 @@ def test_non_integral_keys_through_a_custom_sampler():
     assert same(ours, theirs)
     theirs, ours = both(ds, sampler=["c", "a"], batch_size=None)
     assert same(ours, theirs)
-
-
-class GetItems(tud.Dataset):
-    def __init__(self):
-        self.calls = []
-
-    def __len__(self):
-        return 10
-
-    def __getitem__(self, i):
-        raise AssertionError("__getitems__ should have been used")
-
-    def __getitems__(self, keys):
-        self.calls.append(list(keys))
-        return [k * 10 for k in keys]
 
 
 def test_getitems_is_used_like_torch():
@@ -439,17 +422,8 @@ def test_pin_memory_pins():
 
 
 def test_dataset_errors_propagate_unchanged():
-    class Bad(tud.Dataset):
-        def __len__(self):
-            return 4
-
-        def __getitem__(self, i):
-            if i == 2:
-                raise KeyError("no sample 2")
-            return i
-
-    with pytest.raises(KeyError, match="no sample 2"):
-        list(DataLoader(Bad(), batch_size=1))
+    with pytest.raises(KeyError, match="sample 2 is missing"):
+        list(DataLoader(IntTensors(4, bad=2), batch_size=1))
 
 
 def test_timeout_without_workers_is_rejected_like_torch():
@@ -501,19 +475,11 @@ class _Sentinel:
     pass
 
 
-class _RefersToItsIterator(tud.Dataset):
-    def __len__(self):
-        return 10
-
-    def __getitem__(self, i):
-        return i
-
-
 def test_an_iterator_in_a_reference_cycle_is_collected():
     import gc
     import weakref
 
-    dataset = _RefersToItsIterator()
+    dataset = Ints(10)
     dataset.sentinel = _Sentinel()
     alive = weakref.ref(dataset.sentinel)
     it = iter(rloader.DataLoader(dataset, batch_size=2))
@@ -522,27 +488,6 @@ def test_an_iterator_in_a_reference_cycle_is_collected():
     del it, dataset
     gc.collect()
     assert alive() is None
-
-
-class _Layouts(tud.IterableDataset):
-    """Yields whole batches (``batch_size=None``) of tensors that are not their storage's
-    whole, in order: what a pre-batched pipeline or a custom collate_fn hands over."""
-
-    def __iter__(self):
-        x = torch.arange(8 * 3 * 4 * 5, dtype=torch.float32).view(8, 3, 4, 5)
-        channels_last = x.contiguous(memory_format=torch.channels_last)
-        base = torch.arange(40, dtype=torch.int64)
-        yield {
-            "channels_last": channels_last,
-            "view": channels_last[:, 0],  # shares channels_last's storage
-            "expanded": torch.ones(1, 16).expand(8, 16),
-            "transposed": base.view(5, 8).t(),
-            "offset": base[3:9],  # a contiguous view, not at its storage's start
-            "strided": base[::3],
-            "empty_view": base[5:5],
-            "bfloat16": torch.ones(4, 6, dtype=torch.bfloat16).t(),
-            "scalar_view": base[7],
-        }
 
 
 def layout(t: torch.Tensor) -> tuple:
@@ -556,7 +501,7 @@ def test_tensors_from_workers_keep_their_layout_like_torchs(num_workers):
     # workers send them (they share each tensor's whole storage).
     batches = {}
     for lib in (tud, rloader):
-        loader = lib.DataLoader(_Layouts(), batch_size=None, num_workers=num_workers)
+        loader = lib.DataLoader(StridedLayouts(), batch_size=None, num_workers=num_workers)
         batches[lib] = next(iter(loader))
     theirs, ours = batches[tud], batches[rloader]
     for name in theirs:
@@ -566,24 +511,11 @@ def test_tensors_from_workers_keep_their_layout_like_torchs(num_workers):
     assert ours["view"].untyped_storage().data_ptr() == ptr  # one storage, as torch's
 
 
-class _ViewOfLarge(tud.Dataset):
-    """Items are views into one 8 MB tensor (as TensorDataset's are)."""
-
-    def __init__(self) -> None:
-        self.data = torch.arange(1 << 20, dtype=torch.float64).view(-1, 64)
-
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i):
-        return self.data[i * 3 : i * 3 + 2, ::2]
-
-
 def test_a_view_of_a_large_tensor_from_a_worker_keeps_its_strides_not_the_whole_storage():
     # torch's worker shares the whole 8 MB storage of the dataset's tensor; rloader sends the
     # bytes the view reaches (a view of a dataset must not send the dataset), strides kept.
-    theirs = list(tud.DataLoader(_ViewOfLarge(), batch_size=None, num_workers=1))
-    ours = list(rloader.DataLoader(_ViewOfLarge(), batch_size=None, num_workers=1))
+    theirs = list(tud.DataLoader(ViewsOfLarge(), batch_size=None, num_workers=1))
+    ours = list(rloader.DataLoader(ViewsOfLarge(), batch_size=None, num_workers=1))
     for a, b in zip(ours, theirs):
         assert (a.stride(), a.shape, a.tolist()) == (b.stride(), b.shape, b.tolist())
         assert b.untyped_storage().nbytes() == 8 << 20

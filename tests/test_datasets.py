@@ -13,7 +13,7 @@ import typing
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import ItemStream, SquareInts
+from _datasets import Batched, ItemStream, RStream, ShortBatched, SquareInts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,40 +36,6 @@ CLASSES = [
 
 def tensors(n=5):
     return torch.arange(n * 2).reshape(n, 2), torch.arange(n) * 10.0
-
-
-class Batched(tud.Dataset):
-    """A torch dataset that fetches batches itself and records the calls."""
-
-    def __init__(self, n):
-        self.n = n
-        self.batched_calls = []
-
-    def __getitem__(self, i):
-        return ("one", i)
-
-    def __getitems__(self, indices):
-        self.batched_calls.append(list(indices))
-        return [("many", i) for i in indices]
-
-    def __len__(self):
-        return self.n
-
-
-class ShortBatched(Batched):
-    def __getitems__(self, indices):
-        return [("many", i) for i in indices[:-1]]
-
-
-class RStream(rl.IterableDataset):
-    def __init__(self, items):
-        self.items = list(items)
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def __len__(self):
-        return len(self.items)
 
 
 # ---------------------------------------------------------------------------------------------

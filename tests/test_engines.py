@@ -6,7 +6,6 @@ What only one engine has is in test_worker_processes.py and test_worker_threads.
 from __future__ import annotations
 
 import gc
-import os
 import threading
 import time
 import weakref
@@ -22,12 +21,16 @@ from _children import (
     worker_threads,
 )
 from _datasets import (
+    INITS,
     Failing,
+    IntraOpThreads,
     MyIterableDataset,
     PlainRange,
     RefersToItsLoader,
     Slow,
     Squares,
+    WhoFetches,
+    counting_init,
     failing_init,
     split_init_fn,
 )
@@ -151,26 +154,6 @@ def test_iterable_dataset_with_in_order_false_ends(engine):
 
 
 # ---------------------------------------------------------------- persistent workers
-
-
-INITS: dict = {}
-
-
-def counting_init(worker_id):
-    """Records, per worker, the thread each worker_init_fn call ran on."""
-    key = (os.getpid(), worker_id)
-    INITS.setdefault(key, []).append(threading.get_ident())
-
-
-class WhoFetches(tud.Dataset):
-    """(worker, the thread that fetched the sample, that worker's init calls so far)."""
-
-    def __len__(self):
-        return 6
-
-    def __getitem__(self, i):
-        key = (os.getpid(), tud.get_worker_info().id)
-        return key, threading.get_ident(), list(INITS.get(key, []))
 
 
 @WORKERS
@@ -388,16 +371,6 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt(engine, pin, persistent
     pids = [int(p) for p in pids.split()[1:]]
     assert len(pids) == (4 if engine.name == "process" else 0), done.stdout
     assert not any(alive(p) for p in pids)
-
-
-class IntraOpThreads(tud.Dataset):
-    """What `torch.get_num_threads()` says where each sample is fetched."""
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        return torch.get_num_threads()
 
 
 def test_workers_run_ops_on_one_intra_op_thread_as_torchs_workers_do(engine):

@@ -8,13 +8,22 @@ thread pins, that results, errors, epochs and shutdown come through it as withou
 from __future__ import annotations
 
 import gc
-import os
 import threading
 
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import BadAtTwo, IntTensors, RefersToItsLoader, ReportedFive
+from _datasets import (
+    BadAtTwo,
+    CountedStream,
+    DiesOnResume,
+    IntTensors,
+    RefersToItsLoader,
+    ReportedFive,
+    SlowAfterFirst,
+    ThreeWorkerStream,
+    UnevenStream,
+)
 from _samplers import CountingSampler, FailingSampler, ThreadRecordingSampler, read_past_errors
 
 import rloader
@@ -109,21 +118,6 @@ def test_worker_batches_are_pinned_for_real():
     )
     for x, d in loader:
         assert x.is_pinned() and d["a"].is_pinned()
-
-
-class SlowAfterFirst(tud.Dataset):
-    """Item 0 at once, every other item after `delay` seconds."""
-
-    def __init__(self, n: int, delay: float) -> None:
-        self.n, self.delay = n, delay
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        if i:
-            threading.Event().wait(self.delay)
-        return torch.tensor([i])
 
 
 def test_timeout_counts_the_users_wait_not_the_pin_threads(pinning):
@@ -302,19 +296,6 @@ def test_a_pinned_persistent_loader_in_a_reference_cycle_is_collected(pinning):
     assert all(p._closed for p in procs)
 
 
-class CountedStream(tud.IterableDataset):
-    """tensor([0]), tensor([1]), ... counting in shared memory how many the workers produced."""
-
-    def __init__(self, produced) -> None:
-        self.produced = produced
-
-    def __iter__(self):
-        for i in range(1000):
-            with self.produced.get_lock():
-                self.produced.value += 1
-            yield torch.tensor([i])
-
-
 def start_every_worker(it) -> None:
     """Starts the workers an rloader iterator has not started yet (NOTE [Staged start]: they
     start as their batches are awaited), as torch starts all of them in ``iter()``."""
@@ -349,15 +330,6 @@ def test_an_iterable_datasets_workers_run_as_far_ahead_as_with_torch(pinning):
     assert produced_before_each_next(rloader, pin_memory=True) == produced_before_each_next(tud)
 
 
-class UnevenStream(tud.IterableDataset):
-    """Worker 0 yields 3 items, worker 1 yields 7 (a shard each)."""
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        wid = info.id if info is not None else 0
-        yield from (torch.tensor([100 * wid + i]) for i in range(3 + 4 * wid))
-
-
 @pytest.mark.parametrize("persistent", [False, True])
 def test_an_iterable_dataset_ending_unevenly_gives_torchs_batches(pinning, persistent):
     def epochs(lib, **kwargs):
@@ -367,19 +339,6 @@ def test_an_iterable_dataset_ending_unevenly_gives_torchs_batches(pinning, persi
         return [list(loader) for _ in range(2)]
 
     assert same(epochs(rloader, pin_memory=True), epochs(tud))
-
-
-class DiesOnResume(tud.IterableDataset):
-    """A worker's second iterator (a persistent worker's new epoch) kills the worker."""
-
-    calls = 0
-
-    def __iter__(self):
-        DiesOnResume.calls += 1
-        if DiesOnResume.calls >= 2:
-            os._exit(3)
-        info = tud.get_worker_info()
-        return (torch.tensor([i]) for i in range(info.id, 8, info.num_workers))
 
 
 @pytest.mark.timeout(20)
@@ -400,25 +359,6 @@ def test_a_worker_dying_as_a_pinned_persistent_epoch_starts_is_reported(pinning)
     # The workers are gone; the next epoch starts new ones.
     DiesOnResume.calls = -10
     assert len(list(loader)) == 4
-
-
-class ThreeWorkerStream(tud.IterableDataset):
-    """Worker 0 has no data; workers 1 and 2 yield 6 items each, counting them."""
-
-    def __init__(self, produced) -> None:
-        self.produced = produced
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        if info.id == 0:
-            return iter(())
-        return self.items(info.id)
-
-    def items(self, wid):
-        for i in range(6):
-            with self.produced.get_lock():
-                self.produced.value += 1
-            yield torch.tensor([wid * 100 + i])
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")

@@ -11,13 +11,20 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
-import time
 import warnings
 
-import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import (
+    ByteArrays,
+    ChannelsLast,
+    FilledArrays,
+    FilledTensors,
+    Slowed,
+    VaryingArrays,
+    Vectors,
+)
 from _engines import Engine
 
 import rloader
@@ -42,19 +49,6 @@ def driver(monkeypatch):
     return Driver.installed(monkeypatch)
 
 
-class Arrays(tud.Dataset):
-    """Sample i: 16 KiB of numpy uint8, all i % 251: a batch of 16 is a 256 KiB block."""
-
-    def __init__(self, n: int = 96, size: int = 1 << 14) -> None:
-        self.n, self.size = n, size
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return np.full(self.size, i % 251, dtype=np.uint8)
-
-
 def loader_of(dataset, engine: Engine, **kwargs):
     return rloader.DataLoader(
         dataset, **engine.kwargs(**{"batch_size": 16, "pin_memory": True, **kwargs})
@@ -67,12 +61,12 @@ def torchs(dataset, batch_size: int = 16) -> list:
 
 @BLOCK_ENGINES
 def test_batches_lie_in_registered_blocks(driver, engine):
-    loader = loader_of(Arrays(384), engine)
+    loader = loader_of(ByteArrays(384), engine)
     batches = []
     for batch in loader:
         assert driver.covers(batch.data_ptr(), batch.nbytes)
         batches.append(batch.clone())
-    assert same(batches, torchs(Arrays(384)))
+    assert same(batches, torchs(ByteArrays(384)))
     # Blocks are registered when first used, not per batch.
     assert 0 < driver.registrations < len(batches)
 
@@ -80,7 +74,7 @@ def test_batches_lie_in_registered_blocks(driver, engine):
 @BLOCK_ENGINES
 def test_a_dropped_batchs_block_is_not_reused_until_its_event_completes(driver, engine):
     driver.events_done = False  # the "device" has not read anything yet
-    loader = loader_of(Arrays(), engine)
+    loader = loader_of(ByteArrays(), engine)
     dropped = []  # (address, bytes, what the device should read there, its event)
     for batch in loader:
         assert driver.covers(batch.data_ptr(), batch.nbytes)
@@ -105,53 +99,38 @@ def test_a_dropped_batchs_block_is_not_reused_until_its_event_completes(driver, 
     for batch in loader:
         second.append(batch.clone())
         del batch
-    assert same(second, torchs(Arrays()))
+    assert same(second, torchs(ByteArrays()))
     assert driver.registrations - registered <= 1
 
 
 @BLOCK_ENGINES
 def test_batches_the_user_keeps_are_never_overwritten(driver, engine):
-    loader = loader_of(Arrays(), engine)
+    loader = loader_of(ByteArrays(), engine)
     kept = list(loader)
-    assert same(kept, torchs(Arrays()))
+    assert same(kept, torchs(ByteArrays()))
     del loader
     gc.collect()
     assert all(driver.covers(b.data_ptr(), b.nbytes) for b in kept), "still registered"
-    assert same(kept, torchs(Arrays()))
+    assert same(kept, torchs(ByteArrays()))
     del kept
     gc.collect()
     assert driver.ranges == {}
 
 
-class Tensors(tud.Dataset):
-    """Sample i: a float32 tensor of 8192 values (32 KiB), all i; ``dtypes`` cycles per sample,
-    ``grad`` makes them require grad."""
-
-    def __init__(self, n: int = 96, dtypes=(torch.float32,), grad: bool = False) -> None:
-        self.n, self.dtypes, self.grad = n, dtypes, grad
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        x = torch.full((8192,), float(i), dtype=self.dtypes[i % len(self.dtypes)])
-        return x.requires_grad_() if self.grad else x
-
-
 @BLOCK_ENGINES
 def test_stacked_tensor_batches_lie_in_registered_blocks(driver, engine):
     batches = []
-    for batch in loader_of(Tensors(), engine):
+    for batch in loader_of(Vectors(), engine):
         assert driver.covers(batch.data_ptr(), batch.nbytes)
         assert (batch._base, batch._version) == (None, 0)  # as torch.stack's own batch
         batches.append(batch.clone())
-    assert same(batches, torchs(Tensors()))
+    assert same(batches, torchs(Vectors()))
 
 
 @BLOCK_ENGINES
 def test_tensor_batches_torch_would_promote_are_stacked_as_torch_does(driver, engine):
     # Mixed dtypes: torch.stack promotes to float64, which a float32 block would cast away.
-    mixed = Tensors(dtypes=(torch.float32, torch.float64))
+    mixed = Vectors(dtypes=(torch.float32, torch.float64))
     batches = list(loader_of(mixed, engine))
     assert all(b.dtype == torch.float64 for b in batches)
     assert not any(driver.covers(b.data_ptr(), 1) for b in batches)
@@ -160,22 +139,11 @@ def test_tensor_batches_torch_would_promote_are_stacked_as_torch_does(driver, en
 
 def test_tensor_batches_that_require_grad_are_stacked_as_torch_does(driver):
     # torch.stack(out=...) refuses inputs that require grad; torch's own stack keeps the graph.
-    grad = Tensors(grad=True)
+    grad = Vectors(grad=True)
     ours, theirs = list(loader_of(grad, Engine("main"))), torchs(grad)
     assert all(b.requires_grad and b.grad_fn is not None for b in ours)
     assert [b.grad_fn.name() for b in ours] == [b.grad_fn.name() for b in theirs]
     assert same([b.detach() for b in ours], [b.detach() for b in theirs])
-
-
-class ChannelsLast(tud.Dataset):
-    """Sample i: a float32 [2, 8, 16, 16] tensor in channels-last memory format (16 KiB), all i:
-    torch.stack keeps that format, so its batch is not contiguous."""
-
-    def __len__(self) -> int:
-        return 48
-
-    def __getitem__(self, i: int):
-        return torch.full((2, 8, 16, 16), float(i)).to(memory_format=torch.channels_last)
 
 
 @BLOCK_ENGINES
@@ -186,21 +154,10 @@ def test_tensor_batches_keep_the_memory_format_torch_gives_them(driver, engine):
     assert same(ours, theirs)
 
 
-class Varying(tud.Dataset):
-    """Batch k (of 16) holds samples of 16 KiB + (k % 6) * 512 bytes: six sizes, 256 to 296 KiB
-    a batch, in turn."""
-
-    def __len__(self) -> int:
-        return 16 * 36
-
-    def __getitem__(self, i: int):
-        return np.full((1 << 14) + 512 * (i // 16 % 6), i % 251, dtype=np.uint8)
-
-
 @BLOCK_ENGINES
 def test_batches_of_varying_sizes_share_registered_blocks(driver, engine):
-    batches = [b.clone() for b in loader_of(Varying(), engine)]
-    assert same(batches, torchs(Varying()))
+    batches = [b.clone() for b in loader_of(VaryingArrays(), engine)]
+    assert same(batches, torchs(VaryingArrays()))
     # Blocks come in size classes (an eighth of the power of two above): 256 KiB, and 320 KiB
     # for the five larger sizes. Exact sizes would register at least one block per size.
     assert driver.registrations < 6 if engine.name == "main" else driver.registrations <= 12
@@ -210,7 +167,7 @@ def test_batches_of_varying_sizes_share_registered_blocks(driver, engine):
 @BLOCK_ENGINES
 def test_block_registrations_are_undone_and_events_waited_for_when_the_loader_goes(driver, engine):
     driver.events_done = False
-    loader = loader_of(Arrays(), engine)
+    loader = loader_of(ByteArrays(), engine)
     for batch in loader:
         del batch
     pending = [e for e in driver.events if not e.done]
@@ -224,7 +181,7 @@ def test_block_registrations_are_undone_and_events_waited_for_when_the_loader_go
 @BLOCK_ENGINES
 def test_a_batch_freed_while_an_exception_unwinds_is_fenced_and_the_exception_kept(driver, engine):
     driver.events_done = False
-    it = iter(loader_of(Arrays(), engine))
+    it = iter(loader_of(ByteArrays(), engine))
     seen = []
 
     def next_batch():
@@ -245,20 +202,15 @@ def test_a_batch_freed_while_an_exception_unwinds_is_fenced_and_the_exception_ke
     assert second.data_ptr() != addr
     assert ctypes.string_at(addr, nbytes) == expected, "and is not written meanwhile"
     rest = [second.clone()] + [b.clone() for b in it]
-    assert same(rest, torchs(Arrays())[1:])
-
-
-class SlowArrays(Arrays):
-    def __getitem__(self, i: int):
-        time.sleep(0.002)
-        return super().__getitem__(i)
+    assert same(rest, torchs(ByteArrays())[1:])
 
 
 def test_a_thread_workers_batch_is_released_on_the_thread_that_drops_it(driver):
     threads = []
     fence = driver.fence
     driver.fence = lambda: (threads.append(threading.current_thread().name), fence())[1]
-    for batch in loader_of(SlowArrays(64), Engine("thread"), batch_size=8):  # 128 KiB: in a block
+    # 128 KiB batches: in a block
+    for batch in loader_of(Slowed(ByteArrays(64)), Engine("thread"), batch_size=8):
         del batch
     assert threads and set(threads) == {threading.current_thread().name}
 
@@ -268,8 +220,8 @@ def test_a_refused_registration_warns_once_and_batches_are_copied_as_before(driv
     driver.refuse = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        batches = [b.clone() for b in loader_of(Arrays(), engine)]
-    assert same(batches, torchs(Arrays()))
+        batches = [b.clone() for b in loader_of(ByteArrays(), engine)]
+    assert same(batches, torchs(ByteArrays()))
     texts = [str(w.message) for w in caught if w.category is RuntimeWarning]
     assert len(texts) == 1 and "could not pin batches where they are" in texts[0]
     assert driver.events == []  # nothing is fenced without a registration
@@ -277,9 +229,9 @@ def test_a_refused_registration_warns_once_and_batches_are_copied_as_before(driv
 
 @BLOCK_ENGINES
 def test_without_pin_memory_nothing_is_registered_and_turning_it_off_unpins(driver, engine):
-    list(loader_of(Arrays(), engine, pin_memory=False))
+    list(loader_of(ByteArrays(), engine, pin_memory=False))
     assert driver.registrations == 0 and driver.events == []
-    loader = loader_of(Arrays(), engine)
+    loader = loader_of(ByteArrays(), engine)
     list(loader)
     assert driver.ranges
     loader.pin_memory = False  # torch lets it change between epochs
@@ -292,23 +244,6 @@ def test_without_pin_memory_nothing_is_registered_and_turning_it_off_unpins(driv
 # ------------------------------------------------------------------------- on a real GPU
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-class FilledArrays(tud.Dataset):
-    """Sample i: 64 KiB of numpy uint8, all i % 251, so that every batch differs from the next."""
-
-    def __len__(self) -> int:
-        return 2048
-
-    def __getitem__(self, i: int):
-        return np.full(1 << 16, i % 251, dtype=np.uint8)
-
-
-class FilledTensors(FilledArrays):
-    """The same samples as tensors (stacked into the block rather than copied into it)."""
-
-    def __getitem__(self, i: int):
-        return torch.full((1 << 16,), i % 251, dtype=torch.uint8)
 
 
 DATA = [FilledArrays, FilledTensors]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
-import time
 import warnings
 
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import FloatRows
+from _datasets import FilledTensors, FloatRows, GrowingRows, Slowed
 
 import rloader
 from rloader._pinning import cuda_host
@@ -86,12 +85,6 @@ def test_a_dropped_batchs_slot_is_not_overwritten_until_its_event_completes(driv
     assert in_slots_after > 0
 
 
-class SlowRows(FloatRows):
-    def __getitem__(self, i: int):
-        time.sleep(0.002)
-        return super().__getitem__(i)
-
-
 def test_a_batch_is_released_on_the_thread_that_drops_it_not_the_pin_thread(driver):
     # The event goes on the current stream of the thread that lets go of the batch: that must
     # be the user's thread, which queued the copies, even when the pin thread is waiting for
@@ -99,7 +92,7 @@ def test_a_batch_is_released_on_the_thread_that_drops_it_not_the_pin_thread(driv
     threads = []
     fence = driver.fence
     driver.fence = lambda: (threads.append(threading.current_thread().name), fence())[1]
-    for batch in loader_of(SlowRows(128), batch_size=4):
+    for batch in loader_of(Slowed(FloatRows(128)), batch_size=4):
         del batch
     assert threads and set(threads) == {threading.current_thread().name}
 
@@ -131,19 +124,9 @@ def test_a_batch_the_user_keeps_holds_the_registration(driver):
     assert driver.ranges == {}
 
 
-class Growing(tud.Dataset):
-    """Sample i is i+1 KiB: later batches need more of their slot."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int):
-        return torch.full((256 * (1 + i * 40),), float(i))
-
-
 def test_a_slot_whose_batches_outgrow_its_registration_is_registered_again(driver):
-    batches = [b.clone() for b in loader_of(Growing(), batch_size=4, collate_fn=torch.cat)]
-    assert same(batches, list(tud.DataLoader(Growing(), batch_size=4, collate_fn=torch.cat)))
+    batches = [b.clone() for b in loader_of(GrowingRows(), batch_size=4, collate_fn=torch.cat)]
+    assert same(batches, list(tud.DataLoader(GrowingRows(), batch_size=4, collate_fn=torch.cat)))
     assert driver.registrations > len(driver.ranges)  # some were replaced by larger ones
 
 
@@ -180,7 +163,7 @@ def test_slots_registered_before_a_refusal_are_still_fenced(driver):
 def test_a_slot_outgrowing_its_range_after_a_refusal_is_unregistered(driver):
     # A batch must never lie half in a registered range: it would read as pinned.
     driver.refuse_after = 2
-    loader = loader_of(Growing(), batch_size=4, collate_fn=torch.cat, num_workers=1)
+    loader = loader_of(GrowingRows(), batch_size=4, collate_fn=torch.cat, num_workers=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for batch in loader:
@@ -202,19 +185,9 @@ def test_without_pin_memory_nothing_is_registered(driver):
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-class Filled(tud.Dataset):
-    """Sample i: 64 KiB of the byte i % 251, so that every batch differs from the next."""
-
-    def __len__(self) -> int:
-        return 2048
-
-    def __getitem__(self, i: int):
-        return torch.full((1 << 16,), i % 251, dtype=torch.uint8)
-
-
 @cuda
 def test_worker_batches_are_pinned_where_they_arrive_on_cuda():
-    loader = loader_of(Filled(), batch_size=64, num_workers=4)
+    loader = loader_of(FilledTensors(), batch_size=64, num_workers=4)
     it = iter(loader)
     base, length = region_of(it)._span
     for batch in it:
@@ -228,8 +201,8 @@ def test_worker_batches_are_pinned_where_they_arrive_on_cuda():
 @pytest.mark.parametrize("how", ["side stream", "default stream", "waited-for side stream"])
 def test_a_dropped_batch_is_read_by_a_slow_device_stream_before_it_is_overwritten(how):
     # ~10 ms of spinning per batch (at ~2 GHz): the workers refill a freed slot far sooner.
-    loader = loader_of(Filled(), batch_size=64, num_workers=4)
-    assert slow_stream_reads(loader, Filled(), 20_000_000, how) == 0
+    loader = loader_of(FilledTensors(), batch_size=64, num_workers=4)
+    assert slow_stream_reads(loader, FilledTensors(), 20_000_000, how) == 0
 
 
 @cuda
@@ -240,5 +213,5 @@ def test_the_slow_stream_test_sees_overwritten_batches_without_the_fence(monkeyp
     monkeypatch.setattr(
         cuda_host, "slot_pinning", lambda: (register, unregister, lambda: Event(True))
     )
-    loader = loader_of(Filled(), batch_size=64, num_workers=4)
-    assert slow_stream_reads(loader, Filled(), 20_000_000) > 0
+    loader = loader_of(FilledTensors(), batch_size=64, num_workers=4)
+    assert slow_stream_reads(loader, FilledTensors(), 20_000_000) > 0

@@ -7,9 +7,9 @@ import warnings
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import SeedOfReader, ShardedStream
+from _datasets import PlainStream, SeedOfReader, ShardedStream, StatefulStream, TorchdataStyleStream
 from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
-from _samplers import StridingSampler
+from _samplers import FailsToLoadOnce, StridingSampler
 
 import rloader
 from rloader._auto import policy as auto_policy
@@ -345,32 +345,6 @@ def test_elastic_states_must_be_a_whole_job():
         loader.load_state_dict(states[:1] + states[:1])
 
 
-class StatefulStream(rloader.IterableDataset):
-    """An IterableDataset that says where it is, as torchdata's stateful datasets do."""
-
-    def __init__(self, n):
-        self.n, self.next = n, 0
-
-    def __iter__(self):
-        while self.next < self.n:
-            self.next += 1
-            yield self.next - 1
-        self.next = 0
-
-    def state_dict(self):
-        return {"next": self.next}
-
-    def load_state_dict(self, state):
-        self.next = state["next"]
-
-
-class PlainStream(rloader.IterableDataset):
-    def __iter__(self):
-        info = tud.get_worker_info()
-        start, step = (0, 1) if info is None else (info.id, info.num_workers)
-        return iter(range(start, N, step))
-
-
 def test_a_stateful_iterable_dataset_resumes_from_its_own_state():
     def make(nw, g):
         return rloader.DataLoader(StatefulStream(N), batch_size=4)
@@ -383,7 +357,7 @@ def test_a_stateful_iterable_dataset_resumes_from_its_own_state():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_iterable_dataset_without_state_is_resumed_by_fetching(workers):
     def make(nw, g):
-        return rloader.DataLoader(PlainStream(), batch_size=4, num_workers=nw)
+        return rloader.DataLoader(PlainStream(N), batch_size=4, num_workers=nw)
 
     with pytest.warns(UserWarning, match="fetching and dropping the 3 batches"):
         got = interrupted(make, workers, workers, 0, 3, 2, True)
@@ -422,16 +396,6 @@ def test_a_sampler_generator_resumes_into_a_loader_whose_sampler_has_none():
     other = rloader.DataLoader(data, batch_size=4, sampler=rloader.RandomSampler(data))
     other.load_state_dict(state)
     assert [b.tolist() for b in other] == rest
-
-
-class FailsToLoadOnce(StridingSampler):
-    failures = 1
-
-    def load_state_dict(self, state):
-        if FailsToLoadOnce.failures:
-            FailsToLoadOnce.failures -= 1
-            raise RuntimeError("not yet")
-        super().load_state_dict(state)
 
 
 @pytest.mark.parametrize("taken", ["one", "all"])
@@ -605,7 +569,7 @@ def test_auto_resumes_an_iterable_epoch_with_its_readers(quick, monkeypatch):
     # resumed by an auto loader with 3, and one saved by auto with 3 by a fixed loader; worker
     # states saved mid-epoch are not for thread workers.
     def make(nw, g):
-        return rloader.DataLoader(PlainStream(), batch_size=2, num_workers=nw)
+        return rloader.DataLoader(PlainStream(N), batch_size=2, num_workers=nw)
 
     monkeypatch.setattr(auto_policy, "decide", lambda w: None)  # auto on its own stays in main
     for saved, loaded in [(3, "auto"), ("auto", 3)]:
@@ -811,37 +775,13 @@ def test_worker_states_resume_as_torchdatas(workers, point):
     assert ours == interrupted(reference, workers, workers, epoch, batch, 2, True)
 
 
-class CountingStream(tud.IterableDataset):
-    """A stateful stream sharded by worker (its state: the next index), torchdata-style: a
-    fresh iter() starts over unless load_state_dict was called just before."""
-
-    def __init__(self, n=31):
-        self.n, self.pos, self.loaded = n, None, False
-
-    def state_dict(self):
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state):
-        self.pos, self.loaded = state["pos"], True
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        w, nw = (info.id, info.num_workers) if info else (0, 1)
-        i = self.pos if (self.loaded and self.pos is not None) else w
-        self.loaded = False
-        while i < self.n:
-            self.pos = i + nw
-            yield i
-            i += nw
-
-
 def test_a_stateful_iterable_dataset_on_thread_workers_is_fetched_and_dropped():
     # Thread workers do not report their copies' states: such a dataset resumes as any
     # IterableDataset does, by fetching and dropping what was handed out, with the warning
     # (it once restarted the epoch silently).
     def loader():
         return rloader.DataLoader(
-            CountingStream(), batch_size=3, num_workers=2, worker_type="thread"
+            TorchdataStyleStream(), batch_size=3, num_workers=2, worker_type="thread"
         )
 
     full = [b.tolist() for b in loader()]

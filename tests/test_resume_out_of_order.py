@@ -1,12 +1,9 @@
 """Resuming loaders with ``in_order=False``: the batches handed out are not the epoch's first
 ones, and a resume yields every batch of the epoch once (NOTE [Resume])."""
 
-import os
-import time
-
 import pytest
 import torch
-import torch.utils.data as tud
+from _datasets import Gated
 from _resume_helpers import checkpointed, epochs_of
 
 import rloader
@@ -17,25 +14,6 @@ pytestmark = [
 
 
 # ---------------------------------------------------------------- in_order=False
-
-
-class Gated(tud.Dataset):
-    """Index i -> i, after a delay that varies with i; the indices in `gates` wait until their
-    gate's file exists, so that a test holds one batch back and others overtake it."""
-
-    def __init__(self, n, gates=None):
-        self.n, self.gates = n, dict(gates or {})
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        gate = self.gates.get(i)
-        deadline = time.monotonic() + 30
-        while gate is not None and not os.path.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.001 * (i % 4))
-        return i
 
 
 def out_of_order(workers, gates=None, worker_type="process"):

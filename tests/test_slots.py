@@ -13,6 +13,7 @@ import gc
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import MiBRows
 
 import rloader
 from _compare import same
@@ -126,24 +127,16 @@ def test_persistent_workers_reuse_slots_across_epochs():
     assert it._transport_counts[0] > 0
 
 
-class Big(tud.Dataset):
-    """1 MiB tensors: a batch of 4 needs 4 MiB of slot."""
-
-    def __len__(self) -> int:
-        return 24
-
-    def __getitem__(self, i: int):
-        return torch.full((256, 1024), float(i)), i
-
-
 def test_out_of_memory_for_slots_falls_back_to_the_queue_with_a_warning(monkeypatch, capfd):
     # The workers' slot reservations fail past 3 MiB, as on a machine with no memory left
     # (a test hook: really filling memory would endanger the machine running the tests).
     monkeypatch.setenv("RLOADER_TEST_SLOT_RESERVE_LIMIT", str(3 << 20))
-    expected = list(tud.DataLoader(Big(), batch_size=4, num_workers=2))
+    expected = list(tud.DataLoader(MiBRows(), batch_size=4, num_workers=2))
     # Spawned, so that the workers print their warnings (forked ones would inherit pytest's
     # recording of warnings, which stays in the worker).
-    loader = rloader.DataLoader(Big(), batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    loader = rloader.DataLoader(
+        MiBRows(), batch_size=4, num_workers=2, multiprocessing_context="spawn"
+    )
     it = iter(loader)
     compared = 0
     for want, batch in zip(expected, it):  # (no zip(strict=) on Python 3.9)

@@ -8,21 +8,14 @@ import time
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import AsyncSleepy, Sleepy, SlowThenQuick
+from _samplers import SlowEpochThenQuick
 
 import rloader
 
 pytestmark = pytest.mark.timeout(120)
 
 SLEEP = 0.005
-
-
-class Sleepy(tud.Dataset):
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        time.sleep(SLEEP)
-        return torch.zeros(2), i
 
 
 def slow_collate(batch):
@@ -41,37 +34,10 @@ def run(loader, pause=SLEEP):
 SLOW = 0.05
 
 
-class SlowThenQuick(tud.Dataset):
-    """32 samples: each of the first 16 takes SLOW to fetch, the others nothing."""
-
-    def __len__(self):
-        return 32
-
-    def __getitem__(self, i):
-        if i < 16:
-            time.sleep(SLOW)
-        return torch.zeros(2), i
-
-
 def slow_then_quick_collate(batch):
     if batch[0][1] < 16:
         time.sleep(SLOW)
     return tud.default_collate(batch)
-
-
-class SlowEpochThenQuick(tud.Sampler):
-    """Samples 0-15 in the first epoch, 16-31 (no work at all) in each later one."""
-
-    def __init__(self):
-        self.epochs = 0
-
-    def __len__(self):
-        return 16
-
-    def __iter__(self):
-        start = 0 if self.epochs == 0 else 16
-        self.epochs += 1
-        return iter(range(start, start + 16))
 
 
 @pytest.mark.parametrize(
@@ -83,7 +49,7 @@ class SlowEpochThenQuick(tud.Sampler):
 def test_stages_add_up_what_happened(engine, persistent):
     kwargs = engine.kwargs(persistent_workers=persistent)
     loader = rloader.DataLoader(
-        SlowThenQuick(),
+        SlowThenQuick(SLOW),
         batch_size=4,
         sampler=SlowEpochThenQuick(),
         collate_fn=slow_then_quick_collate,
@@ -131,7 +97,7 @@ def test_pinning_is_counted_where_it_happens(engine, monkeypatch):
     monkeypatch.setattr(rloader._pinning.policy, "pin_plan", slow_pin)
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0, raising=False)
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None, raising=False)
-    loader = rloader.DataLoader(Sleepy(), batch_size=4, pin_memory=True, **engine.kwargs())
+    loader = rloader.DataLoader(Sleepy(SLEEP), batch_size=4, pin_memory=True, **engine.kwargs())
     assert run(loader, pause=0) == 4
     assert loader.stats()["pin_s"] >= 4 * SLEEP
 
@@ -139,24 +105,19 @@ def test_pinning_is_counted_where_it_happens(engine, monkeypatch):
 def test_a_loader_that_is_the_bottleneck_shows_it():
     # The dataset is slow (0.8 s of sleeps an epoch) and the loop does nothing: the loop waits
     # for data most of the time, however often a loaded machine stops it between batches.
-    loader = rloader.DataLoader(SlowThenQuick(), batch_size=2, sampler=range(16))
+    loader = rloader.DataLoader(SlowThenQuick(SLOW), batch_size=2, sampler=range(16))
     run(loader, pause=0)
     stats = loader.stats()
     assert stats["waiting_for_data_s"] > stats["waiting_for_user_s"]
 
 
-class AsyncSleepy(tud.Dataset):
-    def __len__(self):
-        return 16
-
-    async def __getitem__(self, i):
-        time.sleep(SLEEP)  # (blocking on purpose: a known least duration)
-        return torch.zeros(2), i
-
-
 def test_async_datasets_report_their_stages():
     loader = rloader.DataLoader(
-        AsyncSleepy(), batch_size=4, num_workers=2, worker_type="thread", collate_fn=slow_collate
+        AsyncSleepy(SLEEP),
+        batch_size=4,
+        num_workers=2,
+        worker_type="thread",
+        collate_fn=slow_collate,
     )
     assert run(loader) == 4
     stats = loader.stats()

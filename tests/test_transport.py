@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from _datasets import LocalErrorDataset
 
 import rloader
 
@@ -141,19 +142,6 @@ def test_a_batch_whose_pickling_raises_is_that_batchs_error():
     assert next(it).tolist() == [12, 13, 14, 15]
     with pytest.raises(StopIteration):
         next(it)
-
-
-class LocalErrorDataset(tud.Dataset):
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        class OddError(Exception):  # a type pickle cannot find by name
-            pass
-
-        if i == 2:
-            raise OddError("sample 2 is odd")
-        return i
 
 
 def test_an_exception_of_an_unpicklable_type_still_reaches_the_user():

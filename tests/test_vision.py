@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from _datasets import CachedBatch, LoaderInGetitems, ReversedBatch
+from _vision_datasets import OwnGetitem
 from PIL import Image
 from torchvision import datasets
 from torchvision import transforms as T
@@ -633,14 +634,8 @@ def test_getitems_calls_target_transform_once_per_sample_past_a_file_rust_fails_
     assert decoded  # (the corpus has a damaged file Pillow decodes)
 
 
-class _OwnGetitem(RV.ImageFolder):
-    def __getitem__(self, index):
-        sample, target = super().__getitem__(index)
-        return {"image": sample, "label": target}
-
-
 def test_getitems_uses_a_subclasss_own_getitem(corpus):
-    ds = _OwnGetitem(corpus, T.Compose([T.CenterCrop(8), T.PILToTensor()]))
+    ds = OwnGetitem(corpus, T.Compose([T.CenterCrop(8), T.PILToTensor()]))
     got = ds.__getitems__([0, 1])
     assert [sorted(x) for x in got] == [["image", "label"]] * 2
     assert torch.equal(got[1]["image"], ds[1]["image"])

@@ -9,18 +9,28 @@ import gc
 import multiprocessing
 import multiprocessing.util
 import os
-import random
 import threading
 import time
 import traceback
 import warnings
 
-import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
 from _children import alive, run_script
-from _datasets import BadAtTwo, Dies, FrozenCount, Ints, Squares
+from _datasets import (
+    BadAtTwo,
+    Dies,
+    ExitsCleanly,
+    FrozenCount,
+    Ints,
+    LongStrings,
+    MadeSamples,
+    OneSlowSample,
+    SeedReport,
+    SentFirstBatch,
+    Squares,
+)
 from _samplers import FailingSampler, read_past_errors
 
 import rloader
@@ -37,23 +47,6 @@ CONTEXTS = ["fork", "spawn", "forkserver"]
 def test_same_batches_as_torch_under_each_start_method(context):
     theirs, ours = both(Squares(), batch_size=4, num_workers=2, multiprocessing_context=context)
     assert same(ours, theirs)
-
-
-class SeedReport(tud.Dataset):
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        info = tud.get_worker_info()
-        return (
-            info.id,
-            info.num_workers,
-            info.seed,
-            torch.initial_seed(),
-            random.random(),
-            float(np.random.random()),
-            float(torch.rand(())),
-        )
 
 
 def test_worker_seeds_match_torch():
@@ -234,18 +227,6 @@ print(words[0], "|", "how it ended is lost" in words[1], took < 10)
     assert out == "DataLoader worker (pid(s) PID) exited unexpectedly | True True"
 
 
-class ExitsCleanly(tud.Dataset):
-    """Its last sample ends the worker with code 0, once the worker was told to stop."""
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        if i == 7:
-            os._exit(0)
-        return i
-
-
 def test_worker_exiting_with_code_0_before_answering_is_reported():
     # The sampler is exhausted before sample 7, so the worker was already sent STOP: exiting
     # is expected of it then, but not with an answer still owed.
@@ -394,14 +375,6 @@ def test_low_fd_limit_still_works():
 # ---------------------------------------------------------------- tasks that wait (NOTE [Unsent])
 
 
-class Strings(tud.Dataset):
-    def __len__(self) -> int:
-        return 200_000
-
-    def __getitem__(self, i: int) -> str:
-        return "x" * 200 + str(i)
-
-
 def as_list(batch):
     return batch
 
@@ -412,7 +385,7 @@ def test_large_tasks_and_large_answers_do_not_wait_on_each_other():
     # answer ring: the main thread must take answers in while the next task waits for room.
     def first_three(lib):
         loader = lib.DataLoader(
-            Strings(), batch_size=30_000, num_workers=1, prefetch_factor=4, collate_fn=as_list
+            LongStrings(), batch_size=30_000, num_workers=1, prefetch_factor=4, collate_fn=as_list
         )
         out = []
         for batch in loader:
@@ -433,15 +406,6 @@ def test_a_batch_that_fails_to_unpickle_is_that_batchs_error():
     # goes on.
     loader = rloader.DataLoader(BadAtTwo(), batch_size=1, num_workers=2, collate_fn=first_of)
     assert read_past_errors(loader) == [0, 1, "ValueError", 3, 4, 5, 6, 7]
-
-
-class OneSlowSample(tud.Dataset):
-    def __len__(self) -> int:
-        return 100
-
-    def __getitem__(self, i: int):
-        time.sleep(5 if i == 0 else 0.01)
-        return i
 
 
 @pytest.mark.skipif(
@@ -548,26 +512,15 @@ def test_ctrl_c_again_while_the_workers_are_killed_leaves_no_zombie():
     assert raised.value is first
 
 
-class _HoldsALambda(tud.Dataset):
-    """Cannot be pickled for a spawned worker: it holds a lambda."""
-
-    def __init__(self) -> None:
-        self.transform = lambda x: x
-
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i):
-        return self.transform(i)
-
-
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_a_dataset_that_will_not_pickle_for_a_worker_fails_as_torchs(context):
     # The pickling error, and the warning the installed torch gives with it (newer ones say
-    # to try the fork start method; older ones say nothing).
+    # to try the fork start method; older ones say nothing). The dataset holds a lambda.
     seen = {}
     for lib in (tud, rloader):
-        loader = lib.DataLoader(_HoldsALambda(), num_workers=1, multiprocessing_context=context)
+        loader = lib.DataLoader(
+            MadeSamples(lambda i: i, 4), num_workers=1, multiprocessing_context=context
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with pytest.raises(Exception) as err:
@@ -578,23 +531,6 @@ def test_a_dataset_that_will_not_pickle_for_a_worker_fails_as_torchs(context):
 
 
 # ---------------------------------------------------------------- staged start
-
-
-class SentFirstBatch(tud.Dataset):
-    """Squares whose worker 0 sets ``sent`` on reading its second batch's first index: by then
-    it has sent its first batch (a worker answers its tasks one after the other)."""
-
-    def __init__(self, sent, second_batch_start: int) -> None:
-        self.sent, self.second_batch_start = sent, second_batch_start
-
-    def __len__(self) -> int:
-        return 40
-
-    def __getitem__(self, i: int) -> int:
-        info = tud.get_worker_info()
-        if info is not None and info.id == 0 and i == self.second_batch_start:
-            self.sent.set()
-        return i * i
 
 
 def fork_context(start):

@@ -11,7 +11,6 @@ import gc
 import pickle
 import random
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -19,7 +18,22 @@ import pytest
 import torch
 import torch.utils.data as tud
 from _children import no_worker_threads_within, worker_threads
-from _datasets import AsyncBatches, AsyncSquares, Squares, UnpicklableDataset, failing_init
+from _datasets import (
+    AllAtOnce,
+    AsyncBatches,
+    AsyncFailing,
+    AsyncSquares,
+    AsyncStuck,
+    Concurrent,
+    CountsFetches,
+    InfoReport,
+    RngReport,
+    Squares,
+    UnpicklableDataset,
+    WhoBegan,
+    ZeroWaitsForTheRest,
+    failing_init,
+)
 from _samplers import read_past_errors
 
 import rloader
@@ -39,51 +53,21 @@ def test_batches_are_handed_over_without_shared_memory():
     assert same(batch, process_batch)
 
 
-class Gate(tud.Dataset):
-    """Sample 0 waits until every other sample has been fetched: in order, nothing after it
-    can be handed out first; out of order, the rest may come while it waits."""
-
-    def __init__(self, n):
-        self.n = n
-        self.others = threading.Semaphore(0)
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == 0:
-            for _ in range(self.n - 1):
-                assert self.others.acquire(timeout=30)
-        else:
-            self.others.release()
-        return i
-
-
 def test_out_of_order_hands_out_what_is_ready():
     loader = rloader.DataLoader(
-        Gate(4), batch_size=None, num_workers=4, prefetch_factor=1, in_order=False, **THREADS
+        ZeroWaitsForTheRest(4),
+        batch_size=None,
+        num_workers=4,
+        prefetch_factor=1,
+        in_order=False,
+        **THREADS,
     )
     out = list(loader)
     assert sorted(out) == [0, 1, 2, 3] and out[-1] == 0
     in_order = rloader.DataLoader(
-        Gate(4), batch_size=None, num_workers=4, prefetch_factor=1, **THREADS
+        ZeroWaitsForTheRest(4), batch_size=None, num_workers=4, prefetch_factor=1, **THREADS
     )
     assert list(in_order) == [0, 1, 2, 3]
-
-
-class Concurrent(tud.Dataset):
-    """Each sample waits until `parties` samples are being fetched at once."""
-
-    def __init__(self, n, parties):
-        self.n = n
-        self.barrier = threading.Barrier(parties, timeout=30)
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.barrier.wait()  # raises BrokenBarrierError if fewer are ever in flight at once
-        return i
 
 
 def test_workers_fetch_at_the_same_time_without_holding_the_gil_while_waiting():
@@ -91,24 +75,6 @@ def test_workers_fetch_at_the_same_time_without_holding_the_gil_while_waiting():
     # I/O) does not keep the others out.
     loader = rloader.DataLoader(Concurrent(32, 8), batch_size=None, num_workers=8, **THREADS)
     assert list(loader) == list(range(32))
-
-
-class InfoReport(tud.Dataset):
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        theirs = tud.get_worker_info()
-        ours = rloader.get_worker_info()
-        return (
-            theirs is ours,
-            theirs.id,
-            theirs.num_workers,
-            theirs.seed,
-            getattr(theirs, "worker_method", None),  # (torch < 2.15 workers have none)
-            theirs.dataset is self,
-            threading.current_thread() is not threading.main_thread(),
-        )
 
 
 def test_get_worker_info_is_each_threads_own():
@@ -125,24 +91,6 @@ def test_get_worker_info_is_each_threads_own():
     assert tud.get_worker_info() is None and rloader.get_worker_info() is None
     del it
     assert tud.get_worker_info() is None
-
-
-class RngReport(tud.Dataset):
-    def __len__(self):
-        return 6
-
-    def __getitem__(self, i):
-        info = tud.get_worker_info()
-        rng = info.rng
-        fresh = random.Random(info.seed).random()
-        return (
-            info.id,
-            rng.random_generator.random(),
-            float(torch.rand((), generator=rng.torch_generator)),
-            float(rng.numpy_generator.random()),
-            rng.torch_generator.initial_seed() == info.seed,
-            fresh,
-        )
 
 
 def test_each_thread_has_generators_of_its_own_and_the_global_ones_are_left_alone():
@@ -237,24 +185,11 @@ def test_state_dict_resumes_with_threads():
     assert seen + [b["i"].tolist() for b in resumed] == full
 
 
-class Counted(tud.Dataset):
-    def __init__(self):
-        self.calls = [0]  # a list: each worker thread's shallow copy shares it
-
-    def __len__(self):
-        return 1000
-
-    def __getitem__(self, i):
-        self.calls[0] += 1
-        time.sleep(0.02)
-        return i
-
-
 @pytest.mark.parametrize("how", ["del", "break"])
 def test_leaving_early_does_not_load_the_rest_of_the_prefetch_window(how):
     # 2 workers x prefetch 2 x 8 samples are in flight when the loop leaves: at most the
     # sample each worker is inside is finished, nothing more is started for no one.
-    dataset = Counted()
+    dataset = CountsFetches()
     loader = rloader.DataLoader(dataset, batch_size=8, num_workers=2, **THREADS)
     it = iter(loader)
     next(it)
@@ -329,28 +264,6 @@ def test_async_dataset_without_batching():
     assert same(ours, theirs)
 
 
-class AllAtOnce(tud.Dataset):
-    """Each sample waits until `expected` samples are awaited at the same time (the count is
-    in a list: each worker thread has a shallow copy of the dataset, and the list is shared)."""
-
-    def __init__(self, n, expected):
-        self.n, self.expected = n, expected
-        self.lock = threading.Lock()
-        self.in_flight = [0]
-
-    def __len__(self):
-        return self.n
-
-    async def __getitem__(self, i):
-        with self.lock:
-            self.in_flight[0] += 1
-        deadline = time.monotonic() + 30
-        while self.in_flight[0] < self.expected:
-            assert time.monotonic() < deadline, f"only {self.in_flight[0]} samples in flight"
-            await asyncio.sleep(0.001)
-        return i
-
-
 def test_async_datasets_keep_every_sample_of_the_prefetch_window_in_flight():
     # prefetch_factor * batch_size * num_workers = 2 * 8 * 2 samples awaited at once, on two
     # threads.
@@ -358,16 +271,6 @@ def test_async_datasets_keep_every_sample_of_the_prefetch_window_in_flight():
         AllAtOnce(32, 32), batch_size=8, num_workers=2, prefetch_factor=2, **THREADS
     )
     assert [x for b in loader for x in b.tolist()] == list(range(32))
-
-
-class AsyncFailing(tud.Dataset):
-    def __len__(self):
-        return 8
-
-    async def __getitem__(self, i):
-        if i == 5:
-            raise ValueError("sample 5 is broken")
-        return i
 
 
 def test_async_errors_reraise_as_worker_errors():
@@ -443,14 +346,6 @@ def test_async_datasets_go_to_a_users_collate_fn_as_in_torch(engine):
     assert same(theirs, list(tud.DataLoader(Squares(10), batch_size=4)))
 
 
-class AsyncStuck(tud.Dataset):
-    def __len__(self):
-        return 4
-
-    async def __getitem__(self, i):
-        await asyncio.sleep(30)
-
-
 def test_async_timeout_and_no_threads_left_behind():
     assert no_worker_threads_within()
     with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
@@ -466,34 +361,6 @@ def test_async_timeout_and_no_threads_left_behind():
 
 
 # ---------------------------------------------------------------- the first batch (NOTE [Thread start])
-
-
-class WhoBegan(tud.Dataset):
-    """Squares that note which workers have begun, and which had when worker 0 fetched the last
-    sample of its first batch. (Thread workers share these lists: their copies are shallow.)"""
-
-    def __init__(self, n: int, batch_size: int, wait_for_another: bool = False) -> None:
-        self.n, self.batch_size = n, batch_size
-        self.began: list = []
-        self.at_first_batch: list = []
-        self.another = threading.Event()
-        self.waited: list = []
-        self.wait_for_another = wait_for_another
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        wid = tud.get_worker_info().id
-        if wid not in self.began:
-            self.began.append(wid)
-        if wid != 0:
-            self.another.set()
-        elif i == 0 and self.wait_for_another:  # bounded: a failure fails, it does not hang
-            self.waited.append(self.another.wait(timeout=60))
-        if wid == 0 and i == self.batch_size - 1 and not self.at_first_batch:
-            self.at_first_batch.append(sorted(self.began))
-        return i * i
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
