@@ -4,6 +4,7 @@ behind (processes, threads named ``rloader-wN``)."""
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import shutil
 import signal
@@ -127,3 +128,33 @@ def short_scratch_dir(request) -> str:
     scratch = tempfile.mkdtemp(prefix="rl-")
     request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     return scratch
+
+
+def count_resources() -> tuple:
+    """(child processes, open descriptors, rloader's /dev/shm names) of this process."""
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getpid()]
+    fds = len(os.listdir("/proc/self/fd"))
+    shm = [n for n in os.listdir("/dev/shm") if n.startswith(f"rloader-{os.getpid()}-")]
+    return len(children), fds, len(shm)
+
+
+def _ppid(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def settled_resources() -> tuple:
+    """count_resources() once earlier tests' garbage is gone: an iterator kept alive by a saved
+    exception (a traceback) lets its pin thread, then its pool, go over a few collections."""
+    history = []
+    for _ in range(50):
+        gc.collect()
+        multiprocessing.active_children()  # reaps children others terminated without a join
+        history.append(count_resources())
+        if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
+            break
+        time.sleep(0.2)
+    return history[-1]

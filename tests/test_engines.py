@@ -6,6 +6,7 @@ What only one engine has is in test_worker_processes.py and test_worker_threads.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import threading
 import time
 import weakref
@@ -15,16 +16,20 @@ import torch
 import torch.utils.data as tud
 from _children import (
     alive,
+    count_resources,
     interrupt_a_slow_loader,
     no_worker_threads_within,
     run_script,
+    settled_resources,
     worker_threads,
 )
 from _datasets import (
     INITS,
     Failing,
     IntraOpThreads,
+    Ints,
     MyIterableDataset,
+    OneSlowSample,
     PlainRange,
     RefersToItsLoader,
     Slow,
@@ -37,6 +42,7 @@ from _datasets import (
 from _samplers import CountingSampler, FailingSampler, read_past_errors
 
 import rloader
+from rloader import _compat
 
 from _compare import both, same
 
@@ -44,6 +50,9 @@ pytestmark = pytest.mark.timeout(120)
 
 WORKERS = pytest.mark.parametrize("engine", ["process", "thread"], indirect=True)
 """The worker engines only: the behaviour needs workers (persistent ones, their errors, ...)."""
+
+FORKED = {"process": {"multiprocessing_context": "fork"}}
+"""Worker processes forked (threads take no start method)."""
 
 
 def stop_workers(it) -> None:
@@ -108,12 +117,46 @@ def test_in_order_false_yields_every_batch(engine):
     assert sorted(i for b in loader for i in b["i"].tolist()) == list(range(40))
 
 
+@WORKERS
+@pytest.mark.skipif(
+    _compat.TORCH < "2.7",
+    reason="torch before 2.7 hands in_order=False tasks "
+    "round-robin; rloader keeps the newer rule (in_order=False promises no order)",
+)
+def test_out_of_order_a_slow_worker_holds_only_its_share(engine):
+    # torch: with in_order=False a task skips a worker already holding prefetch_factor tasks,
+    # so while worker 0 sleeps on sample 0 (holding tasks 0 and 2) worker 1 does all the rest.
+    def order(lib, kwargs):
+        loader = lib.DataLoader(OneSlowSample(), batch_size=1, in_order=False, **kwargs)
+        return [int(b) for b in loader]
+
+    for out in (order(tud, engine.torch_kwargs()), order(rloader, engine.kwargs())):
+        assert sorted(out[-2:]) == [0, 2] and sorted(out) == list(range(100))
+
+
 def test_two_iterators_at_once(engine):
     loader = rloader.DataLoader(Squares(10), batch_size=2, **engine.kwargs())
     a, b = iter(loader), iter(loader)
     assert next(a)["i"].tolist() == [0, 1]
     assert next(b)["i"].tolist() == [0, 1]
     assert [x["i"].tolist() for x in a] == [[2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+# A task of 40,000 indices does not fit in a fresh task ring of worker processes: iter() queues
+# what fits before the workers start and keeps the rest back (PoolIter::_prefill,
+# rust/rloader-py/src/process/pool/mod.rs).
+BIG_BATCH = dict(batch_size=40_000)
+
+
+def test_batches_larger_than_a_task_ring_like_torch(engine):
+    theirs, ours = both(Ints(100_000), engine, shuffle=False, **BIG_BATCH)
+    assert same(ours, theirs)
+
+
+def test_batches_held_by_the_user_stay_valid(engine):
+    held = list(rloader.DataLoader(Squares(64), batch_size=4, **engine.kwargs()))
+    again = list(rloader.DataLoader(Squares(64), batch_size=4, num_workers=0))
+    assert same(held, again)
 
 
 # ---------------------------------------------------------------- iterable datasets
@@ -178,6 +221,62 @@ def test_persistent_workers_survive_epochs_and_init_once(engine):
     stop_workers(loader._iterator)
     assert not worker_threads()
     assert all(p._closed for p in procs)  # joined and closed
+
+
+@WORKERS
+def test_persistent_workers_restarted_before_the_first_batch(engine):
+    kwargs = engine.kwargs(persistent_workers=True, **BIG_BATCH)
+    loader = rloader.DataLoader(Ints(100_000), **kwargs)
+    it = iter(loader)
+    assert iter(loader) is it  # a new epoch before the first one was read at all
+    assert same(list(it), list(tud.DataLoader(Ints(100_000), num_workers=2, **BIG_BATCH)))
+    stop_workers(it)
+
+
+def count_init(counter) -> None:
+    with counter.get_lock():
+        counter.value += 1
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "process",
+        pytest.param(
+            "thread",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="thread workers but worker 0 wait for the first batch (NOTE [Thread "
+                "start]): an epoch of one batch runs one worker_init_fn, torch's workers four",
+            ),
+        ),
+    ],
+    indirect=True,
+)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_every_worker_runs_its_init_even_when_the_epoch_needs_fewer(persistent, engine):
+    # One batch for four workers: torch starts all four, each runs worker_init_fn.
+    def epoch(lib):
+        counter = multiprocessing.get_context("fork").Value("i", 0)
+        kwargs = dict(
+            batch_size=2,
+            persistent_workers=persistent,
+            worker_init_fn=lambda _: count_init(counter),
+        )
+        if lib is rloader:
+            kwargs = engine.kwargs(4, **FORKED.get(engine.name, {}), **kwargs)
+        else:
+            kwargs = engine.torch_kwargs(4, multiprocessing_context="fork", **kwargs)
+        loader = lib.DataLoader(Squares(2), **kwargs)
+        batches = list(loader)
+        if persistent:
+            stop_workers(loader._iterator)  # (the others were joined at the epoch's end)
+        return batches, counter.value
+
+    ours, theirs = epoch(rloader), epoch(tud)
+    assert same(ours[0], theirs[0])
+    assert ours[1] == theirs[1] == 4
 
 
 @WORKERS
@@ -371,6 +470,55 @@ def test_interpreter_exit_with_a_live_iterator_is_prompt(engine, pin, persistent
     pids = [int(p) for p in pids.split()[1:]]
     assert len(pids) == (4 if engine.name == "process" else 0), done.stdout
     assert not any(alive(p) for p in pids)
+
+
+@WORKERS
+@pytest.mark.timeout(600)  # 80 pools of 2 forked workers: minutes on a loaded 2-core machine
+def test_abandoned_iterators_leave_nothing_behind(engine):
+    before = settled_resources()
+    assert no_worker_threads_within()
+    loader = rloader.DataLoader(
+        Squares(100), batch_size=2, **engine.kwargs(**FORKED.get(engine.name, {}))
+    )
+    for k in range(80):
+        it = iter(loader)
+        next(it)
+        if k % 2:
+            del it  # dropped half-consumed
+        else:
+            for _batch in it:  # or broken out of
+                break
+            del it
+    del _batch  # a batch keeps its pool's memory (not its workers) alive
+    gc.collect()
+    assert no_worker_threads_within()
+    # A loader of worker processes keeps one idle region (one descriptor) for its next pool,
+    # and only one.
+    children, fds, shm = before
+    settled = (children, fds + (engine.name == "process"), shm)
+    deadline = time.monotonic() + 60  # the pools' teardowns, on a loaded machine
+    while count_resources() != settled and time.monotonic() < deadline:
+        time.sleep(0.2)
+        gc.collect()
+    assert count_resources() == settled
+    for _batch in loader:  # an epoch run to its end stops its workers at once
+        pass
+    assert not worker_threads()
+    del loader, _batch
+    gc.collect()
+    assert count_resources() == before
+
+
+@WORKERS
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+def test_an_iterator_dropped_before_its_first_batch_leaves_no_worker(engine):
+    loader = rloader.DataLoader(Squares(64), batch_size=4, **engine.kwargs(4))
+    it = iter(loader)
+    procs = list(getattr(it._rloader_pool, "procs", []))  # (thread workers: none)
+    del it
+    gc.collect()
+    assert all(p._closed for p in procs)
+    assert no_worker_threads_within()
 
 
 def test_workers_run_ops_on_one_intra_op_thread_as_torchs_workers_do(engine):

@@ -1,6 +1,7 @@
 """DataLoader.state_dict() / load_state_dict(): a resumed loader yields exactly what an
 uninterrupted run would have, compared with that run in the same test (NOTE [Resume])."""
 
+import functools
 import pickle
 import warnings
 
@@ -25,49 +26,60 @@ N = 37  # samples: batches of 4 leave a short last batch
 
 
 def loaders():
-    """name -> factory(num_workers, generator) of a loader; each draws its order differently."""
+    """name -> factory(num_workers, generator, **more DataLoader arguments) of a loader; each
+    draws its order differently."""
     data = list(range(N))
     weights = [float(i % 5 + 1) for i in range(N)]
     return {
-        "sequential": lambda nw, g: rloader.DataLoader(data, batch_size=4, num_workers=nw),
-        "shuffle": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, shuffle=True, num_workers=nw, generator=g
+        "sequential": lambda nw, g, **kw: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, **kw
         ),
-        "random with replacement": lambda nw, g: rloader.DataLoader(
+        "shuffle": lambda nw, g, **kw: rloader.DataLoader(
+            data, batch_size=4, shuffle=True, num_workers=nw, **kw, generator=g
+        ),
+        "random with replacement": lambda nw, g, **kw: rloader.DataLoader(
             data,
             batch_size=4,
             num_workers=nw,
+            **kw,
             generator=g,
             sampler=rloader.RandomSampler(data, replacement=True, num_samples=30, generator=g),
         ),
-        "subset random": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=rloader.SubsetRandomSampler(range(3, 33), g)
-        ),
-        "weighted": lambda nw, g: rloader.DataLoader(
+        "subset random": lambda nw, g, **kw: rloader.DataLoader(
             data,
             batch_size=4,
             num_workers=nw,
+            **kw,
+            sampler=rloader.SubsetRandomSampler(range(3, 33), g),
+        ),
+        "weighted": lambda nw, g, **kw: rloader.DataLoader(
+            data,
+            batch_size=4,
+            num_workers=nw,
+            **kw,
             sampler=rloader.WeightedRandomSampler(weights, 40, generator=g),
         ),
-        "weighted without replacement": lambda nw, g: rloader.DataLoader(
+        "weighted without replacement": lambda nw, g, **kw: rloader.DataLoader(
             data,
             batch_size=4,
             num_workers=nw,
+            **kw,
             sampler=rloader.WeightedRandomSampler(weights, 30, replacement=False, generator=g),
         ),
-        "batch sampler": lambda nw, g: rloader.DataLoader(
+        "batch sampler": lambda nw, g, **kw: rloader.DataLoader(
             data,
             num_workers=nw,
+            **kw,
             batch_sampler=rloader.BatchSampler(rloader.RandomSampler(data, generator=g), 5, True),
         ),
-        "torch's random sampler": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=tud.RandomSampler(data, generator=g)
+        "torch's random sampler": lambda nw, g, **kw: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, **kw, sampler=tud.RandomSampler(data, generator=g)
         ),
-        "user's stateful sampler": lambda nw, g: rloader.DataLoader(
-            data, batch_size=4, num_workers=nw, sampler=StridingSampler(N)
+        "user's stateful sampler": lambda nw, g, **kw: rloader.DataLoader(
+            data, batch_size=4, num_workers=nw, **kw, sampler=StridingSampler(N)
         ),
-        "no auto-batching": lambda nw, g: rloader.DataLoader(
-            data, batch_size=None, shuffle=True, num_workers=nw, generator=g
+        "no auto-batching": lambda nw, g, **kw: rloader.DataLoader(
+            data, batch_size=None, shuffle=True, num_workers=nw, **kw, generator=g
         ),
     }
 
@@ -82,10 +94,12 @@ def test_resume_is_the_uninterrupted_run(name, point):
         assert interrupted(make, 0, 0, epoch, batch, 3, explicit) == expected
 
 
+@pytest.mark.parametrize("engine", ["process", "thread"], indirect=True)
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("name", loaders())
-def test_resume_with_workers(name, point):
-    make = loaders()[name]
+def test_resume_with_workers(name, point, engine):
+    worker_type = {k: v for k, v in engine.kwargs().items() if k != "num_workers"}
+    make = functools.partial(loaders()[name], **worker_type)
     epoch, batch = POINTS[point]
     expected = uninterrupted(make, 2, 3, explicit=True)
     assert expected == uninterrupted(make, 0, 3, explicit=True)  # workers change nothing

@@ -26,7 +26,6 @@ from _datasets import (
     Ints,
     LongStrings,
     MadeSamples,
-    OneSlowSample,
     SeedReport,
     SentFirstBatch,
     Squares,
@@ -118,24 +117,6 @@ def test_prefetch_factor_zero_fails_at_iter_like_torch():
 def test_get_worker_info_is_none_in_the_main_process():
     assert rloader.get_worker_info() is None
     assert tud.get_worker_info() is None
-
-
-# A task of 40,000 indices does not fit in a fresh task ring: iter() queues what fits before the
-# workers start and keeps the rest back (rust/rloader-py/src/process/pool/mod.rs, PoolIter::_prefill).
-BIG_BATCH = dict(batch_size=40_000, num_workers=2)
-
-
-def test_batches_larger_than_a_task_ring_like_torch():
-    theirs, ours = both(Ints(100_000), shuffle=False, **BIG_BATCH)
-    assert same(ours, theirs)
-
-
-def test_persistent_workers_restarted_before_the_first_batch():
-    loader = rloader.DataLoader(Ints(100_000), persistent_workers=True, **BIG_BATCH)
-    it = iter(loader)
-    assert iter(loader) is it  # a new epoch before the first one was read at all
-    assert same(list(it), list(tud.DataLoader(Ints(100_000), **BIG_BATCH)))
-    it._shutdown_workers()
 
 
 @pytest.mark.parametrize(
@@ -271,72 +252,6 @@ def test_workers_leave_once_their_last_task_is_answered():
     assert same([*first, *it], list(tud.DataLoader(Ints(12), batch_size=2, num_workers=2)))
 
 
-def count_resources():
-    children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getpid()]
-    fds = len(os.listdir("/proc/self/fd"))
-    shm = [n for n in os.listdir("/dev/shm") if n.startswith(f"rloader-{os.getpid()}-")]
-    return len(children), fds, len(shm)
-
-
-def _ppid(pid: str) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
-
-
-def settled_resources():
-    """count_resources() once earlier tests' garbage is gone: an iterator kept alive by a saved
-    exception (a traceback) lets its pin thread, then its pool, go over a few collections."""
-    history = []
-    for _ in range(50):
-        gc.collect()
-        multiprocessing.active_children()  # reaps children others terminated without a join
-        history.append(count_resources())
-        if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
-            break
-        time.sleep(0.2)
-    return history[-1]
-
-
-@pytest.mark.timeout(600)  # 80 pools of 2 forked workers: minutes on a loaded 2-core machine
-def test_abandoned_iterators_leave_nothing_behind():
-    before = settled_resources()
-    loader = rloader.DataLoader(
-        Squares(100), batch_size=2, num_workers=2, multiprocessing_context="fork"
-    )
-    for k in range(80):
-        it = iter(loader)
-        next(it)
-        if k % 2:
-            del it  # dropped half-consumed
-        else:
-            for _batch in it:  # or broken out of
-                break
-            del it
-    del _batch  # a batch keeps its pool's memory (not its workers) alive
-    gc.collect()
-    # The loader keeps one idle region (one descriptor) for its next pool, and only one.
-    children, fds, shm = before
-    settled = (children, fds + 1, shm)
-    deadline = time.monotonic() + 60  # the pools' teardowns, on a loaded machine
-    while count_resources() != settled and time.monotonic() < deadline:
-        time.sleep(0.2)
-        gc.collect()
-    assert count_resources() == settled
-    del loader
-    gc.collect()
-    assert count_resources() == before
-
-
-def test_batches_held_by_the_user_stay_valid():
-    loader = rloader.DataLoader(Squares(64), batch_size=4, num_workers=2)
-    held = list(loader)
-    again = list(rloader.DataLoader(Squares(64), batch_size=4, num_workers=0))
-    assert same(held, again)
-
-
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_exit_when_the_main_process_dies(context):
@@ -406,22 +321,6 @@ def test_a_batch_that_fails_to_unpickle_is_that_batchs_error():
     # goes on.
     loader = rloader.DataLoader(BadAtTwo(), batch_size=1, num_workers=2, collate_fn=first_of)
     assert read_past_errors(loader) == [0, 1, "ValueError", 3, 4, 5, 6, 7]
-
-
-@pytest.mark.skipif(
-    _compat.TORCH < "2.7",
-    reason="torch before 2.7 hands in_order=False tasks "
-    "round-robin; rloader keeps the newer rule (in_order=False promises no order)",
-)
-def test_out_of_order_a_slow_worker_holds_only_its_share():
-    # torch: with in_order=False a task skips a worker already holding prefetch_factor tasks,
-    # so while worker 0 sleeps on sample 0 (holding tasks 0 and 2) worker 1 does all the rest.
-    def order(lib):
-        loader = lib.DataLoader(OneSlowSample(), batch_size=1, num_workers=2, in_order=False)
-        return [int(b) for b in loader]
-
-    for out in (order(tud), order(rloader)):
-        assert sorted(out[-2:]) == [0, 2] and sorted(out) == list(range(100))
 
 
 def test_a_failed_first_draw_keeps_the_loaders_region():
@@ -587,35 +486,6 @@ def test_the_first_batch_does_not_wait_for_every_worker_to_start(pin, monkeypatc
     rest = list(it)
     assert len(it._rloader_pool.procs) == 4
     assert same([first, *rest], list(tud.DataLoader(dataset, batch_size=2, num_workers=4)))
-
-
-def count_init(counter) -> None:
-    with counter.get_lock():
-        counter.value += 1
-
-
-@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
-@pytest.mark.parametrize("persistent", [False, True])
-def test_every_worker_runs_its_init_even_when_the_epoch_needs_fewer(persistent):
-    # One batch for four workers: torch starts all four, each runs worker_init_fn.
-    def epoch(lib):
-        counter = multiprocessing.get_context("fork").Value("i", 0)
-        loader = lib.DataLoader(
-            Squares(2),
-            batch_size=2,
-            num_workers=4,
-            persistent_workers=persistent,
-            worker_init_fn=lambda _: count_init(counter),
-            multiprocessing_context="fork",
-        )
-        batches = list(loader)
-        if persistent:
-            loader._iterator._shutdown_workers()  # (the others were joined at the epoch's end)
-        return batches, counter.value
-
-    ours, theirs = epoch(rloader), epoch(tud)
-    assert same(ours[0], theirs[0])
-    assert ours[1] == theirs[1] == 4
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")

@@ -1,8 +1,8 @@
 """What only thread workers do (worker_type="thread"): batches handed over without shared
 memory or pickling, fetches that overlap, each thread's worker info and generators, pinning
-on the worker threads, threads left behind, async datasets. Behaviour shared with the other
-engines (batches, iterable datasets, persistent workers, errors, the sampler's draws, Ctrl-C)
-is in test_engines.py."""
+on the worker threads, async datasets. Behaviour shared with the other engines (batches,
+iterable datasets, persistent workers, errors, the sampler's draws, Ctrl-C, what abandoned
+iterators leave behind) is in test_engines.py; resuming, in test_resume.py."""
 
 from __future__ import annotations
 
@@ -122,24 +122,6 @@ def test_nothing_is_pickled_on_the_way_to_a_thread():
     assert [b.tolist() for b in loader] == [[0, 10], [20, 30], [40, 50]]
 
 
-def test_abandoned_iterators_leave_no_threads_behind():
-    assert no_worker_threads_within()
-    loader = rloader.DataLoader(Squares(100), batch_size=2, num_workers=3, **THREADS)
-    for k in range(50):
-        it = iter(loader)
-        next(it)
-        if k % 2:
-            del it  # dropped half-consumed
-        else:
-            for _ in it:  # or broken out of
-                break
-            del it
-    assert no_worker_threads_within()
-    for _ in loader:  # an epoch run to its end stops its threads at once
-        pass
-    assert not worker_threads()
-
-
 def pin_stand_in(loader):
     """Stands in for pinning on a machine without an accelerator: records the thread each
     batch was pinned on (test_pin_thread.py does the same for processes)."""
@@ -161,28 +143,6 @@ def test_pin_memory_pins_on_the_worker_threads(monkeypatch):
     out = list(loader)
     assert [b["i"].tolist() for b in out] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert all(b["pinned_on"] != threading.main_thread().name for b in out)
-
-
-def test_state_dict_resumes_with_threads():
-    def loader():
-        return rloader.DataLoader(
-            Squares(30),
-            batch_size=3,
-            shuffle=True,
-            num_workers=2,
-            generator=torch.Generator().manual_seed(3),
-            **THREADS,
-        )
-
-    full = [b["i"].tolist() for b in loader()]
-    first = loader()
-    it = iter(first)
-    seen = [next(it)["i"].tolist() for _ in range(4)]
-    state = first.state_dict()
-    del it
-    resumed = loader()
-    resumed.load_state_dict(state)
-    assert seen + [b["i"].tolist() for b in resumed] == full
 
 
 @pytest.mark.parametrize("how", ["del", "break"])
@@ -381,11 +341,3 @@ def test_a_slow_first_batch_lets_the_other_workers_start():
     loader = rloader.DataLoader(dataset, batch_size=4, num_workers=2, worker_type="thread")
     assert same(list(loader), list(tud.DataLoader(WhoBegan(64, 4), batch_size=4, num_workers=2)))
     assert dataset.waited == [True]
-
-
-def test_an_iterator_dropped_before_its_first_batch_leaves_no_thread():
-    loader = rloader.DataLoader(Squares(64), batch_size=4, num_workers=4, worker_type="thread")
-    it = iter(loader)
-    del it
-    gc.collect()
-    assert no_worker_threads_within()
