@@ -700,6 +700,8 @@ class LoaderInGetitems(tud.Dataset):
 
 
 class Pairs(tud.Dataset):
+    """{"x": a [3] tensor of i, "i": i} per sample."""
+
     def __init__(self, n=37):
         self.n = n
 
@@ -711,6 +713,8 @@ class Pairs(tud.Dataset):
 
 
 class GetItems(tud.Dataset):
+    """Fetches only through __getitems__ (sample k is k * 10), recording each call's keys."""
+
     def __init__(self):
         self.calls = []
 
@@ -778,6 +782,8 @@ class Batched(tud.Dataset):
 
 
 class ShortBatched(Batched):
+    """Batched whose __getitems__ returns one sample fewer than asked for."""
+
     def __getitems__(self, indices):
         return [("many", i) for i in indices[:-1]]
 
@@ -1102,6 +1108,8 @@ class AsyncSleepy(Sleepy):
 
 
 class LocalErrorDataset(tud.Dataset):
+    """Sample 2 raises an exception of a class defined in __getitem__: pickle cannot find it."""
+
     def __len__(self):
         return 4
 
@@ -1115,6 +1123,9 @@ class LocalErrorDataset(tud.Dataset):
 
 
 class SeedReport(tud.Dataset):
+    """Where a worker's seeds went: its info's id, num_workers and seed, torch.initial_seed(),
+    and one draw of random, numpy and torch's global generators."""
+
     def __len__(self):
         return 8
 
@@ -1144,6 +1155,8 @@ class ExitsCleanly(tud.Dataset):
 
 
 class LongStrings(tud.Dataset):
+    """200,000 strings of about 200 characters: large tasks, large answers."""
+
     def __len__(self) -> int:
         return 200_000
 
@@ -1152,6 +1165,8 @@ class LongStrings(tud.Dataset):
 
 
 class OneSlowSample(tud.Dataset):
+    """Sample 0 takes 5 s, every other 10 ms."""
+
     def __len__(self) -> int:
         return 100
 
@@ -1213,6 +1228,9 @@ class Concurrent(tud.Dataset):
 
 
 class InfoReport(tud.Dataset):
+    """What get_worker_info() says in a worker thread, and whether the fetch runs off the main
+    thread."""
+
     def __len__(self):
         return 8
 
@@ -1231,6 +1249,8 @@ class InfoReport(tud.Dataset):
 
 
 class RngReport(tud.Dataset):
+    """A draw from each of a worker's own generators (info.rng), with the worker's id and seed."""
+
     def __len__(self):
         return 6
 
@@ -1249,6 +1269,9 @@ class RngReport(tud.Dataset):
 
 
 class CountsFetches(tud.Dataset):
+    """1000 samples of 20 ms each, counting the fetches (in a list each worker thread's shallow
+    copy shares)."""
+
     def __init__(self):
         self.calls = [0]  # a list: each worker thread's shallow copy shares it
 
@@ -1284,6 +1307,8 @@ class AllAtOnce(tud.Dataset):
 
 
 class AsyncFailing(tud.Dataset):
+    """Failing, with ``async def __getitem__``."""
+
     def __len__(self):
         return 8
 
@@ -1294,6 +1319,8 @@ class AsyncFailing(tud.Dataset):
 
 
 class AsyncStuck(tud.Dataset):
+    """An async dataset whose samples never finish (30 s each)."""
+
     def __len__(self):
         return 4
 
