@@ -238,21 +238,7 @@ def count_init(counter) -> None:
         counter.value += 1
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [
-        "process",
-        pytest.param(
-            "thread",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="thread workers but worker 0 wait for the first batch (NOTE [Thread "
-                "start]): an epoch of one batch runs one worker_init_fn, torch's workers four",
-            ),
-        ),
-    ],
-    indirect=True,
-)
+@pytest.mark.parametrize("engine", ["process", "thread"], indirect=True)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
 @pytest.mark.parametrize("persistent", [False, True])
 def test_every_worker_runs_its_init_even_when_the_epoch_needs_fewer(persistent, engine):

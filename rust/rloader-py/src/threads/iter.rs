@@ -166,6 +166,7 @@ impl ThreadIter {
         let mut answer = match slf.next_answer(py)? {
             None => {
                 slf.hand_out.finish();
+                slf.pool.get().start_every_worker(py); // NOTE [Thread start]
                 if !slf.persistent {
                     slf.pool.get().stop(py);
                 }

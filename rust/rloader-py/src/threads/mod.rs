@@ -33,9 +33,12 @@
 //! pool but worker 0 (which gets the first task) wait at a [`Gate`] before they attach to the
 //! interpreter: the iterator opens it once it has handed a batch out, when the answer it waits
 //! for is another worker's, or when a wait for worker 0 has lasted `FIRST_BATCH_GRACE_S` (a slow
-//! first batch lets the others start). Stopping the pool opens it too: a thread that finds the
-//! pool stopped at the gate leaves without running anything of the user's. An async
-//! dataset's threads (whose event loops take tasks as they are sent) are not held.
+//! first batch lets the others start). An epoch that ends waits for every thread to have
+//! started, so each runs its `worker_init_fn` as each of torch's workers does however few
+//! batches the epoch had. Stopping the pool otherwise (an iterator dropped, an error) opens
+//! it too: a thread that finds the pool stopped at the gate leaves without running anything of
+//! the user's. An async dataset's threads (whose event loops take tasks as they are sent) are
+//! not held.
 
 mod iter;
 mod pool;
@@ -45,8 +48,9 @@ pub use iter::ThreadIter;
 pub use pool::{PoolStopper, ThreadPool};
 pub use worker::Reporter;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -97,6 +101,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 pub struct Gate {
     opened: AtomicBool,
+    /// Threads that came through and have started (or left): see `wait_passed`.
+    passed: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
 }
@@ -119,6 +125,41 @@ impl Gate {
         let mut held = lock(&self.lock);
         while !self.is_open() {
             held = self.wake.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// A thread that came through has started (its `worker_init_fn` has run) or left.
+    pub fn passed_one(&self) {
+        let _held = lock(&self.lock);
+        self.passed.fetch_add(1, Ordering::AcqRel);
+        self.wake.notify_all();
+    }
+
+    /// Blocks until `threads` have passed (see `passed_one`) or `timeout` has gone by.
+    pub fn wait_passed(&self, threads: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut held = lock(&self.lock);
+        while self.passed.load(Ordering::Acquire) < threads {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            held = self
+                .wake
+                .wait_timeout(held, left)
+                .map_or_else(|e| e.into_inner().0, |r| r.0);
+        }
+    }
+}
+
+/// Marks a gated thread as passed (`Gate::passed_one`) when dropped: once it has started, or
+/// on whatever way it leaves before.
+pub(super) struct Passing(pub(super) Option<Arc<Gate>>);
+
+impl Drop for Passing {
+    fn drop(&mut self) {
+        if let Some(gate) = self.0.take() {
+            gate.passed_one();
         }
     }
 }

@@ -282,6 +282,22 @@ impl ThreadPool {
         self.control.gate.open();
     }
 
+    /// Lets every thread start and waits (without the GIL, up to `JOIN_TIMEOUT`) until each
+    /// has: an epoch that ends runs every worker's `worker_init_fn` (NOTE [Thread start]).
+    pub(super) fn start_every_worker(&self, py: Python<'_>) {
+        if self.control.gate.is_open() && self.control.loops.is_some() {
+            return; // (an async pool's threads are not held)
+        }
+        let gate = self.control.gate.clone();
+        let gated = if self.control.loops.is_some() {
+            0
+        } else {
+            self.size - 1
+        };
+        gate.open();
+        py.detach(move || gate.wait_passed(gated, JOIN_TIMEOUT));
+    }
+
     pub(super) fn gate_open(&self) -> bool {
         self.control.gate.is_open()
     }

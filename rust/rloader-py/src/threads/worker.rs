@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::{lock, FromWorker, Gate, TaskKeys, ToWorker, WorkerEvent};
+use super::{lock, FromWorker, Gate, Passing, TaskKeys, ToWorker, WorkerEvent};
 use crate::fetch::{BatchOptions, Fetcher};
 use crate::handout::Answer;
 use crate::sampling::KeyBatch;
@@ -231,9 +231,10 @@ pub(super) fn worker_main(
     reports: Sender<FromWorker>,
     slot: Arc<WorkerSlot>,
 ) {
-    if let Some(gate) = gate {
+    if let Some(gate) = &gate {
         gate.wait();
     }
+    let passing = Passing(gate);
     crate::collate::copy_on_this_thread_only();
     // One attachment for the thread's whole life (NOTE [Thread workers]). None: the
     // interpreter is shutting down, and the thread leaves without touching it.
@@ -247,7 +248,9 @@ pub(super) fn worker_main(
         if stop.load(Ordering::Acquire) {
             return; // stopped before it started: it runs nothing of the user's
         }
-        let worker = match Worker::start(py, id, hooks.clone_ref(py), setup) {
+        let started = Worker::start(py, id, hooks.clone_ref(py), setup);
+        drop(passing);
+        let worker = match started {
             Ok(worker) => worker,
             Err(err) => {
                 // Setting up failed (`start` raised other than through the user's code, a
