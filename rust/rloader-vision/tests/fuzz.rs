@@ -1,8 +1,8 @@
 //! Fuzzing the decode entry point: mutated JPEG and PNG files through `probe`, `decode` (whole,
 //! and a random region at a random DCT scale) and `plan::run` with random steps.
 //!
-//! The seeds are small valid files made here (JPEG: every subsampling, progressive, gray;
-//! PNG: RGB, RGBA, L, LA, palette), each mutated by bit flips, overwritten runs, truncation,
+//! The seeds are small valid files made here (JPEG: every subsampling, progressive, gray,
+//! CMYK, YCCK; PNG: RGB, RGBA, L, LA, palette), each mutated by bit flips, overwritten runs, truncation,
 //! insertions, duplicated spans and splices of two seeds. No input may panic or crash; a
 //! file either decodes or is reported as not handled (the caller gives it to Pillow).
 //! Decodes are skipped above 4 megapixels (a mutated header may claim 65535x65535; the caller
@@ -89,6 +89,23 @@ fn seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
             writer.write_image_data(&picture(rng, w, h, bands)).unwrap();
         }
         out.push(file);
+    }
+    out.extend(cmyk_seeds(rng));
+    out
+}
+
+/// Four-component JPEGs: YCCK and plain CMYK, baseline and progressive.
+fn cmyk_seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (i, (plain_cmyk, progressive)) in [(false, false), (true, true)].into_iter().enumerate() {
+        let (w, h) = (6 + 9 * i, 5 + 4 * i);
+        let how = Encoding {
+            quality: 70,
+            subsamp: Subsamp::Sub2x2,
+            progressive,
+        };
+        let pixels = picture(rng, w, h, 4);
+        out.push(common::cmyk_jpeg(&pixels, w, h, how, plain_cmyk));
     }
     out
 }

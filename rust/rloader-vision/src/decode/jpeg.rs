@@ -3,6 +3,11 @@
 //! defaults outside `draft` (the islow IDCT, fancy upsampling), and TurboJPEG's defaults are
 //! the same, so the pixels are Pillow's.
 //!
+//! Four-component JPEGs (CMYK, and YCCK, which libjpeg converts to CMYK) are what Pillow opens
+//! as "CMYK" with the rawmode "CMYK;I": it assumes Adobe's inverted polarity for every such
+//! file, marker or not (JpegImagePlugin's SOS handler), and inverts each byte libjpeg gives.
+//! `convert("RGB")` then runs Convert.c's `cmyk2rgb`; `cmyk_to_rgb` below does both steps.
+//!
 //! A region decodes only the iMCU columns and the rows it covers (TurboJPEG's cropping region:
 //! jpeg_crop_scanline and jpeg_skip_scanlines), whose pixels equal the same region of the whole
 //! decode: the tests compare both over every subsampling, progressive files and odd sizes.
@@ -105,14 +110,14 @@ pub(super) fn probe(data: &[u8]) -> Result<Header, NotHandled> {
             return Err(NotHandled::Unsupported("lossless JPEG".into()));
         }
         let colorspace = h.get(raw::TJPARAM_TJPARAM_COLORSPACE);
-        let bands = if colorspace == raw::TJCS_TJCS_GRAY as libc::c_int {
-            1
-        } else if colorspace == raw::TJCS_TJCS_YCbCr as libc::c_int
-            || colorspace == raw::TJCS_TJCS_RGB as libc::c_int
-        {
-            3
+        let is = |cs: raw::TJCS| colorspace == cs as libc::c_int;
+        let (bands, cmyk) = if is(raw::TJCS_TJCS_GRAY) {
+            (1, false)
+        } else if is(raw::TJCS_TJCS_YCbCr) || is(raw::TJCS_TJCS_RGB) {
+            (3, false)
+        } else if is(raw::TJCS_TJCS_CMYK) || is(raw::TJCS_TJCS_YCCK) {
+            (3, true)
         } else {
-            // Pillow opens CMYK and YCCK as CMYK (Adobe's inverted too), with its own conversion.
             return Err(NotHandled::Unsupported(format!(
                 "JPEG colorspace {colorspace}"
             )));
@@ -129,6 +134,7 @@ pub(super) fn probe(data: &[u8]) -> Result<Header, NotHandled> {
             height: h.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT) as usize,
             bands,
             mcu_width: mcu,
+            cmyk,
         })
     })
 }
@@ -159,12 +165,14 @@ pub(super) fn decode(
         }
         _ => (0, 0, full_w, full_h),
     };
-    let format = if header.bands == 1 {
-        raw::TJPF_TJPF_GRAY
+    let (format, decoded_bands) = if header.cmyk {
+        (raw::TJPF_TJPF_CMYK, 4)
+    } else if header.bands == 1 {
+        (raw::TJPF_TJPF_GRAY, 1)
     } else {
-        raw::TJPF_TJPF_RGB
+        (raw::TJPF_TJPF_RGB, 3)
     };
-    let mut image = Image::new(width, height, header.bands);
+    let mut pixels = vec![0; width * height * decoded_bands];
     with_handle(|h| {
         h.read_header(data)?;
         let factor = raw::tjscalingfactor {
@@ -191,17 +199,68 @@ pub(super) fn decode(
         // SAFETY: as above; the region lies inside the scaled image (Region's contract).
         h.check(unsafe { raw::tj3SetCroppingRegion(h.ptr(), crop) })?;
         // A warning (corrupt data, a premature end) fails too: Pillow decides those files.
-        // SAFETY: image.data holds height rows of width * bands bytes, the pitch given.
+        // SAFETY: `pixels` holds height rows of width * decoded_bands bytes, the pitch given.
         h.check(unsafe {
             raw::tj3Decompress8(
                 h.ptr(),
                 data.as_ptr(),
                 data.len() as raw::size_t,
-                image.data.as_mut_ptr(),
-                (width * header.bands) as libc::c_int,
+                pixels.as_mut_ptr(),
+                (width * decoded_bands) as libc::c_int,
                 format as libc::c_int,
             )
         })
     })?;
-    Ok(Decoded { image, x, y })
+    if header.cmyk {
+        cmyk_to_rgb(&mut pixels);
+    }
+    Ok(Decoded {
+        image: Image::from_vec(width, height, header.bands, pixels),
+        x,
+        y,
+    })
+}
+
+/// libjpeg's CMYK bytes (4 per pixel) to the RGB bytes (3 per pixel, in place, the buffer
+/// shortened) Pillow's `convert("RGB")` gives: each byte inverted ("CMYK;I"), then Convert.c's
+/// `cmyk2rgb`, `255 - k - (c * (255 - k)) / 255` per band in Pillow's rounding (`MULDIV255`).
+/// With the inversion folded in: `k - muldiv255(255 - c, k)` of libjpeg's `c` and `k`.
+fn cmyk_to_rgb(pixels: &mut Vec<u8>) {
+    let muldiv255 = |a: u32, b: u32| {
+        let t = a * b + 128;
+        ((t >> 8) + t) >> 8
+    };
+    let n = pixels.len() / 4;
+    // Pixel i's RGB goes to 3i, behind its CMYK at 4i: forward in place never overwrites
+    // bytes still to be read.
+    for i in 0..n {
+        let [c, m, y, k] = <[u8; 4]>::try_from(&pixels[4 * i..4 * i + 4]).expect("4 bytes");
+        let k = u32::from(k);
+        let rgb = [c, m, y].map(|c| (k - muldiv255(255 - u32::from(c), k)) as u8);
+        pixels[3 * i..3 * i + 3].copy_from_slice(&rgb);
+    }
+    pixels.truncate(3 * n);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cmyk_to_rgb;
+
+    #[test]
+    fn cmyk_converts_as_pillows_inverted_cmyk_to_rgb() {
+        // libjpeg's bytes -> Pillow 11.3's and 13.0's
+        // Image.frombytes("CMYK", size, raw, "raw", "CMYK;I").convert("RGB").
+        let mut pixels = vec![
+            0, 0, 0, 255, //
+            255, 255, 255, 255, //
+            0, 0, 0, 0, //
+            100, 7, 200, 128, //
+            1, 254, 128, 3, //
+        ];
+        cmyk_to_rgb(&mut pixels);
+        assert_eq!(
+            pixels,
+            [0, 0, 0, 255, 255, 255, 0, 0, 0, 50, 4, 100, 0, 3, 2]
+        );
+    }
 }

@@ -27,6 +27,9 @@ pub struct Header {
     /// The width of a JPEG's iMCU (8 or 16 pixels; 0 where unknown: no regions), to which a
     /// region's left edge is aligned; 0 for PNG.
     pub mcu_width: usize,
+    /// A JPEG of four components (CMYK or YCCK), decoded as CMYK and converted to RGB as
+    /// Pillow converts its "CMYK" images.
+    pub cmyk: bool,
 }
 
 /// A rectangle of the (scaled) image, the part of it a sample's steps need.

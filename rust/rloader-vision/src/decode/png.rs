@@ -45,6 +45,7 @@ pub(super) fn probe(data: &[u8]) -> Result<Header, NotHandled> {
         height: info.height as usize,
         bands,
         mcu_width: 0,
+        cmyk: false,
     })
 }
 
