@@ -2,7 +2,7 @@
 //! and a random region at a random DCT scale) and `plan::run` with random steps.
 //!
 //! The seeds are small valid files made here (JPEG: every subsampling, progressive, gray,
-//! CMYK, YCCK; PNG: RGB, RGBA, L, LA, palette), each mutated by bit flips, overwritten runs, truncation,
+//! CMYK, YCCK; PNG: RGB, RGBA, L, LA, palette, of 16 bits and of 1, 2, 4, with tRNS), each mutated by bit flips, overwritten runs, truncation,
 //! insertions, duplicated spans and splices of two seeds. No input may panic or crash; a
 //! file either decodes or is reported as not handled (the caller gives it to Pillow).
 //! Decodes are skipped above 4 megapixels (a mutated header may claim 65535x65535; the caller
@@ -91,6 +91,7 @@ fn seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
         out.push(file);
     }
     out.extend(cmyk_seeds(rng));
+    out.extend(depth_seeds(rng));
     out
 }
 
@@ -106,6 +107,44 @@ fn cmyk_seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
         };
         let pixels = picture(rng, w, h, 4);
         out.push(common::cmyk_jpeg(&pixels, w, h, how, plain_cmyk));
+    }
+    out
+}
+
+/// PNGs of 16 bits (every color type that has them) and of 1, 2 and 4 (gray, palette), some
+/// with a tRNS chunk of the kinds decoded here.
+fn depth_seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
+    use png::{BitDepth, ColorType};
+    let kinds: [(ColorType, BitDepth, Option<&[u8]>); 9] = [
+        (ColorType::Grayscale, BitDepth::Sixteen, Some(&[1, 0])),
+        (ColorType::GrayscaleAlpha, BitDepth::Sixteen, None),
+        (ColorType::Rgb, BitDepth::Sixteen, Some(&[0, 1, 0, 2, 0, 3])),
+        (ColorType::Rgba, BitDepth::Sixteen, None),
+        (ColorType::Grayscale, BitDepth::One, None),
+        (ColorType::Grayscale, BitDepth::Two, Some(&[0, 1])),
+        (ColorType::Grayscale, BitDepth::Four, None),
+        (ColorType::Indexed, BitDepth::Two, Some(&[255, 0])),
+        (ColorType::Indexed, BitDepth::Four, None),
+    ];
+    let mut out = Vec::new();
+    for (i, (color, depth, trns)) in kinds.into_iter().enumerate() {
+        let (w, h) = (2 + 5 * i, 3 + 2 * i);
+        let row_bytes = (w * color.samples() * depth as usize).div_ceil(8);
+        let mut file = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut file, w as u32, h as u32);
+            enc.set_color(color);
+            enc.set_depth(depth);
+            if color == ColorType::Indexed {
+                enc.set_palette(rng.bytes(3 << depth as usize));
+            }
+            if let Some(trns) = trns {
+                enc.set_trns(trns);
+            }
+            let mut writer = enc.write_header().unwrap();
+            writer.write_image_data(&rng.bytes(row_bytes * h)).unwrap();
+        }
+        out.push(file);
     }
     out
 }
