@@ -75,7 +75,8 @@ def test_the_rust_path_takes_jpegs_and_pngs_and_leaves_the_rest_to_pillow(corpus
     for path, _ in datasets.ImageFolder(corpus).samples:
         encoded, why = _rloader.vision_open(path)
         kinds.setdefault(os.path.basename(os.path.dirname(path)), set()).add(encoded is not None)
-    assert kinds == {"jpeg": {True}, "gray": {True}, "png": {True}, "other": {False}}
+    rust = {"jpeg", "gray", "png", "jpeg_cmyk", "png_depths"}
+    assert kinds == {**{kind: {True} for kind in rust}, "other": {False}}
 
 
 @pytest.mark.parametrize(
@@ -659,7 +660,7 @@ def test_loaders_collate_the_samples_where_getitems_wrote_them(corpus, monkeypat
     ds = RV.ImageFolder(corpus, T.Compose([T.Resize((160, 160)), T.ToTensor()]))
     jpegs = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(".jpg") and "other" not in p]
     # (and in each batch a file Pillow decodes: made one by one, copied into its row)
-    pillows = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(("cmyk.jpg", "trns.png"))]
+    pillows = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(("img.bmp", "img.webp"))]
     assert len(pillows) == 2
     subset = torch.utils.data.Subset(ds, jpegs[:3] + pillows[:1] + jpegs[3:6] + pillows[1:2])
     workers = {"none": {}, "thread": {"num_workers": 2, "worker_type": "thread"}}[kind]

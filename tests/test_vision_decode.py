@@ -1,0 +1,111 @@
+"""rloader.vision's decoding of the files Pillow opens in modes other than RGB and L: CMYK and
+YCCK JPEGs, PNGs of 16 bits and of fewer than 8, and with a tRNS chunk. Each is made in Rust
+(Pillow never opens it) and equals `Image.open(f).convert("RGB")` and torchvision's samples
+bit for bit, on every Pillow the project supports; what Pillow warns about stays Pillow's."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets
+from torchvision import transforms as T
+
+import rloader.vision as RV
+from rloader import _rloader
+
+import _vision_corpus
+
+KINDS = ("jpeg_cmyk", "png_depths")
+
+
+@pytest.fixture(scope="module")
+def kinds_root(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("kinds")
+    return _vision_corpus.write(str(root), which=_vision_corpus.other_modes)
+
+
+def _pillows_rgb(path: str) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Pillow warns over none of these
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"))
+
+
+def test_cmyk_jpegs_and_png_depths_decode_in_rust_to_pillows_rgb(kinds_root):
+    paths = [p for p, _ in datasets.ImageFolder(kinds_root).samples]
+    assert {os.path.basename(os.path.dirname(p)) for p in paths} == set(KINDS)
+    for path in paths:
+        want = _pillows_rgb(path)
+        encoded, why = _rloader.vision_open(path)
+        assert encoded is not None, f"{path}: {why}"
+        got = torch.empty(want.shape, dtype=torch.uint8)
+        assert encoded.run(1, [], got.data_ptr(), got.nbytes), path
+        assert np.array_equal(got.numpy(), want), path
+
+
+@pytest.fixture
+def pillow_opens(monkeypatch) -> list:
+    """The paths `PIL.Image.open` is given (torchvision's loader opens each file with it)."""
+    opened = []
+    real = Image.open
+
+    def spy(fp, *args, **kwargs):
+        opened.append(fp)
+        return real(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", spy)
+    return opened
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.PILToTensor()]),
+        T.Compose(
+            [T.Resize(20), T.CenterCrop(16), T.ToTensor(), T.Normalize([0.5] * 3, [0.2] * 3)]
+        ),
+    ],
+    ids=["uint8", "float32"],
+)
+def test_cmyk_jpegs_and_png_depths_are_made_in_rust_by_image_folder(
+    kinds_root, pillow_opens, transform
+):
+    theirs = datasets.ImageFolder(kinds_root, transform)
+    ours = RV.ImageFolder(kinds_root, transform)
+    indices = list(range(len(theirs)))
+    torch.manual_seed(0)
+    want = [theirs[i] for i in indices]
+    want_rng = torch.get_rng_state()
+    pillow_opens.clear()
+    torch.manual_seed(0)
+    one_by_one = [ours[i] for i in indices]
+    assert torch.equal(torch.get_rng_state(), want_rng)
+    torch.manual_seed(0)
+    batch = ours.__getitems__(indices)
+    assert torch.equal(torch.get_rng_state(), want_rng)
+    assert pillow_opens == []  # every sample was decoded by Rust, none by the fallback
+    for i, (wx, wy), (ox, oy), (bx, by) in zip(indices, want, one_by_one, batch):
+        for got in (ox, bx):
+            assert got.dtype == wx.dtype and torch.equal(got, wx), theirs.samples[i][0]
+        assert oy == by == wy
+
+
+def test_a_palette_png_whose_trns_pillow_warns_about_is_left_to_pillow(tmp_path):
+    # Partial alphas: Pillow keeps the tRNS as bytes, and convert("RGB") warns.
+    os.makedirs(tmp_path / "c")
+    path = str(tmp_path / "c" / "alphas.png")
+    index = np.random.default_rng(0).integers(0, 4, (9, 11, 1))
+    _vision_corpus._png(path, index, 2, 3, palette=range(12), trns=b"\x00\x80\xff")
+    encoded, why = _rloader.vision_open(path)
+    assert encoded is None and "tRNS" in why
+    samples = []
+    for folder in (datasets.ImageFolder, RV.ImageFolder):
+        with pytest.warns(UserWarning, match="Transparency expressed in bytes") as record:
+            samples.append(folder(str(tmp_path), T.PILToTensor())[0][0])
+        assert len(record) == 1, folder
+    assert torch.equal(*samples)
