@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use rloader_memory::BatchMemory;
 use rloader_vision::decode::{self, take_decode_time, Format, Header, NotHandled};
-use rloader_vision::image::Image;
+use rloader_vision::image::ImageView;
 use rloader_vision::plan::{self, Output, Step};
 use rloader_vision::resample::Filter;
 use rloader_vision::tensor::{write_chw, Table};
@@ -209,11 +209,10 @@ pub fn vision_convert(
         )));
     }
     py.detach(|| {
-        let img = Image::from_vec(width, height, 3, rgb.to_vec());
         // SAFETY: the caller's contract: out_len live, writable bytes no one else touches
         // until this returns.
         let out = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_len) };
-        write_chw(&img, table, out);
+        write_chw(ImageView::new(width, height, 3, rgb), table, out);
     });
     Ok(())
 }

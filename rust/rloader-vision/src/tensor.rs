@@ -7,7 +7,7 @@
 //! pixel only looks its value up: the result is torch's by construction, whatever arithmetic
 //! torch used (a division by 255, a multiplication by its float32 reciprocal, FMA or not).
 
-use crate::image::Image;
+use crate::image::{Image, ImageView};
 
 /// The output values of each channel's 256 bytes: `channels * 256` values of `elem` bytes each
 /// (native byte order, as the tensor holds them), channel-major.
@@ -17,14 +17,15 @@ pub struct Table<'a> {
     pub channels: usize,
 }
 
-/// Writes `img` (1 or 3 bands) into `out` as `table.channels` planes of `height * width`
-/// values. A 1-band image fills every channel from its one band, as `convert("RGB")` would
+/// Writes `img` (1 or 3 bands; an `&Image` or a view of borrowed bytes) into `out` as
+/// `table.channels` planes of `height * width` values. A 1-band image fills every channel from its one band, as `convert("RGB")` would
 /// have copied it to each.
 ///
 /// # Panics
 /// If `out` or the table do not have the sizes above, or the image has neither 1 band nor as
 /// many as the table's channels.
-pub fn write_chw(img: &Image, table: &Table<'_>, out: &mut [u8]) {
+pub fn write_chw<'a>(img: impl Into<ImageView<'a>>, table: &Table<'_>, out: &mut [u8]) {
+    let img = img.into();
     let plane = img.width * img.height;
     assert_eq!(
         out.len(),
@@ -56,7 +57,7 @@ pub fn write_chw(img: &Image, table: &Table<'_>, out: &mut [u8]) {
 
 /// The common case (RGB to float32 or int32), one pass over the pixels writing three planes:
 /// the values as 4-byte words, not byte slices.
-fn rgb_through_u32(img: &Image, values: &[u8], out: &mut [u8]) {
+fn rgb_through_u32(img: ImageView<'_>, values: &[u8], out: &mut [u8]) {
     let word = |b: &[u8]| u32::from_ne_bytes(b.try_into().expect("4 bytes"));
     let luts: Vec<[u32; 256]> = (0..3)
         .map(|c| std::array::from_fn(|v| word(&values[(c * 256 + v) * 4..][..4])))
@@ -75,7 +76,7 @@ fn rgb_through_u32(img: &Image, values: &[u8], out: &mut [u8]) {
     }
 }
 
-fn plane_through<const N: usize>(img: &Image, band: usize, lut: &[u8], dst: &mut [u8]) {
+fn plane_through<const N: usize>(img: ImageView<'_>, band: usize, lut: &[u8], dst: &mut [u8]) {
     let lut: Vec<[u8; N]> = lut
         .chunks_exact(N)
         .map(|v| v.try_into().expect("N bytes"))
@@ -143,7 +144,7 @@ mod tests {
         let plane = 7 * 5 * 4;
         for c in 0..3 {
             plane_through::<4>(
-                &img,
+                (&img).into(),
                 c,
                 &values[c * 1024..(c + 1) * 1024],
                 &mut general[c * plane..(c + 1) * plane],
