@@ -44,7 +44,7 @@ def test_cmyk_jpegs_and_png_depths_decode_in_rust_to_pillows_rgb(kinds_root):
         encoded, why = _rloader.vision_open(path)
         assert encoded is not None, f"{path}: {why}"
         got = torch.empty(want.shape, dtype=torch.uint8)
-        assert encoded.run(1, [], got.data_ptr(), got.nbytes), path
+        assert encoded.run(encoded.steps(1, []), got.data_ptr(), got.nbytes), path
         assert np.array_equal(got.numpy(), want), path
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "SharedIter",
     "_attach_shared",
     "EncodedImage",
+    "SampleSteps",
     "vision_open",
     "vision_open_many",
     "vision_run_many",
@@ -710,11 +711,12 @@ class EncodedImage:
     def size(self) -> tuple[int, int]: ...
     @property
     def format(self) -> str: ...
-    def output_size(self, scale_denom: int, steps: list[tuple[Any, ...]]) -> tuple[int, int]: ...
+    def steps(self, scale_denom: int, steps: list[tuple[Any, ...]]) -> SampleSteps:
+        """``steps`` parsed once for this image decoded at ``1/scale_denom``, with their output
+        size: what ``run`` and ``vision_run_many`` take."""
     def run(
         self,
-        scale_denom: int,
-        steps: list[tuple[Any, ...]],
+        steps: SampleSteps,
         out_ptr: int,
         out_len: int,
         table: bytes | None = None,
@@ -723,10 +725,18 @@ class EncodedImage:
         *,
         draft: bool = False,
     ) -> bool:
-        """Decodes, runs the steps and writes the result at ``out_ptr`` without the GIL; False
-        where the decoder failed or warned (Pillow decides that file). ``draft``: a JPEG may
-        decode at 1/2, 1/4 or 1/8 where the steps reduce it anyway (close, not exact; same
-        size)."""
+        """Decodes at ``steps``' scale, runs them and writes the result at ``out_ptr`` without
+        the GIL; False where the decoder failed or warned (Pillow decides that file).
+        ``draft``: a JPEG may decode at 1/2, 1/4 or 1/8 where the steps reduce it anyway
+        (close, not exact; same size)."""
+
+@final
+class SampleSteps:
+    """A sample's steps parsed for one image size and scale (``EncodedImage.steps``)."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The output's (width, height)."""
 
 def vision_open(path: str | os.PathLike[str]) -> tuple[EncodedImage | None, str | None]:
     """Reads a file and its header without the GIL: the image, or None and why Pillow must
@@ -739,7 +749,7 @@ def vision_open_many(
 
 def vision_run_many(
     images: list[EncodedImage],
-    steps: list[list[tuple[Any, ...]]],
+    steps: list[SampleSteps],
     outs: list[tuple[int, int]],
     table: bytes | None = None,
     elem: int = 0,
@@ -747,7 +757,7 @@ def vision_run_many(
     *,
     draft: bool = False,
 ) -> int:
-    """`EncodedImage.run` at full scale for each image into its `(out_ptr, out_len)`, the GIL
+    """`EncodedImage.run` for each image and its steps into its `(out_ptr, out_len)`, the GIL
     released once; stops at the first that failed or warned: how many were written."""
 
 def vision_convert(

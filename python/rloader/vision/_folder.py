@@ -193,8 +193,9 @@ class _RustSamples:
         __getitem__ would not make it in Rust (its draws not kept)."""
         if not _decodes_exactly(encoded):
             return None
-        steps, done = plan.record(encoded.size)
-        size = encoded.output_size(1, steps)
+        recorded, done = plan.record(encoded.size)
+        steps = encoded.steps(1, recorded)
+        size = steps.size
         if done < len(plan.geometry) or 0 in size:
             return None
         if self.target_transform is not None:
@@ -258,23 +259,24 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
     # Only the transforms draw: on a thread worker they run under its generator (_draws.py),
     # whose dispatch would slow every other torch call of the sample.
     with worker_draws():
-        steps, done = plan.record(encoded.size)
+        recorded, done = plan.record(encoded.size)
     conversion, rest = plan.conversion, plan.rest
     if done < len(plan.geometry):  # a fixed transform needs pixels: torchvision goes on from it
         rest = plan.geometry[done:] + (conversion.transforms if conversion else []) + rest
         conversion = None
-    width, height = encoded.output_size(1, steps)
+    steps = encoded.steps(1, recorded)
+    width, height = steps.size
     if width == 0 or height == 0:
         return None
     if conversion is not None:
         out = _empty_chw(conversion, width, height, pool)
         ok = encoded.run(
-            1, steps, out.data_ptr(), out.nbytes, conversion.table, conversion.elem, 3, draft=draft
+            steps, out.data_ptr(), out.nbytes, conversion.table, conversion.elem, 3, draft=draft
         )
         sample = _as_kind(conversion, out)
     else:
         out = torch.empty((height, width, 3), dtype=torch.uint8)
-        ok = encoded.run(1, steps, out.data_ptr(), out.nbytes, draft=draft)
+        ok = encoded.run(steps, out.data_ptr(), out.nbytes, draft=draft)
         sample = Image.frombuffer("RGB", (width, height), out.numpy(), "raw", "RGB", 0, 1)
     if not ok:
         return None

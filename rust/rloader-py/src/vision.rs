@@ -85,18 +85,26 @@ impl EncodedImage {
         }
     }
 
-    /// The size `steps` make from this image decoded at `1/scale_denom`.
-    fn output_size(
-        &self,
-        scale_denom: usize,
-        steps: Vec<Bound<'_, PyTuple>>,
-    ) -> PyResult<(usize, usize)> {
-        let (w, h) = decode::scaled_size(&self.header, scale_denom);
-        Ok(plan::output_size(w, h, &parse_steps(&steps)?))
+    /// `steps` (tuples, as `parse_steps` reads them) parsed once for this image decoded at
+    /// `1/scale_denom`, with the size they make: what `run` and `vision_run_many` take.
+    fn steps(&self, scale_denom: usize, steps: Vec<Bound<'_, PyTuple>>) -> PyResult<SampleSteps> {
+        if ![1, 2, 4, 8].contains(&scale_denom) {
+            return Err(PyValueError::new_err(format!(
+                "scale_denom {scale_denom}: 1, 2, 4 or 8"
+            )));
+        }
+        let source = decode::scaled_size(&self.header, scale_denom);
+        let steps = parse_steps(&steps)?;
+        Ok(SampleSteps {
+            scale_denom,
+            source,
+            size: plan::output_size(source.0, source.1, &steps),
+            steps,
+        })
     }
 
-    /// Decodes at `1/scale_denom`, runs `steps` and writes the result to the `out_len` bytes
-    /// at `out_ptr`: CHW through `table` (`channels` tables of 256 values of `elem` bytes), or
+    /// Decodes at `steps`' scale, runs them and writes the result to the `out_len` bytes at
+    /// `out_ptr`: CHW through `table` (`channels` tables of 256 values of `elem` bytes), or
     /// RGB bytes without one. False (nothing written that counts) where the decoder failed
     /// or warned: the caller gives the file to Pillow. `draft`: a JPEG may decode at a reduced
     /// scale where the steps reduce it anyway (approximate pixels, the same size; see
@@ -105,13 +113,12 @@ impl EncodedImage {
     /// SAFETY (the caller's): `out_ptr` is the start of `out_len` writable bytes that stay
     /// alive and untouched by anyone else until this returns (a fresh tensor's storage, which
     /// the caller holds), exactly the output's size.
-    #[pyo3(signature = (scale_denom, steps, out_ptr, out_len, table=None, elem=0, channels=0, *, draft=false))]
+    #[pyo3(signature = (steps, out_ptr, out_len, table=None, elem=0, channels=0, *, draft=false))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         py: Python<'_>,
-        scale_denom: usize,
-        steps: Vec<Bound<'_, PyTuple>>,
+        steps: &Bound<'_, SampleSteps>,
         out_ptr: usize,
         out_len: usize,
         table: Option<Bound<'_, PyBytes>>,
@@ -119,25 +126,33 @@ impl EncodedImage {
         channels: usize,
         draft: bool,
     ) -> PyResult<bool> {
-        if ![1, 2, 4, 8].contains(&scale_denom) {
-            return Err(PyValueError::new_err(format!(
-                "scale_denom {scale_denom}: 1, 2, 4 or 8"
-            )));
-        }
         let output = output(table.as_ref().map(|t| t.as_bytes()), elem, channels)?;
-        let job = Job::new(
-            self,
-            scale_denom,
-            parse_steps(&steps)?,
-            &output,
-            out_ptr,
-            out_len,
-        )?;
+        let job = Job::new(self, steps.get(), &output, out_ptr, out_len)?;
         Ok(py.detach(move || job.run(self, &output, draft)))
     }
 }
 
-/// Runs each image's steps into its output, as `EncodedImage.run` at full scale does one, with
+/// A sample's steps, parsed once (`EncodedImage.steps`) for an image of one size at one scale,
+/// and the size they make from it.
+#[pyclass(frozen, module = "rloader._rloader")]
+pub struct SampleSteps {
+    scale_denom: usize,
+    /// The decoded size they were parsed for.
+    source: (usize, usize),
+    size: (usize, usize),
+    steps: Vec<Step>,
+}
+
+#[pymethods]
+impl SampleSteps {
+    /// The output's size (width, height).
+    #[getter]
+    fn size(&self) -> (usize, usize) {
+        self.size
+    }
+}
+
+/// Runs each image's steps into its output, as `EncodedImage.run` does one, with
 /// the GIL released once for them all: `outs` are `(out_ptr, out_len)` pairs under its SAFETY
 /// contract. Stops at the first image whose decoder failed or warned: how many were written.
 #[pyfunction]
@@ -146,7 +161,7 @@ impl EncodedImage {
 pub fn vision_run_many(
     py: Python<'_>,
     images: Vec<Py<EncodedImage>>,
-    steps: Vec<Vec<Bound<'_, PyTuple>>>,
+    steps: Vec<Py<SampleSteps>>,
     outs: Vec<(usize, usize)>,
     table: Option<Bound<'_, PyBytes>>,
     elem: usize,
@@ -163,9 +178,7 @@ pub fn vision_run_many(
         .iter()
         .zip(&steps)
         .zip(&outs)
-        .map(|((image, steps), &(ptr, len))| {
-            Job::new(image.get(), 1, parse_steps(steps)?, &output, ptr, len)
-        })
+        .map(|((image, steps), &(ptr, len))| Job::new(image.get(), steps.get(), &output, ptr, len))
         .collect::<PyResult<Vec<Job>>>()?;
     Ok(py.detach(|| {
         (jobs.iter().zip(&images))
@@ -238,25 +251,28 @@ fn output(table: Option<&[u8]>, elem: usize, channels: usize) -> PyResult<Output
 }
 
 /// One sample's work, checked with the GIL held: its steps and where its output goes.
-struct Job {
-    scale_denom: usize,
-    steps: Vec<Step>,
+struct Job<'a> {
+    steps: &'a SampleSteps,
     out_ptr: usize,
     out_len: usize,
 }
 
-impl Job {
-    /// Checks that the `out_len` bytes at `out_ptr` are exactly the output's size.
+impl<'a> Job<'a> {
+    /// Checks that `steps` were parsed for `image`'s size and that the `out_len` bytes at
+    /// `out_ptr` are exactly the output's size.
     fn new(
         image: &EncodedImage,
-        scale_denom: usize,
-        steps: Vec<Step>,
+        steps: &'a SampleSteps,
         output: &Output,
         out_ptr: usize,
         out_len: usize,
-    ) -> PyResult<Job> {
-        let (w, h) = decode::scaled_size(&image.header, scale_denom);
-        let (w, h) = plan::output_size(w, h, &steps);
+    ) -> PyResult<Self> {
+        if decode::scaled_size(&image.header, steps.scale_denom) != steps.source {
+            return Err(PyValueError::new_err(
+                "steps parsed for an image of another size",
+            ));
+        }
+        let (w, h) = steps.size;
         let expected = match output {
             Output::Chw(t) => t.channels * w * h * t.elem,
             Output::Rgb => w * h * 3,
@@ -267,7 +283,6 @@ impl Job {
             )));
         }
         Ok(Job {
-            scale_denom,
             steps,
             out_ptr,
             out_len,
@@ -286,8 +301,8 @@ impl Job {
         let ok = run(
             &image.data,
             &image.header,
-            self.scale_denom,
-            &self.steps,
+            self.steps.scale_denom,
+            &self.steps.steps,
             output,
             out,
         )
@@ -395,6 +410,7 @@ pub fn vision_pillow_13_passes(on: bool) {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<EncodedImage>()?;
+    m.add_class::<SampleSteps>()?;
     m.add_class::<SamplePool>()?;
     m.add_function(wrap_pyfunction!(vision_open, m)?)?;
     m.add_function(wrap_pyfunction!(vision_open_many, m)?)?;
