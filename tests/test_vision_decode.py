@@ -109,3 +109,18 @@ def test_a_palette_png_whose_trns_pillow_warns_about_is_left_to_pillow(tmp_path)
             samples.append(folder(str(tmp_path), T.PILToTensor())[0][0])
         assert len(record) == 1, folder
     assert torch.equal(*samples)
+
+
+def test_steps_parsed_for_another_image_size_are_refused(kinds_root):
+    small, large = (
+        _rloader.vision_open(os.path.join(kinds_root, "jpeg_cmyk", name))[0]
+        for name in ("s17x9_adobe_sub2.jpg", "s96x64_adobe_sub0.jpg")
+    )
+    steps = small.steps(1, [("flip_lr",)])
+    assert steps.size == (17, 9)
+    out = torch.empty((9, 17, 3), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="another size"):
+        large.run(steps, out.data_ptr(), out.nbytes)
+    with pytest.raises(ValueError, match="another size"):
+        _rloader.vision_run_many([large], [steps], [(out.data_ptr(), out.nbytes)])
+    assert small.run(steps, out.data_ptr(), out.nbytes)
