@@ -33,6 +33,11 @@ loader first), and the peak of its workers' summed PSS (read every 20 ms) is set
     python benches/auto_workers.py --only sleep --settings 0p,2p,8t,32t
     python benches/auto_workers.py --only none --budget
     python benches/auto_workers.py --epochs 4 --repeat 3   # medians of 3 runs (~35 minutes)
+    python benches/auto_workers.py --only pure-python,sleep --busy 1   # beside a busy process
+
+``--busy N``: N processes spinning in pure Python (``while True: pass``, pinned to no core) run
+beside the whole sweep, fixed settings and auto alike, and are killed at its end (a shared node,
+or a training step's own threads); the JSON records N.
 
 ``--repeat N``: after the sweep, torch's row, the best fixed setting and the three auto rows run
 N-1 more times, in turn, each in a fresh process, and the ratios are of their medians (one
@@ -286,6 +291,26 @@ def in_fresh_process(spec: dict) -> tuple:
     return result.get("first"), result.get("later"), result.get("peak")
 
 
+class BusyProcesses:
+    """``n`` processes spinning in pure Python while the block runs (``--busy``), killed at its
+    end, on an error too."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list = []
+
+    def __enter__(self) -> "BusyProcesses":
+        for _ in range(self.n):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -301,6 +326,9 @@ def main() -> None:
         help="runs of torch's row, the best fixed setting and the auto rows (their medians)",
     )
     parser.add_argument("--why", action="store_true", help="print auto's decisions, each epoch")
+    parser.add_argument(
+        "--busy", type=int, default=0, help="processes spinning in pure Python beside the run"
+    )
     parser.add_argument(
         "--memory", action="store_true", help="each row's peak PSS (always for step)"
     )
@@ -318,13 +346,29 @@ def main() -> None:
     from real_pipelines import DEFAULT_DATA_DIR
 
     started = bench_results.now()
+    with BusyProcesses(args.busy):
+        figures = sweep(args, DEFAULT_DATA_DIR)
+    path = bench_results.save(
+        "auto_workers",
+        figures,
+        smoke=args.quick,
+        started=started,
+        persistent=args.persistent,
+        busy_processes=args.busy,
+    )
+    print(f"\nThis run's figures: {path}")
+
+
+def sweep(args, default_data_dir: Path) -> dict:
+    """Every workload's rows (``main``), as the figures the run's JSON holds."""
     figures: dict = {"epochs": args.epochs, "repeat": args.repeat, "workloads": {}}
     figures["comparisons"] = comparisons = []
 
-    data_dir = args.data_dir or DEFAULT_DATA_DIR
+    data_dir = args.data_dir or default_data_dir
     print(
         f"cores usable: {auto_measure.usable_cores()}, epochs: {args.epochs}, "
-        f"persistent_workers: {args.persistent}; each row in a fresh process"
+        f"persistent_workers: {args.persistent}, busy processes beside it: {args.busy}; "
+        "each row in a fresh process"
     )
     header = f"{'workload':12} {'setting':14} {'epoch 1/s':>10} {'later/s':>10}  note"
     common = {"quick": args.quick, "data_dir": str(data_dir), "why": args.why}
@@ -394,10 +438,7 @@ def main() -> None:
             # label: [[first epoch, later epochs, peak PSS], ...] per run, samples/s and bytes
             "rows": {**fixed, **autos},
         }
-    path = bench_results.save(
-        "auto_workers", figures, smoke=args.quick, started=started, persistent=args.persistent
-    )
-    print(f"\nThis run's figures: {path}")
+    return figures
 
 
 def median_of(results: list, i: int) -> Optional[float]:
