@@ -520,6 +520,16 @@ class Waiting(PurePython):
         return torch.tensor([i, i * i])
 
 
+class LongWaits(PurePython):
+    """2 ms of waiting a sample: loading that clearly lets its core go, its CPU share a few
+    percent even beside busy processes (which make each call's CPU time grow: Waiting's
+    0.5 ms read 0.1-0.25 on Python 3.9 there)."""
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.tensor([i, i * i])
+
+
 class PurePythonStream(tud.IterableDataset):
     """PurePython's samples as a stream, sharded by worker."""
 

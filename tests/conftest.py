@@ -40,4 +40,5 @@ def quick(monkeypatch):
     monkeypatch.setattr(auto_policy, "STEADY_GROWTH", 1)
     monkeypatch.setattr(auto_policy, "MAIN_WARM_BATCHES", 0)
     monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)  # the machine's load: unknown
+    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: 0.0)  # (nor its waits for a core)
     monkeypatch.setattr(auto_measure, "usable_cores", lambda: 4)

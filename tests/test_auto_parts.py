@@ -29,6 +29,8 @@ def clock(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(auto_measure, "clock", clock)
     monkeypatch.setattr(auto_measure, "cpu_clock", clock)
+    monkeypatch.setattr(auto_measure, "process_clock", clock)
+    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: 0.0)
     monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)
     monkeypatch.setattr(auto_measure, "own_memory", lambda: 1 << 30)
     return clock
@@ -99,6 +101,41 @@ def test_a_window_ends_after_its_batches_its_time_and_its_longest_steps(clock):
     assert not tally.ended(4, clock.now + 2.0)
     tally.batches = 8
     assert not tally.ended(4, clock.now + 0.5) and tally.ended(4, clock.now + 1.0)
+
+
+def test_the_loadings_cpu_share_leaves_out_its_waits_for_a_core():
+    # Loading that held its core for 0.2 s of 1 s and waited 0.8 s for one (two busy
+    # processes on 2 cores took it) holds its CPU; loading that slept 0.98 s of 1 s waits
+    # (issue #36: descheduling read as waiting, GIL-holding loading went to threads).
+    tally = Tally()
+    tally.reset(None)
+    assert tally.cpu_share() is None  # (nothing loaded)
+    tally.loaded(1.0, 0.2, 0.8)
+    assert tally.cpu_share() == pytest.approx(1.0)
+    tally.reset(None)
+    tally.loaded(1.0, 0.02, 0.0)
+    tally.loaded(1.0, 0.02, 0.5)  # (woken late from its sleeps: still waiting work)
+    assert tally.cpu_share() == pytest.approx(0.04 / 1.5)
+    assert policy.holds_cpu(0.2 / (1.0 - 0.8)) and not policy.holds_cpu(tally.cpu_share())
+
+
+def test_the_gil_probe_pauses_after_a_busy_window(monkeypatch, clock):
+    # While other processes load the machine the probe's verdict is not read, and a probe
+    # descheduled with the GIL in hand would stall the loading: it does not ask then. The
+    # loading's own CPU share chooses processes without waiting for the probe.
+    monkeypatch.setattr(gil_probe._rloader, "GilProbe", Probe)
+    learned = Learned()
+    learned.cpu_share, learned.base_work = 0.05, 0.01  # (waiting loading: no kind yet)
+    choice = choice_of(learned)
+    probe = choice.gil.start()
+    assert probe is not None
+    choice.probe_gil(quiet=False)
+    assert choice.gil.start() is None and not probe.stopped  # paused
+    choice.probe_gil(quiet=True)  # (a quiet window: it asks again)
+    assert choice.gil.start() is probe and learned.kind is None
+    learned.cpu_share = 1.0  # the probe observed nothing yet: a busy window need not wait
+    choice.probe_gil(quiet=False)
+    assert learned.kind == "process" and "holds its CPU" in learned.kind_why and probe.stopped
 
 
 def test_windows_that_decide_nothing_grow_to_a_bound():

@@ -16,14 +16,15 @@ change.
 - Decisions (``decisions.py``) are pure functions of a ``Window`` of measurements
   (``policy.py``, with the numbers they decide by; ``measure.py`` reads /proc and the
   clocks): the consumer's time per batch outside and inside ``next()``, the loader's work per
-  batch and its CPU share (``window.py``: ``Tally``). Windows are long enough for hysteresis
-  (at least ``2 × workers × prefetch_factor`` batches and ``LONG_STEPS`` of the consumer's
-  longest step), begin once a new pool has handed out its first round, and turning back needs
-  a window twice as long. Bounds: the usable cores, the memory budget
-  (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each worker's measured
-  PSS), and the work left in the epoch (no pool whose start the rest of the epoch, or the
-  next epochs, would not win back). A pool no faster than the main process goes back to it,
-  and that is remembered for its kind.
+  batch and its own CPU share (``window.py``: ``Tally``; its thread's CPU time, its waits for
+  a core left out, so that other processes do not make it read as waiting). Windows are long
+  enough for hysteresis (at least ``2 × workers × prefetch_factor`` batches and
+  ``LONG_STEPS`` of the consumer's longest step), begin once a new pool has handed out its
+  first round, and turning back needs a window twice as long. Bounds: the usable cores, the
+  memory budget (``RLOADER_AUTO_MAX_MEMORY``, else half of MemAvailable, against each
+  worker's measured PSS), and the work left in the epoch (no pool whose start the rest of the
+  epoch, or the next epochs, would not win back). A pool no faster than the main process
+  goes back to it, and that is remembered for its kind.
 - Kind (``worker_type="auto"``, ``kind.py``, with the GIL probe's session in
   ``gil_probe.py``): processes for loading that holds the GIL or its CPU; threads first
   otherwise, judged against the main process and, where short of their promise, against an

@@ -42,7 +42,8 @@ class Decisions:
             self._window_reset()  # a new window measures it
             return
         decision = policy.decide(window)
-        if decision is not None and decision.workers:
+        if decision is not None and decision.workers and policy.is_quiet(window.others):
+            # (a busy window's kind is its loading's CPU share's, which needs no probe)
             hold = self._gil.hold(engine, now, tally.started)
             if hold is not None:
                 tally.hold_s = hold  # the window goes on: the pool's kind is the probe's
@@ -169,9 +170,10 @@ class Decisions:
         learned, tally = self._learned, self._tally
         step = tally.step()
         if engine.workers == 0:
-            work, cpu = tally.work, tally.cpu
-            if work > 0 and learned.kind is None:
-                learned.cpu_share = cpu / work
+            work, share = tally.work, tally.cpu_share()
+            cpu = None if share is None else share * work
+            if share is not None and learned.kind is None:
+                learned.cpu_share = share
             if tally.batches:
                 learned.base_work = work / tally.batches
                 learned.main_loop = (tally.wait + tally.user) / tally.batches
@@ -194,10 +196,11 @@ class Decisions:
         others = tally.others(engine)
         # (the GIL measures read only windows the machine's load left alone: other processes'
         # work slows threads as taking turns on the GIL would, and deschedules the main
-        # process holding the GIL, which the probe reads as held)
-        quiet = others is None or others < policy.OTHERS_MAX
-        if engine.workers == 0 and quiet:
-            self._choice.probe_gil()
+        # process holding the GIL, which the probe reads as held; the loading's CPU share is
+        # its own, read in any window)
+        quiet = policy.is_quiet(others)
+        if engine.workers == 0:
+            self._choice.probe_gil(quiet)
         kind = engine.kind if engine.workers else self._choice.next_kind()
         inflation = None
         busy = tally.wait > policy.GROW_WAIT_SHARE * (tally.wait + tally.user)
@@ -233,7 +236,7 @@ class Decisions:
             pool_batches=engine.lived + engine.handed if engine.workers else None,
             waited=learned.waited.get(kind),
             memory_measured=kind != "process" or learned.per_worker is not None,
-            process_cores=(measure.cpu_clock() - tally.process_cpu)
+            process_cores=(measure.process_clock() - tally.process_cpu)
             / max(now - tally.started, 1e-9),
             step=step,
         )

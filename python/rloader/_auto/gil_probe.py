@@ -23,14 +23,18 @@ class GilProbeSession:
         self.kind_fixed = kind_fixed
         self.probe: Optional[Any] = None
         self.start_from: tuple = (0.0, 0.0, 0.0)  # Learned.gil when this probe started
+        # (the last window was busy: the probe does not ask, ``start``)
+        self.paused = False
 
     def start(self) -> Optional[Any]:
-        """The probe, started at the main process's first batch while the kind is undecided
-        (None: no probe)."""
+        """The probe, started at the main process's first batch while the kind is undecided,
+        to load under (None: no probe, or ``paused``: while other processes load the machine
+        its verdict is not read, and a probe descheduled with the GIL in hand would stall
+        the loading, whose CPU share decides then)."""
         if self.probe is None and self.kind_fixed is None and self.learned.kind is None:
             self.start_from = self.learned.gil or (0.0, 0.0, 0.0)
             self.probe = _rloader.GilProbe(policy.GIL_PROBE_PERIOD_S)
-        return self.probe
+        return None if self.paused else self.probe
 
     def read(self) -> Optional[tuple]:
         """The probe's (seconds blocked, its seconds observed, seconds of loading), with those

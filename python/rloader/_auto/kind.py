@@ -84,16 +84,21 @@ class KindChoice:
 
     # -- the first pool: the GIL probe's verdict ------------------------------------------
 
-    def probe_gil(self) -> None:
+    def probe_gil(self, quiet: bool = True) -> None:
         """At the main process's windows: where a second thread could not have taken the GIL
-        through the loading (``probed_kind``), or the loading holds its CPU (``holds_cpu``; not
-        where the dataset says it loads without the GIL, ``gil_free``) and processes would win
-        their start back, the first pool is one of processes (if the budget holds one),
-        without a trial of threads."""
+        through the loading (``probed_kind``; read only in a ``quiet`` window: other processes
+        deschedule the thread that holds the GIL, and the probe, which the probe reads as
+        held), or the loading holds its CPU (``holds_cpu``, its own share, which the machine's
+        load does not lower; not where the dataset says it loads without the GIL,
+        ``gil_free``) and processes would win their start back, the first pool is one of
+        processes (if the budget holds one), without a trial of threads."""
         learned = self.learned
+        self.gil.paused = not quiet  # (the next window's)
         if self.kind_fixed is not None or learned.kind is not None:
             return
         gil = self.gil.read() or learned.gil  # (the epoch's last window: stopped)
+        if not quiet:
+            gil = None  # (the probe's figures are kept for stats() all the same)
         if gil is not None and policy.probed_kind(*gil) is not None:
             why = "a second thread could not take the GIL in %.0f%% of the loading" % (
                 100 * gil[0] / gil[1]
@@ -101,7 +106,7 @@ class KindChoice:
         elif (
             policy.holds_cpu(learned.cpu_share)
             and not self.gil_free
-            and self.gil.had_its_say(gil, self.tally.started)
+            and (not quiet or self.gil.had_its_say(gil, self.tally.started))
             and self.processes_affordable(None)
         ):
             why = "the loading holds its CPU (%.0f%% of its time)" % (100 * learned.cpu_share)

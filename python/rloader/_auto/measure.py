@@ -1,7 +1,8 @@
 """What ``num_workers="auto"`` reads from the machine (NOTE [Auto workers] in _auto/__init__.py): the
 usable cores, processes' memory (PSS, on a thread of its own: ``_MemoryProbe``) and CPU time
-from /proc, the memory budget, a batch's bytes, and the clocks (tests replace ``clock`` and
-``cpu_clock`` to make measurements deterministic)."""
+from /proc, the memory budget, a batch's bytes, and the clocks: the loading thread's own CPU
+time and its waits for a core (tests replace ``clock``, ``cpu_clock``, ``core_wait_clock`` and
+``process_clock`` to make measurements deterministic)."""
 
 from __future__ import annotations
 
@@ -184,5 +185,38 @@ def batch_nbytes(batch: Any, depth: int = 0) -> int:
     return 0
 
 
+def _own_schedstat() -> Optional[list]:
+    """The calling thread's ``schedstat``: nanoseconds on a core, nanoseconds runnable but
+    waiting for one, timeslices (None where /proc does not say: no CONFIG_SCHED_INFO)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return [int(x) for x in f.read().split()[:2]]
+    except (OSError, ValueError):
+        return None
+
+
+_SCHEDSTAT = _own_schedstat() is not None
+
+
+def thread_cpu() -> float:
+    """CPU seconds of the calling thread (the loading's own: not the training step's threads,
+    nor other processes')."""
+    if _SCHEDSTAT:
+        stat = _own_schedstat()
+        if stat is not None:
+            return stat[0] / 1e9
+    return time.thread_time()
+
+
+def thread_core_wait() -> float:
+    """Seconds the calling thread was runnable but waited for a core (other processes or
+    threads ran there): its descheduling, which a busy machine adds to its wall time and which
+    says nothing of the loading (0 where /proc does not say)."""
+    stat = _own_schedstat() if _SCHEDSTAT else None
+    return 0.0 if stat is None else stat[1] / 1e9
+
+
 clock = time.perf_counter  # tests replace these to make measurements deterministic
-cpu_clock = time.process_time  # all threads': collation fans out to copy threads
+cpu_clock = thread_cpu  # the main process's loading is on the consumer's thread
+core_wait_clock = thread_core_wait
+process_clock = time.process_time  # all this process's threads (a thread pool's and the consumer's)

@@ -72,14 +72,13 @@ WARM_WORK = 1.5  # processes whose work per batch is above this × the main proc
 # judged no faster (they are still copying the pages they touch after the fork)
 MAIN_WARM_BATCHES = 2  # the main process's first batches (fresh batch memory) are not measured
 OTHERS_MAX = 0.3  # cores other processes used during a window above which it does not judge
-# a pool no faster (the machine's load, not the pool, may be what slowed it)
+# a pool no faster (the machine's load, not the pool, may be what slowed it), nor read the GIL
+# probe or a thread pool's GIL figures
 NO_GAIN_WINDOW_S = 0.2  # a window judging a pool no faster goes on at least this long (the
 # load is counted in 10 ms ticks); an epoch's last window judges if shorter only when it is
 # the pool's first (its whole life)
 NO_GAIN_THREADS_S = 0.05  # ... a thread pool's, which costs nothing to leave: threads slower
 # than the main process go back to it at once
-BUSY_OTHERS = 0.5  # cores other processes used above which a low CPU share of the main
-# process's work is read as its descheduling, not as waiting work
 
 
 class Window(NamedTuple):
@@ -89,7 +88,8 @@ class Window(NamedTuple):
     wait_s: float  # the consumer inside next()
     user_s: float  # the consumer between next() calls
     work_s: float  # fetch + collate + pin, summed over workers
-    cpu_s: Optional[float]  # main-process CPU time of work_s (in-process engine only)
+    cpu_s: Optional[float]  # the CPU time of work_s: the loading's CPU share (its thread's CPU
+    # time over its wall time less its waits for a core: ``Tally.cpu_share``) × work_s
     workers: int  # 0: in the main process
     kind: str  # "process" or "thread"
     cores: int
@@ -122,15 +122,20 @@ class Decision(NamedTuple):
     idle: bool = False  # a shrink because the workers idled (``floor_of`` bounds it)
 
 
+def is_quiet(others: Optional[float]) -> bool:
+    """Whether other processes left the machine quiet enough for figures that the scheduler
+    moves as much as the loading does (``OTHERS_MAX``: a pool's speed against the main
+    process's, the GIL's)."""
+    return others is None or others < OTHERS_MAX
+
+
 def worker_cap(w: Window) -> int:
     """The most workers of ``w.kind`` the cores and the budget allow."""
     cores = w.cores
     share = w.cpu_s / w.work_s if w.cpu_s is not None and w.work_s > 0 else None
-    busy = w.others is not None and w.others >= BUSY_OTHERS
-    if share is not None and share < WAITING_SHARE and not busy:
-        # work that mostly waits; (above this, or while other processes load the machine, a
-        # low share may only be this process's descheduling, and the work is taken as
-        # needing its cores)
+    if share is not None and share < WAITING_SHARE:
+        # work that mostly waits (its share leaves out its waits for a core: other processes
+        # that load the machine do not make it read as waiting, ``Tally.cpu_share``)
         per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
         cores = max(cores, int(cores / max(share, 1.0 / per_core)))
         if w.kind == "thread" and w.workers and w.process_cores is not None:
@@ -206,7 +211,7 @@ def decide(w: Window) -> Optional[Decision]:
     cap = worker_cap(w)
     if w.workers > cap:
         return Decision(cap, f"memory: {w.workers} workers over the budget ({numbers})")
-    quiet = w.others is None or w.others < OTHERS_MAX
+    quiet = is_quiet(w.others)
     slow = w.main_loop is not None and loop > NO_GAIN * w.main_loop
     if w.kind == "thread" and w.main_loop is not None and w.main_work is not None:
         # (threads short of the speedup their number promises may be taking turns on the GIL:

@@ -22,6 +22,7 @@ class Tally:
         self.handed_at: Optional[float] = None  # when next() last returned a batch
         self.e_batches, self.e_wait, self.e_user = 0, 0.0, 0.0
         self.wait = self.user = self.work = self.cpu = 0.0
+        self.core_wait = 0.0  # of ``work``: the loading thread runnable, waiting for a core
         self.steps: list = []  # the consumer's steps in the window (their median: Window.step)
         self.started = self.process_cpu = 0.0  # (set by ``reset``, which reads the clocks)
         self.load: Optional[tuple] = None
@@ -38,10 +39,10 @@ class Tally:
             self.last_longest = self.longest
         self.longest = 0.0
         self.batches = 0
-        self.wait = self.user = self.work = self.cpu = 0.0
+        self.wait = self.user = self.work = self.cpu = self.core_wait = 0.0
         self.steps = []
         self.started = measure.clock()
-        self.process_cpu = measure.cpu_clock()
+        self.process_cpu = measure.process_clock()
         self.load = None
         self.hold_s = 0.0
         self.hold_batches = 0
@@ -71,6 +72,24 @@ class Tally:
         """The consumer waited ``seconds`` in next() for a batch."""
         self.wait += seconds
         self.e_wait += seconds
+
+    def loaded(self, seconds: float, cpu: float, core_wait: float) -> None:
+        """The main process loaded for ``seconds`` of wall time, ``cpu`` of them on a core and
+        ``core_wait`` of them waiting for one (its thread's own clocks)."""
+        self.work += seconds
+        self.cpu += cpu
+        self.core_wait += core_wait
+
+    def cpu_share(self) -> Optional[float]:
+        """The main process's loading's CPU share in the window (None: none loaded): its
+        thread's CPU time over its wall time less its waits for a core. Other processes and
+        threads that take the cores deschedule the loading, which is not its waiting (a busy
+        machine would make CPU-bound loading read as I/O); the training step's own threads'
+        CPU time is not the loading's (a process-wide clock would count it)."""
+        if self.work <= 0:
+            return None
+        ran = self.work - self.core_wait
+        return min(1.0, self.cpu / max(ran, self.cpu, 1e-9))
 
     def step(self) -> Optional[float]:
         """The consumer's median step in the window (None: none yet)."""
