@@ -69,9 +69,8 @@ def fake_clock(monkeypatch):
     CPU: no more workers than cores), the process's too; no wait for a core."""
     clock = FakeClock()
     monkeypatch.setattr(auto_measure, "clock", clock)
-    monkeypatch.setattr(auto_measure, "cpu_clock", clock)
+    monkeypatch.setattr(auto_measure, "loading_clock", lambda: (clock.now, 0.0))
     monkeypatch.setattr(auto_measure, "process_clock", clock)
-    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: 0.0)
     return clock
 
 
@@ -79,7 +78,6 @@ def ticking_clock(monkeypatch):
     """The loader's clock, each reading 1 s more than the last."""
     ticks = iter(range(10**9))
     monkeypatch.setattr(auto_measure, "clock", lambda: float(next(ticks)))
-    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: 0.0)
 
 
 def outcomes(loader):

@@ -2,6 +2,7 @@
 (num_workers="auto" deciding at once)."""
 
 import os
+import time
 
 import pytest
 from _engines import Engine
@@ -40,5 +41,6 @@ def quick(monkeypatch):
     monkeypatch.setattr(auto_policy, "STEADY_GROWTH", 1)
     monkeypatch.setattr(auto_policy, "MAIN_WARM_BATCHES", 0)
     monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)  # the machine's load: unknown
-    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: 0.0)  # (nor its waits for a core)
+    # (nor the loading's waits for a core)
+    monkeypatch.setattr(auto_measure, "loading_clock", lambda: (time.thread_time(), 0.0))
     monkeypatch.setattr(auto_measure, "usable_cores", lambda: 4)

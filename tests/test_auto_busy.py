@@ -77,8 +77,9 @@ def test_a_busy_machine_does_not_make_the_loadings_own_cpu_share_read_otherwise(
     monkeypatch.setattr(auto_measure, "usable_cores", lambda: 2)
     holds = loading == "holds its CPU"
     cpu, core_wait = (0.2, 0.8) if holds else (0.02, 0.0)
-    monkeypatch.setattr(auto_measure, "cpu_clock", lambda: cpu * clock.now)
-    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: core_wait * clock.now)
+    monkeypatch.setattr(
+        auto_measure, "loading_clock", lambda: (cpu * clock.now, core_wait * clock.now)
+    )
     affordable_processes(monkeypatch)
     loader = rloader.DataLoader(
         SquarePairs(400, clock=clock, cost=0.01),

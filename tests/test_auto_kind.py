@@ -63,7 +63,8 @@ def test_worker_type_auto_puts_processes_on_trial_after_threads_short_of_their_p
     # (the main process gave no verdict on its loading, as on a busy machine: threads first)
     monkeypatch.setattr(auto_policy, "holds_cpu", lambda share: False)
     ticking_clock(monkeypatch)
-    monkeypatch.setattr(auto_measure, "cpu_clock", auto_measure.clock)  # (work that holds its CPU)
+    # (work that holds its CPU)
+    monkeypatch.setattr(auto_measure, "loading_clock", lambda: (auto_measure.clock(), 0.0))
     monkeypatch.setenv(auto_measure.MEMORY_ENV, "1T")  # (the budget holds processes on any machine)
     scripted(monkeypatch, [2])
     monkeypatch.setattr(auto_policy, "GIL_SHARE", 1e12)  # (no verdict of the GIL)
@@ -216,7 +217,7 @@ def test_worker_type_auto_starts_processes_for_loading_that_holds_the_gil_or_its
     # (the window waits for the probe's verdict however long a busy machine stretches it)
     monkeypatch.setattr(auto_policy, "GIL_PROBE_WAIT_S", 60.0)
     if loading != "waits":  # (its CPU share as on a quiet machine: a busy one deschedules it)
-        monkeypatch.setattr(auto_measure, "cpu_clock", auto_measure.clock)
+        monkeypatch.setattr(auto_measure, "loading_clock", lambda: (auto_measure.clock(), 0.0))
     stream = loading.endswith("a stream")
     gil_free = loading.endswith("lets the GIL go")
     dataset = (

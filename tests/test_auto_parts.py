@@ -3,6 +3,9 @@
 is read from ``Learned``. A fake clock makes every time the test's number; the engines are
 stand-ins that report stage times and progress."""
 
+import threading
+import time
+
 import pytest
 
 from rloader._auto import gil_probe, policy
@@ -28,9 +31,8 @@ class Clock:
 def clock(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(auto_measure, "clock", clock)
-    monkeypatch.setattr(auto_measure, "cpu_clock", clock)
+    monkeypatch.setattr(auto_measure, "loading_clock", lambda: (clock.now, 0.0))
     monkeypatch.setattr(auto_measure, "process_clock", clock)
-    monkeypatch.setattr(auto_measure, "core_wait_clock", lambda: 0.0)
     monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)
     monkeypatch.setattr(auto_measure, "own_memory", lambda: 1 << 30)
     return clock
@@ -117,6 +119,24 @@ def test_the_loadings_cpu_share_leaves_out_its_waits_for_a_core():
     tally.loaded(1.0, 0.02, 0.5)  # (woken late from its sleeps: still waiting work)
     assert tally.cpu_share() == pytest.approx(0.04 / 1.5)
     assert policy.holds_cpu(0.2 / (1.0 - 0.8)) and not policy.holds_cpu(tally.cpu_share())
+
+
+def test_the_loading_clock_is_the_calling_threads_own():
+    # Another thread of the process (a training step's) spins 50 ms of CPU time while this
+    # one waits for it: the process's CPU time grows by it, this thread's clock does not.
+    def spin():
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    cpu0, core_wait0 = auto_measure.thread_clocks()
+    process0 = time.process_time()
+    other = threading.Thread(target=spin)
+    other.start()
+    other.join()
+    cpu, core_wait = auto_measure.thread_clocks()
+    assert time.process_time() - process0 >= 0.05
+    assert 0 <= cpu - cpu0 < 0.025 and core_wait >= core_wait0
 
 
 def test_the_gil_probe_pauses_after_a_busy_window(monkeypatch, clock):

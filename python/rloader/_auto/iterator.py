@@ -371,7 +371,7 @@ class AutoIter(Decisions):
             in_process = engine.workers == 0
             probe = self._gil.start() if in_process else None
             if in_process:
-                cpu0, core_wait0 = measure.cpu_clock(), measure.core_wait_clock()
+                cpu0, core_wait0 = measure.loading_clock()
             wall0 = measure.clock()
             try:
                 # (only this is the consumer's wait for data to a decision: this iterator's own
@@ -387,8 +387,8 @@ class AutoIter(Decisions):
                 waited = measure.clock() - wall0
                 tally.waited(waited)
                 if in_process:
-                    cpu = measure.cpu_clock() - cpu0
-                    tally.loaded(waited, cpu, measure.core_wait_clock() - core_wait0)
+                    cpu, core_wait = measure.loading_clock()
+                    tally.loaded(waited, cpu - cpu0, core_wait - core_wait0)
                 elif engine.start_s is not None:
                     self._measure_start(engine, waited)
             return batch

@@ -1,7 +1,7 @@
 """What ``num_workers="auto"`` reads from the machine (NOTE [Auto workers] in _auto/__init__.py): the
 usable cores, processes' memory (PSS, on a thread of its own: ``_MemoryProbe``) and CPU time
 from /proc, the memory budget, a batch's bytes, and the clocks: the loading thread's own CPU
-time and its waits for a core (tests replace ``clock``, ``cpu_clock``, ``core_wait_clock`` and
+time and its waits for a core (tests replace ``clock``, ``loading_clock`` and
 ``process_clock`` to make measurements deterministic)."""
 
 from __future__ import annotations
@@ -185,38 +185,47 @@ def batch_nbytes(batch: Any, depth: int = 0) -> int:
     return 0
 
 
-def _own_schedstat() -> Optional[list]:
-    """The calling thread's ``schedstat``: nanoseconds on a core, nanoseconds runnable but
-    waiting for one, timeslices (None where /proc does not say: no CONFIG_SCHED_INFO)."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return [int(x) for x in f.read().split()[:2]]
-    except (OSError, ValueError):
-        return None
+class _SchedStat:
+    """A thread's ``/proc/thread-self/schedstat``, kept open (read again with ``pread``: a few
+    microseconds, where opening it each batch cost more than ``process_time``); closed with
+    the thread's locals, reopened in a forked child (the fd names the parent's thread)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+
+    def read(self) -> tuple:
+        on_core, waiting = os.pread(self.fd, 128, 0).split()[:2]
+        return int(on_core) / 1e9, int(waiting) / 1e9
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except (OSError, AttributeError):
+            pass
 
 
-_SCHEDSTAT = _own_schedstat() is not None
+_own = threading.local()
+_schedstat = True  # (False once /proc did not say: no CONFIG_SCHED_INFO)
 
 
-def thread_cpu() -> float:
-    """CPU seconds of the calling thread (the loading's own: not the training step's threads,
-    nor other processes')."""
-    if _SCHEDSTAT:
-        stat = _own_schedstat()
-        if stat is not None:
-            return stat[0] / 1e9
-    return time.thread_time()
-
-
-def thread_core_wait() -> float:
-    """Seconds the calling thread was runnable but waited for a core (other processes or
-    threads ran there): its descheduling, which a busy machine adds to its wall time and which
-    says nothing of the loading (0 where /proc does not say)."""
-    stat = _own_schedstat() if _SCHEDSTAT else None
-    return 0.0 if stat is None else stat[1] / 1e9
+def thread_clocks() -> tuple:
+    """The calling thread's (CPU seconds, seconds it was runnable but waited for a core): the
+    loading's own CPU time, not the training step's threads' nor other processes', and its
+    descheduling, which a busy machine adds to its wall time and which says nothing of the
+    loading. Where /proc does not say: ``thread_time`` and no waits."""
+    global _schedstat
+    if _schedstat:
+        stat = getattr(_own, "schedstat", None)
+        try:
+            if stat is None or stat.pid != os.getpid():
+                stat = _own.schedstat = _SchedStat()
+            return stat.read()
+        except (OSError, ValueError):
+            _schedstat = False
+    return time.thread_time(), 0.0
 
 
 clock = time.perf_counter  # tests replace these to make measurements deterministic
-cpu_clock = thread_cpu  # the main process's loading is on the consumer's thread
-core_wait_clock = thread_core_wait
+loading_clock = thread_clocks  # the main process's loading is on the consumer's thread
 process_clock = time.process_time  # all this process's threads (a thread pool's and the consumer's)
