@@ -119,10 +119,14 @@ bench: build $(BENCH_STAMP)
 # The real pipelines in full (benches/real_pipelines.py; docs/benchmarks.md): the first run
 # generates ~110 MB of JPEGs, tar shards of them, a 200 MB token file and an Arrow table. Then
 # fresh workers under real scripts' heaps (benches/fresh_workers.py, issue #36: each run a
-# script of its own, several minutes; it adds a 40 MB annotations file to the data).
+# script of its own, several minutes; it adds a 40 MB annotations file to the data). Then
+# num_workers="auto" beside 1 and 2 busy processes (issue #36), GIL-holding and I/O-like
+# loading, against torch and the fixed settings under the same load (a few minutes each).
 bench-real: build $(BENCH_STAMP)
 	$(PY) benches/real_pipelines.py
 	$(PY) benches/fresh_workers.py
+	for busy in 1 2; do $(PY) benches/auto_workers.py --only pure-python,sleep \
+		--settings 0p,2p,4p,2t,8t,32t --epochs 4 --busy $$busy; done
 
 # Resuming 90% into a 50M-sample epoch, against torchdata's StatefulDataLoader (installed here
 # without its dependencies, which the venv already has: torchdata is only this bench's baseline).

@@ -431,7 +431,9 @@ def sweep(args, default_data_dir: Path) -> dict:
             for label, kw in auto_kw.items():
                 autos[label].append(row(label, kw))
         summarize(torch_firsts, fixed, best, autos, args.repeat)
-        comparisons += auto_comparisons(name, torch_firsts, fixed, best, autos, args.quick)
+        # (a row's name says the load it ran beside: bench_results.py shows runs side by side)
+        scored = f"{name} beside {args.busy} busy processes" if args.busy else name
+        comparisons += auto_comparisons(scored, torch_firsts, fixed, best, autos, args.quick)
         figures["workloads"][name] = {
             "torch nw=0 first": torch_firsts,
             "best fixed": best,
