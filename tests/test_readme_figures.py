@@ -39,3 +39,39 @@ def test_the_2_core_tables_rows_are_runs_in_benches_results():
         assert figures in results.get(row["name"], set()), (
             f"README row {row['name']!r} ({figures}) is no run in benches/results/"
         )
+
+
+# The GPU machines' tables, older runs whose files hold the printed table and its text (no
+# comparison rows): each figure a row prints is one of its run's.
+GPU_TABLES = {
+    "NVIDIA H100": "2026-11-26-gpu-h100.json",
+    "NVIDIA H200": "2026-11-27-gpu-h200.json",
+}
+NUMBER = re.compile(r"\d(?:[\d,]*\d)?(?:\.\d+)?")  # (1,129 and 2.58; not a trailing comma)
+
+
+def _table_figures(section: str) -> list:
+    """Every number in the rows of the README's table under ``### {section}``."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"### {section}", 1)[1].split("\n#", 1)[0]
+    rows = [line for line in body.splitlines() if line.startswith("| ") and "---" not in line]
+    return [n for row in rows[1:] for n in NUMBER.findall(row)]  # (the header's names aside)
+
+
+def _unrecorded(figures: list, record: dict) -> list:
+    recorded = set(NUMBER.findall(json.dumps(record["figures"], ensure_ascii=False)))
+    return [n for n in figures if n not in recorded]
+
+
+def test_the_gpu_tables_figures_are_their_runs():
+    for section, name in GPU_TABLES.items():
+        record = json.loads((REPO / "benches" / "results" / name).read_text())
+        figures = _table_figures(section)
+        assert len(figures) >= 10, f"the README's {section} table was not found"
+        assert _unrecorded(figures, record) == [], f"{section}: figures not in {name}"
+
+
+def test_a_figure_of_no_run_is_seen():
+    record = {"figures": {"table": {"rows": [["4", "2.58 GB/s"]]}, "text": "1,129 img/s"}}
+    assert _unrecorded(["4", "2.58", "1,129"], record) == []
+    assert _unrecorded(["2.59", "1,130"], record) == ["2.59", "1,130"]
