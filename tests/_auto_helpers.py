@@ -1,5 +1,5 @@
 """What the num_workers="auto" tests share: scripted decisions, fake clocks, stand-in
-engines and the loaders they read (the datasets are _datasets.py's)."""
+engines and the loaders they read (the datasets are tests/_datasets/'s)."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""The tests' own layout (issue #38), read with `ast`: datasets live in tests/_datasets.py (or
+"""The tests' own layout (issue #38), read with `ast`: datasets live in tests/_datasets/ (or
 tests/_vision_datasets.py), not in a test file; no test name is defined in two files (one
 behaviour, one test); no test file passes 1,000 lines."""
 
@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 TESTS = Path(__file__).parent
-DATASET_MODULES = ("_datasets.py", "_vision_datasets.py")
+DATASET_MODULES = ("_datasets/*.py", "_vision_datasets.py")
 # The classes a dataset derives from, by the name its base is written with (tud.Dataset,
 # rloader.IterableDataset[int], RV.ImageFolder, ...): torch's, rloader's and torchvision's.
 DATASET_BASES = {"Dataset", "IterableDataset", "ImageFolder", "DatasetFolder", "VisionDataset"}
@@ -48,11 +48,15 @@ def dataset_classes(tree: ast.Module, known: set[str]) -> list[ast.ClassDef]:
 
 
 def shared_datasets() -> set[str]:
+    """The datasets the shared modules define (a base in another of them counts: read until
+    no new one is found)."""
+    modules = [path for pattern in DATASET_MODULES for path in sorted(TESTS.glob(pattern))]
     names: set[str] = set()
-    for module in DATASET_MODULES:
-        if (TESTS / module).exists():
-            names |= {c.name for c in dataset_classes(parsed(TESTS / module), names)}
-    return names
+    while True:
+        found = {c.name for path in modules for c in dataset_classes(parsed(path), names)}
+        if found <= names:
+            return names
+        names |= found
 
 
 def datasets_defined(paths: list[Path], known: set[str]) -> list[str]:
@@ -82,7 +86,7 @@ def long_files(paths: list[Path]) -> dict[str, int]:
 
 def test_no_test_file_defines_a_dataset():
     defined = datasets_defined(files_of_tests(), shared_datasets())
-    assert defined == [], "move these to tests/_datasets.py:\n" + "\n".join(defined)
+    assert defined == [], "move these to tests/_datasets/:\n" + "\n".join(defined)
 
 
 def test_no_test_name_is_defined_in_two_files():
@@ -91,6 +95,13 @@ def test_no_test_name_is_defined_in_two_files():
 
 def test_no_test_file_passes_a_thousand_lines():
     assert long_files(files_of_tests()) == {}
+
+
+def test_no_shared_module_passes_five_hundred_lines():
+    # (the package's rule for a module, for the modules the tests share)
+    shared = sorted(TESTS.glob("_*.py")) + sorted(TESTS.glob("_datasets/*.py"))
+    lines = {path.name: len(path.read_text().splitlines()) for path in shared}
+    assert {name: n for name, n in lines.items() if n > 500} == {}
 
 
 def test_the_checks_see_what_they_look_for(tmp_path):
