@@ -211,6 +211,8 @@ class Epoch:
     def end_states(self) -> Optional[list]:
         """The stateful workers' states once this epoch ended (None if it has not, or has
         none): where persistent workers start the next epoch."""
+        if not self.stateful_workers:
+            return None  # (without asking the iterator: this runs as every persistent epoch starts)
         progress = self.progress()
         if progress is None or not progress["finished"] or progress["workers"] is None:
             return None
