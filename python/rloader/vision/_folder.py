@@ -110,18 +110,17 @@ class _RustSamples:
         # torchvision makes it, below).
         made: list = []
         error = None
-        with worker_draws():
-            for index, (_, target), (encoded, _why) in zip(indices, items, opened):
-                state = generator.get_state()
-                try:
-                    drawn = self._draw(plan, encoded, target, state)
-                    if drawn is None:
-                        generator.set_state(state)
-                        drawn = self[index]
-                except Exception as e:  # noqa: BLE001 - raised below, in its place
-                    error = e
-                    break
-                made.append(drawn)
+        for index, (_, target), (encoded, _why) in zip(indices, items, opened):
+            state = generator.get_state()
+            try:
+                drawn = self._draw(plan, encoded, target, state)
+                if drawn is None:
+                    generator.set_state(state)
+                    drawn = self[index]
+            except Exception as e:  # noqa: BLE001 - raised below, in its place
+                error = e
+                break
+            made.append(drawn)
         rust = [k for k, m in enumerate(made) if type(m) is _Drawn]
         if not rust:
             if error is not None:
@@ -199,7 +198,8 @@ class _RustSamples:
         if done < len(plan.geometry) or 0 in size:
             return None
         if self.target_transform is not None:
-            target = self.target_transform(target)
+            with worker_draws():
+                target = self.target_transform(target)
         return _Drawn(encoded, steps, size, target, state)
 
     @property
@@ -256,10 +256,8 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
     """One sample through `plan`, or None where Rust's decoder failed or warned, or the output
     is empty. `draft`: a JPEG may decode at a reduced scale where the steps reduce it anyway
     (rloader-vision's NOTE [Draft]): close to torchvision's pixels, not equal."""
-    # Only the transforms draw: on a thread worker they run under its generator (_draws.py),
-    # whose dispatch would slow every other torch call of the sample.
-    with worker_draws():
-        recorded, done = plan.record(encoded.size)
+    # Only the transforms draw, from the thread worker's generator where on one (_draws.py).
+    recorded, done = plan.record(encoded.size)
     conversion, rest = plan.conversion, plan.rest
     if done < len(plan.geometry):  # a fixed transform needs pixels: torchvision goes on from it
         rest = plan.geometry[done:] + (conversion.transforms if conversion else []) + rest

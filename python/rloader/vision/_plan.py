@@ -17,6 +17,8 @@ have had.
 
 from __future__ import annotations
 
+import functools
+import math
 import numbers
 
 import numpy as np
@@ -26,6 +28,8 @@ from PIL import Image
 from torchvision import transforms as v1
 
 from rloader import _rloader
+
+from ._draws import WorkerDraws, draws_generator, worker_draws
 
 try:  # torchvision >= 0.16
     from torchvision.transforms import v2
@@ -222,6 +226,9 @@ class Plan:
             except Unrecordable:
                 m = n
         self.rest = steps[m:]
+        # Whether the geometry's draws may name the generator (`_draws_agree`): found at the
+        # first sample (None until then).
+        self._explicit = None
         self.tail = None
         k = len(self.rest)
         while k > 0 and type(self.rest[k - 1]) in _ELEMENTWISE:
@@ -239,8 +246,18 @@ class Plan:
 
     def record(self, size: tuple[int, int]):
         """Runs the geometry on a recorder of `size` (drawing its random parameters as
-        torchvision does): `(steps, done)`, `done` being how many transforms were recorded
-        (fewer than all where a fixed transform would need pixels: those run in torchvision)."""
+        torchvision does, from the calling worker's generator: `_draws.py`): `(steps, done)`,
+        `done` being how many transforms were recorded (fewer than all where a fixed transform
+        would need pixels: those run in torchvision)."""
+        generator = draws_generator()
+        if self._explicit is None:
+            self._explicit = _draws_agree(self.geometry)
+        if self._explicit and not any(map(_hooked, self.geometry)):
+            return self._record(size, generator)
+        with worker_draws():
+            return self._record(size, None)
+
+    def _record(self, size: tuple[int, int], generator):
         steps: list = []
         img = _Recorder(size, steps)
         for i, t in enumerate(self.geometry):
@@ -250,7 +267,7 @@ class Plan:
             if fast is None or _hooked(t):
                 img = t(img)
             else:
-                img = fast(t, img)
+                img = fast(t, img, generator)
         return steps, len(self.geometry)
 
 
@@ -258,6 +275,12 @@ class Plan:
 # same calls (its own `get_params`, so the same draws in the same order), without the
 # dispatch torchvision goes through for any input type, which cost as much as the draws.
 # tests/test_vision.py compares each with torchvision's own; v2's go through `forward`.
+#
+# Given a `generator`, the random ones draw from it by name, with torchvision's arithmetic
+# (`get_params`) written again: on a thread worker that spares every torch call of the draws
+# the dispatch of `WorkerDraws`, most of the GIL a sample holds. A plan uses them only where
+# `_draws_agree` found them equal to torchvision's own, draws and generator state, in this
+# process; otherwise (generator None) torchvision's `get_params` draws under `WorkerDraws`.
 
 
 def _resize_v1(img: _Recorder, size, interpolation, max_size=None, antialias=True) -> _Recorder:
@@ -277,18 +300,65 @@ def _resize_v1(img: _Recorder, size, interpolation, max_size=None, antialias=Tru
     return img.resize(tuple(output[::-1]), _PIL_MODES[interpolation])
 
 
-def _random_resized_crop_v1(t, img: _Recorder) -> _Recorder:
-    i, j, h, w = t.get_params(img, t.scale, t.ratio)
+@functools.lru_cache(maxsize=64)
+def _log_ratio(ratio: tuple, dtype: torch.dtype) -> tuple[float, float]:
+    # get_params's torch.log(torch.tensor(ratio)) (of the default dtype), as uniform_ reads it.
+    log_ratio = torch.log(torch.tensor(ratio))
+    return log_ratio[0].item(), log_ratio[1].item()
+
+
+def _resized_crop_params(size, scale, ratio, generator) -> tuple[int, int, int, int]:
+    """RandomResizedCrop.get_params of an image of `size`, drawing from `generator`."""
+    width, height = size
+    area = height * width
+    low, high = _log_ratio(tuple(ratio), torch.get_default_dtype())
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(low, high, generator=generator)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
+            j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
+            return i, j, h, w
+    in_ratio = float(width) / float(height)  # the central crop
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _random_resized_crop_v1(t, img: _Recorder, generator=None) -> _Recorder:
+    if generator is None:
+        i, j, h, w = t.get_params(img, t.scale, t.ratio)
+    else:
+        i, j, h, w = _resized_crop_params(img.size, t.scale, t.ratio, generator)
     img = img.crop((j, i, j + w, i + h))
     return _resize_v1(img, t.size, t.interpolation, None, t.antialias)
 
 
-def _random_crop_v1(t, img: _Recorder) -> _Recorder:  # padding None, pad_if_needed False
-    i, j, h, w = t.get_params(img, t.size)
+def _random_crop_v1(t, img: _Recorder, generator=None) -> _Recorder:
+    # padding None, pad_if_needed False
+    width, height = img.size
+    th, tw = t.size
+    if generator is None or height < th or width < tw:  # (get_params raises for the latter)
+        i, j, h, w = t.get_params(img, t.size)
+    elif (width, height) == (tw, th):
+        i, j, h, w = 0, 0, height, width
+    else:
+        i = torch.randint(0, height - th + 1, size=(1,), generator=generator).item()
+        j = torch.randint(0, width - tw + 1, size=(1,), generator=generator).item()
+        h, w = th, tw
     return img.crop((j, i, j + w, i + h))
 
 
-def _center_crop_v1(t, img: _Recorder) -> _Recorder:  # only where no padding is needed
+def _center_crop_v1(t, img: _Recorder, generator=None) -> _Recorder:
+    # only where no padding is needed
     crop_height, crop_width = _crop_size(t.size)
     width, height = img.size
     top = int(round((height - crop_height) / 2.0))
@@ -296,15 +366,19 @@ def _center_crop_v1(t, img: _Recorder) -> _Recorder:  # only where no padding is
     return img.crop((left, top, left + crop_width, top + crop_height))
 
 
-def _horizontal_flip_v1(t, img: _Recorder) -> _Recorder:
-    return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if torch.rand(1) < t.p else img
+def _horizontal_flip_v1(t, img: _Recorder, generator=None) -> _Recorder:
+    if torch.rand(1, generator=generator) < t.p:
+        return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return img
 
 
-def _vertical_flip_v1(t, img: _Recorder) -> _Recorder:
-    return img.transpose(Image.Transpose.FLIP_TOP_BOTTOM) if torch.rand(1) < t.p else img
+def _vertical_flip_v1(t, img: _Recorder, generator=None) -> _Recorder:
+    if torch.rand(1, generator=generator) < t.p:
+        return img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    return img
 
 
-def _resize_transform_v1(t, img: _Recorder) -> _Recorder:
+def _resize_transform_v1(t, img: _Recorder, generator=None) -> _Recorder:
     return _resize_v1(img, t.size, t.interpolation, t.max_size, t.antialias)
 
 
@@ -322,3 +396,49 @@ try:  # where torchvision keeps them (private: the generic path serves without t
     }
 except ImportError:  # pragma: no cover - torchvision moved them
     _V1_FORWARD = {}
+
+# Image sizes `_draws_agree` draws for: square, wide, tall, tiny (RandomResizedCrop's central
+# crop after ten misses), crop-sized and photo-sized.
+_CHECK_SIZES = [
+    (1, 1),
+    (2, 3),
+    (3, 700),
+    (700, 3),
+    (224, 224),
+    (225, 223),
+    (500, 375),
+    (375, 500),
+    (1200, 800),
+    (4000, 3000),
+]
+
+
+def _draws_agree(geometry: list) -> bool:
+    """Whether each transform's draws naming a generator give torchvision's own: the same steps
+    (or exception type) and the same generator state after, four draws at each of
+    `_CHECK_SIZES`, from one seed. False for a transform with no such draws (v2's)."""
+    mine, theirs = torch.Generator(), torch.Generator()
+    for t in geometry:
+        fast = _V1_FORWARD.get(type(t))
+        if fast is None:
+            return False
+        mine.manual_seed(0x5EED)
+        theirs.manual_seed(0x5EED)
+        for size in _CHECK_SIZES * 4:
+            if _needs_pixels(t, size):
+                continue
+            a, b = _outcome(fast, t, size, mine), None
+            with WorkerDraws(theirs):
+                b = _outcome(fast, t, size, None)
+            if a != b or not torch.equal(mine.get_state(), theirs.get_state()):
+                return False
+    return True
+
+
+def _outcome(fast, t, size, generator):
+    steps: list = []
+    try:
+        fast(t, _Recorder(size, steps), generator)
+    except Exception as e:  # noqa: BLE001 - compared: the same type both ways
+        return type(e)
+    return steps

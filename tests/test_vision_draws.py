@@ -1,0 +1,151 @@
+"""rloader.vision's random draws naming the generator (`_plan.py`): equal to torchvision's own
+`get_params` draws and generator state, used without `WorkerDraws`' dispatch where they are,
+and left for torchvision's own where they are not."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+
+import pytest
+import torch
+from torchvision import datasets
+from torchvision import transforms as T
+from torchvision.transforms import v2
+
+import rloader
+import rloader.vision as RV
+from rloader import _thread_info
+from rloader.vision import _draws, _plan
+
+import _vision_corpus
+
+NORM = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    # (without the 4K pictures and other formats: loaders over it in a few seconds)
+    whole = _vision_corpus.write(str(tmp_path_factory.mktemp("corpus")))
+    root = os.path.join(str(tmp_path_factory.mktemp("draws")), "loader")
+    shutil.copytree(whole, root, ignore=shutil.ignore_patterns("*3840x2160*", "other"))
+    return root
+
+
+RANDOM_V1 = {
+    "rrc": T.RandomResizedCrop(224),
+    "rrc-narrow": T.RandomResizedCrop(64, scale=(0.01, 0.02), ratio=(0.2, 5.0)),
+    "rrc-square": T.RandomResizedCrop((32, 48), scale=(0.9, 1.0), ratio=(1.0, 1.0)),
+    "crop": T.RandomCrop(16),
+    "crop-wide": T.RandomCrop((8, 40)),
+    "hflip": T.RandomHorizontalFlip(),
+    "vflip-0.3": T.RandomVerticalFlip(p=0.3),
+}
+
+
+def _sizes(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    sizes = [(1, 1), (2, 3), (3, 900), (900, 3), (16, 8), (40, 8), (224, 224), (4000, 3000)]
+    return sizes + [(rng.randint(1, 2000), rng.randint(1, 2000)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", list(RANDOM_V1))
+def test_draws_naming_the_generator_are_torchvisions(name):
+    # torchvision's own forward on the recorder, from torch's global generator, against the
+    # written-out draws from a generator of the same seed: steps, errors and states equal.
+    t = RANDOM_V1[name]
+    fast = _plan._V1_FORWARD[type(t)]
+    mine = torch.Generator()
+    torch.manual_seed(11)
+    mine.manual_seed(11)
+    for size in _sizes(300, seed=len(name)):
+        want, got = [], []
+        try:
+            t(_plan._Recorder(size, want))
+        except ValueError as e:  # RandomCrop larger than the image
+            with pytest.raises(ValueError, match=re.escape(str(e))):
+                fast(t, _plan._Recorder(size, got), mine)
+        else:
+            fast(t, _plan._Recorder(size, got), mine)
+        assert got == want, size
+        assert torch.equal(mine.get_state(), torch.get_rng_state()), size
+
+
+def test_a_plan_of_v1_transforms_draws_by_name_and_v2s_through_torchvision():
+    v1_plan = _plan.Plan(T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]))
+    v2_plan = _plan.Plan(v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()]))
+    v1_plan.record((50, 40))
+    v2_plan.record((50, 40))
+    assert v1_plan._explicit is True
+    assert v2_plan._explicit is False
+
+
+def _counting_dispatch(monkeypatch) -> list:
+    """The torch calls dispatched by `WorkerDraws` to a thread worker's own generator (not
+    those of the plan's one check of its draws, which has a generator of its own)."""
+    calls = []
+    original = _draws.WorkerDraws.__torch_function__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        info = _thread_info.info()
+        if info is not None and self.generator is info.rng.torch_generator:
+            calls.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_draws.WorkerDraws, "__torch_function__", counted)
+    return calls
+
+
+TRAIN = T.Compose(
+    [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*NORM)]
+)
+
+
+def _batches(dataset_type, root, transform, **kw) -> list:
+    torch.manual_seed(7)
+    loader = rloader.DataLoader(
+        dataset_type(root, transform), batch_size=4, shuffle=True, num_workers=2, **kw
+    )
+    return list(loader)
+
+
+def test_thread_workers_draw_v1s_parameters_without_the_dispatch_mode(corpus, monkeypatch):
+    # The dispatch is what most of a sample's GIL time went to: none for v1's transforms, and
+    # still the batches torch's worker processes give.
+    calls = _counting_dispatch(monkeypatch)
+    got = _batches(RV.ImageFolder, corpus, TRAIN, worker_type="thread")
+    assert calls == []
+    want = _batches(datasets.ImageFolder, corpus, TRAIN)
+    assert len(got) == len(want)
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+
+
+def test_thread_workers_draw_v2s_parameters_through_the_dispatch_mode(corpus, monkeypatch):
+    calls = _counting_dispatch(monkeypatch)
+    transform = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToImage()])
+    _batches(RV.ImageFolder, corpus, transform, worker_type="thread")
+    assert torch.rand in calls or torch.Tensor.uniform_ in calls
+
+
+def test_draws_unlike_torchvisions_are_left_to_torchvisions_own(corpus, monkeypatch):
+    # As if torchvision changed its arithmetic: the written-out draws no longer agree, so
+    # torchvision's own get_params draws (under the dispatch mode), and the samples stay its.
+    original = T.RandomResizedCrop.get_params
+
+    def drawing_one_more(img, scale, ratio):
+        torch.rand(1)
+        return original(img, scale, ratio)
+
+    monkeypatch.setattr(T.RandomResizedCrop, "get_params", staticmethod(drawing_one_more))
+    plan = _plan.Plan(TRAIN)
+    plan.record((50, 40))
+    assert plan._explicit is False
+    calls = _counting_dispatch(monkeypatch)
+    got = _batches(RV.ImageFolder, corpus, TRAIN, worker_type="thread")
+    assert calls
+    want = _batches(datasets.ImageFolder, corpus, TRAIN)
+    for (gx, _), (wx, _) in zip(got, want):
+        assert torch.equal(gx, wx)
