@@ -34,7 +34,7 @@ def corpus(tmp_path_factory) -> str:
     return root
 
 
-RANDOM_V1 = {
+RANDOM = {
     "rrc": T.RandomResizedCrop(224),
     "rrc-narrow": T.RandomResizedCrop(64, scale=(0.01, 0.02), ratio=(0.2, 5.0)),
     "rrc-square": T.RandomResizedCrop((32, 48), scale=(0.9, 1.0), ratio=(1.0, 1.0)),
@@ -42,6 +42,13 @@ RANDOM_V1 = {
     "crop-wide": T.RandomCrop((8, 40)),
     "hflip": T.RandomHorizontalFlip(),
     "vflip-0.3": T.RandomVerticalFlip(p=0.3),
+    "v2-rrc": v2.RandomResizedCrop(224),
+    "v2-rrc-narrow": v2.RandomResizedCrop(64, scale=(0.01, 0.02), ratio=(0.2, 5.0)),
+    "v2-rrc-nearest": v2.RandomResizedCrop(
+        (32, 48), ratio=(1.0, 1.0), interpolation=v2.InterpolationMode.NEAREST
+    ),
+    "v2-hflip": v2.RandomHorizontalFlip(),
+    "v2-vflip-0.3": v2.RandomVerticalFlip(p=0.3),
 }
 
 
@@ -51,12 +58,12 @@ def _sizes(n: int, seed: int) -> list:
     return sizes + [(rng.randint(1, 2000), rng.randint(1, 2000)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("name", list(RANDOM_V1))
+@pytest.mark.parametrize("name", list(RANDOM))
 def test_draws_naming_the_generator_are_torchvisions(name):
     # torchvision's own forward on the recorder, from torch's global generator, against the
     # written-out draws from a generator of the same seed: steps, errors and states equal.
-    t = RANDOM_V1[name]
-    fast = _plan._V1_FORWARD[type(t)]
+    t = RANDOM[name]
+    fast = _plan._FORWARD[type(t)]
     mine = torch.Generator()
     torch.manual_seed(11)
     mine.manual_seed(11)
@@ -73,13 +80,25 @@ def test_draws_naming_the_generator_are_torchvisions(name):
         assert torch.equal(mine.get_state(), torch.get_rng_state()), size
 
 
-def test_a_plan_of_v1_transforms_draws_by_name_and_v2s_through_torchvision():
-    v1_plan = _plan.Plan(T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]))
-    v2_plan = _plan.Plan(v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()]))
-    v1_plan.record((50, 40))
-    v2_plan.record((50, 40))
-    assert v1_plan._explicit is True
-    assert v2_plan._explicit is False
+@pytest.mark.parametrize(
+    "transform",
+    [
+        T.Compose([T.Resize(40), T.RandomResizedCrop(24), T.RandomHorizontalFlip()]),
+        v2.Compose([v2.Resize(40), v2.RandomResizedCrop(24), v2.RandomVerticalFlip()]),
+        v2.Compose([v2.CenterCrop(30), v2.RandomHorizontalFlip()]),
+    ],
+    ids=["v1", "v2", "v2-center"],
+)
+def test_a_plan_of_supported_transforms_draws_by_name(transform):
+    plan = _plan.Plan(transform)
+    plan.record((50, 40))
+    assert plan._explicit is True
+
+
+def test_a_plan_with_a_random_crop_of_v2_draws_through_torchvision():
+    plan = _plan.Plan(v2.Compose([v2.RandomCrop(16), v2.RandomHorizontalFlip()]))
+    plan.record((50, 40))
+    assert plan._explicit is False
 
 
 def _counting_dispatch(monkeypatch) -> list:
@@ -111,23 +130,30 @@ def _batches(dataset_type, root, transform, **kw) -> list:
     return list(loader)
 
 
-def test_thread_workers_draw_v1s_parameters_without_the_dispatch_mode(corpus, monkeypatch):
-    # The dispatch is what most of a sample's GIL time went to: none for v1's transforms, and
-    # still the batches torch's worker processes give.
+V2_TRAIN = v2.Compose(
+    [v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToImage(),
+     v2.ToDtype(torch.float32, scale=True), v2.Normalize(*NORM)]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("transform", [TRAIN, V2_TRAIN], ids=["v1", "v2"])
+def test_thread_workers_draw_without_the_dispatch_mode(corpus, monkeypatch, transform):
+    # The dispatch is what most of a sample's GIL time went to: none now, and still the
+    # batches torch's worker processes give.
     calls = _counting_dispatch(monkeypatch)
-    got = _batches(RV.ImageFolder, corpus, TRAIN, worker_type="thread")
+    got = _batches(RV.ImageFolder, corpus, transform, worker_type="thread")
     assert calls == []
-    want = _batches(datasets.ImageFolder, corpus, TRAIN)
+    want = _batches(datasets.ImageFolder, corpus, transform)
     assert len(got) == len(want)
     for (gx, gy), (wx, wy) in zip(got, want):
-        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+        assert type(gx) is type(wx) and torch.equal(gx, wx) and torch.equal(gy, wy)
 
 
-def test_thread_workers_draw_v2s_parameters_through_the_dispatch_mode(corpus, monkeypatch):
+def test_thread_workers_draw_v2s_random_crop_through_the_dispatch_mode(corpus, monkeypatch):
     calls = _counting_dispatch(monkeypatch)
-    transform = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToImage()])
+    transform = v2.Compose([v2.RandomCrop(1), v2.RandomHorizontalFlip(), v2.ToImage()])
     _batches(RV.ImageFolder, corpus, transform, worker_type="thread")
-    assert torch.rand in calls or torch.Tensor.uniform_ in calls
+    assert torch.randint in calls
 
 
 def test_draws_unlike_torchvisions_are_left_to_torchvisions_own(corpus, monkeypatch):

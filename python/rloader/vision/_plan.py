@@ -263,7 +263,7 @@ class Plan:
         for i, t in enumerate(self.geometry):
             if _needs_pixels(t, img.size):
                 return steps, i
-            fast = _V1_FORWARD.get(type(t))
+            fast = _FORWARD.get(type(t))
             if fast is None or _hooked(t):
                 img = t(img)
             else:
@@ -276,11 +276,13 @@ class Plan:
 # dispatch torchvision goes through for any input type, which cost as much as the draws.
 # tests/test_vision.py compares each with torchvision's own; v2's go through `forward`.
 #
-# Given a `generator`, the random ones draw from it by name, with torchvision's arithmetic
-# (`get_params`) written again: on a thread worker that spares every torch call of the draws
-# the dispatch of `WorkerDraws`, most of the GIL a sample holds. A plan uses them only where
-# `_draws_agree` found them equal to torchvision's own, draws and generator state, in this
-# process; otherwise (generator None) torchvision's `get_params` draws under `WorkerDraws`.
+# Given a `generator`, the random ones (v1's and v2's) draw from it by name, with
+# torchvision's arithmetic (`get_params`, `make_params`) written again: on a thread worker
+# that spares every torch call of the draws the dispatch of `WorkerDraws`, most of the GIL a
+# sample holds. A plan uses them only where `_draws_agree` found them equal to torchvision's
+# own, draws and generator state, in this process; otherwise (generator None) torchvision's
+# own code draws, under `WorkerDraws`. tests/test_vision_draws.py compares them over many
+# sizes.
 
 
 def _resize_v1(img: _Recorder, size, interpolation, max_size=None, antialias=True) -> _Recorder:
@@ -307,11 +309,12 @@ def _log_ratio(ratio: tuple, dtype: torch.dtype) -> tuple[float, float]:
     return log_ratio[0].item(), log_ratio[1].item()
 
 
-def _resized_crop_params(size, scale, ratio, generator) -> tuple[int, int, int, int]:
-    """RandomResizedCrop.get_params of an image of `size`, drawing from `generator`."""
+def _resized_crop_params(size, scale, ratio, log_ratio, generator) -> tuple[int, int, int, int]:
+    """RandomResizedCrop's draws (v1's get_params, v2's make_params) for an image of `size`,
+    from `generator`: (top, left, height, width)."""
     width, height = size
     area = height * width
-    low, high = _log_ratio(tuple(ratio), torch.get_default_dtype())
+    low, high = log_ratio
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
         aspect_ratio = torch.exp(torch.empty(1).uniform_(low, high, generator=generator)).item()
@@ -337,7 +340,8 @@ def _random_resized_crop_v1(t, img: _Recorder, generator=None) -> _Recorder:
     if generator is None:
         i, j, h, w = t.get_params(img, t.scale, t.ratio)
     else:
-        i, j, h, w = _resized_crop_params(img.size, t.scale, t.ratio, generator)
+        log_ratio = _log_ratio(tuple(t.ratio), torch.get_default_dtype())
+        i, j, h, w = _resized_crop_params(img.size, t.scale, t.ratio, log_ratio, generator)
     img = img.crop((j, i, j + w, i + h))
     return _resize_v1(img, t.size, t.interpolation, None, t.antialias)
 
@@ -382,6 +386,30 @@ def _resize_transform_v1(t, img: _Recorder, generator=None) -> _Recorder:
     return _resize_v1(img, t.size, t.interpolation, t.max_size, t.antialias)
 
 
+# v2's: the draws of its `make_params` (or its random apply) naming the generator, then its own
+# `transform` with those parameters; without a generator, its `forward`.
+
+
+def _random_resized_crop_v2(t, img: _Recorder, generator=None) -> _Recorder:
+    if generator is None:
+        return t(img)
+    log_ratio = t._log_ratio.tolist()  # (made by its __init__, in the dtype of then)
+    i, j, h, w = _resized_crop_params(img.size, t.scale, t.ratio, log_ratio, generator)
+    return t.transform(img, dict(top=i, left=j, height=h, width=w))
+
+
+def _random_flip_v2(t, img: _Recorder, generator=None) -> _Recorder:
+    if generator is None:
+        return t(img)
+    if torch.rand(1, generator=generator) >= t.p:
+        return img
+    return t.transform(img, {})
+
+
+def _fixed_v2(t, img: _Recorder, generator=None) -> _Recorder:
+    return t(img)  # (draws nothing)
+
+
 try:  # where torchvision keeps them (private: the generic path serves without them)
     from torchvision.transforms.functional import _compute_resized_output_size, pil_modes_mapping
 
@@ -396,6 +424,22 @@ try:  # where torchvision keeps them (private: the generic path serves without t
     }
 except ImportError:  # pragma: no cover - torchvision moved them
     _V1_FORWARD = {}
+
+# The transforms whose draws may name a generator: v1's written out, and v2's where their
+# `transform` takes parameters as in the torchvision versions rloader is tested with.
+_FORWARD = dict(_V1_FORWARD)
+if v2 is not None and all(
+    hasattr(c, "transform") for c in (v2.RandomResizedCrop, v2.RandomHorizontalFlip)
+):
+    _FORWARD.update(
+        {
+            v2.RandomResizedCrop: _random_resized_crop_v2,
+            v2.RandomHorizontalFlip: _random_flip_v2,
+            v2.RandomVerticalFlip: _random_flip_v2,
+            v2.Resize: _fixed_v2,
+            v2.CenterCrop: _fixed_v2,
+        }
+    )
 
 # Image sizes `_draws_agree` draws for: square, wide, tall, tiny (RandomResizedCrop's central
 # crop after ten misses), crop-sized and photo-sized.
@@ -416,10 +460,10 @@ _CHECK_SIZES = [
 def _draws_agree(geometry: list) -> bool:
     """Whether each transform's draws naming a generator give torchvision's own: the same steps
     (or exception type) and the same generator state after, four draws at each of
-    `_CHECK_SIZES`, from one seed. False for a transform with no such draws (v2's)."""
+    `_CHECK_SIZES`, from one seed. False for a transform with no such draws."""
     mine, theirs = torch.Generator(), torch.Generator()
     for t in geometry:
-        fast = _V1_FORWARD.get(type(t))
+        fast = _FORWARD.get(type(t))
         if fast is None:
             return False
         mine.manual_seed(0x5EED)
