@@ -12,6 +12,7 @@ import pytest
 import torch
 from _resume_helpers import checkpointed
 from PIL import Image
+from torch.utils.data import random_split
 from torchvision import transforms as T
 from torchvision.transforms import v2
 
@@ -58,9 +59,12 @@ def digest(batch) -> tuple:
     return hashlib.sha256(x.contiguous().numpy().tobytes()).hexdigest(), y.tolist()
 
 
-def make(root, transform, workers, worker_type, persistent, seed):
+def make(root, transform, workers, worker_type, persistent, seed, split=False):
+    dataset = RV.ImageFolder(root, transform)
+    if split:  # a training part, as random_split gives it (a Subset)
+        dataset = random_split(dataset, [0.7, 0.3], generator=torch.Generator().manual_seed(5))[0]
     return rloader.DataLoader(
-        RV.ImageFolder(root, transform),
+        dataset,
         batch_size=3,
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),
@@ -70,11 +74,11 @@ def make(root, transform, workers, worker_type, persistent, seed):
     )
 
 
-def run(root, transform, worker_type, persistent, stop=None, epochs=2):
+def run(root, transform, worker_type, persistent, stop=None, epochs=2, split=False):
     """Each epoch's batches (digests); with ``stop=(epoch, batches)`` the loader is saved
     there and a new one, loaded from the checkpoint, goes on."""
     torch.manual_seed(3)
-    loader = make(root, transform, 2, worker_type, persistent, 11)
+    loader = make(root, transform, 2, worker_type, persistent, 11, split)
     seen = []
     for epoch in range(epochs):
         it = iter(loader)
@@ -85,7 +89,7 @@ def run(root, transform, worker_type, persistent, stop=None, epochs=2):
                 state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
                 del it, loader
                 torch.manual_seed(12345)  # a restarted process, until the checkpoint loads
-                loader = make(root, transform, 2, worker_type, persistent, 99)
+                loader = make(root, transform, 2, worker_type, persistent, 99, split)
                 loader.load_state_dict(state)
                 torch.set_rng_state(rng)
                 it = iter(loader)
@@ -100,6 +104,13 @@ def test_a_resumed_epoch_gives_the_uninterrupted_samples(folder, case, persisten
     transform, worker_type = CASES[case]
     expected = run(folder, transform, worker_type, persistent)
     assert run(folder, transform, worker_type, persistent, stop) == expected
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_resumed_random_split_gives_the_uninterrupted_samples(folder, worker_type):
+    # A Subset draws nothing itself: its workers' states are the folder's.
+    expected = run(folder, TRAIN, worker_type, False, split=True)
+    assert run(folder, TRAIN, worker_type, False, stop=(0, 2), split=True) == expected
 
 
 def test_the_state_is_each_workers_draws(folder):

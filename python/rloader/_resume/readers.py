@@ -24,16 +24,31 @@ def stateful_iterable(dataset) -> bool:
     return isinstance(dataset, tud.IterableDataset) and _says_where_it_is(dataset)
 
 
+def map_state_holder(dataset):
+    """The map-style dataset that says where ``dataset``'s samples are (torchdata's
+    convention): the state of what they draw from, such as rloader.vision's random
+    augmentations. ``dataset`` itself where it says so; for a ``Subset`` (``random_split``'s)
+    that does not, the dataset it selects from, which makes its samples. None where there is
+    none: a module's ``state_dict`` is its weights, not a place, so a ``torch.nn.Module`` is
+    not one."""
+    while not isinstance(dataset, (tud.IterableDataset, torch.nn.Module)):
+        if _says_where_it_is(dataset):
+            return dataset
+        if not isinstance(dataset, tud.Subset):
+            return None
+        dataset = dataset.dataset
+    return None
+
+
 def stateful_map(dataset) -> bool:
-    """A map-style dataset that says where it is (torchdata's convention): the state of what
-    its samples draw from, such as rloader.vision's random augmentations. A module's
-    ``state_dict`` is its weights, not a place: a dataset that is a ``torch.nn.Module`` is not
-    one."""
-    return (
-        not isinstance(dataset, tud.IterableDataset)
-        and not isinstance(dataset, torch.nn.Module)
-        and _says_where_it_is(dataset)
-    )
+    """A map-style dataset whose state is saved per worker (``map_state_holder``)."""
+    return map_state_holder(dataset) is not None
+
+
+def state_holder(dataset):
+    """What a worker's ``state_dict()`` and ``load_state_dict()`` go to for ``dataset``: a
+    stateful IterableDataset itself, a map-style dataset's ``map_state_holder``."""
+    return dataset if stateful_iterable(dataset) else map_state_holder(dataset)
 
 
 def is_auto(loader) -> bool:

@@ -28,6 +28,7 @@ from torch.utils.data._utils import worker as torch_worker
 from ... import _rloader
 from ..._collate import _collate_plan
 from ..._resume.format import snapshot
+from ..._resume.readers import state_holder
 from .wire import dump_error, dumps
 
 # Each worker seeds numpy's global generator, as torch's do. numpy 2 imports numpy.random only
@@ -115,7 +116,7 @@ def _worker_main(spec: dict) -> None:
         if spec["worker_init_fn"] is not None:
             spec["worker_init_fn"](worker_id)
         if spec["dataset_state"] is not None:  # a resumed epoch: where this worker was
-            dataset.load_state_dict(spec["dataset_state"])
+            state_holder(dataset).load_state_dict(spec["dataset_state"])
         if spec["iterable"]:
             # (a worker whose stream had ended makes nothing more this epoch)
             samples = iter(()) if spec["dataset_ended"] else iter(dataset)
@@ -148,6 +149,8 @@ class _WorkerHooks:
         self.dataset = dataset
         self.worker_states = worker_states
         self.iterable = iterable
+        # (what says where the samples are: the dataset, or the one a Subset selects from)
+        self.holder = state_holder(dataset) if worker_states else None
 
     def dumps(self, batch, ended: bool = False):
         """A batch as bytes; with ``worker_states`` (a dataset with ``state_dict``) paired with
@@ -156,7 +159,7 @@ class _WorkerHooks:
         IterableDataset's state that will not pickle is that batch's error (its stream cannot
         be resumed without it); a map-style dataset's is sent pickled (``snapshot``)."""
         if self.worker_states:
-            state = self.dataset.state_dict() if self.iterable else snapshot(self.dataset)
+            state = self.holder.state_dict() if self.iterable else snapshot(self.holder)
             return dumps((batch, (state, ended)))
         return dumps(batch)
 
@@ -168,7 +171,7 @@ class _WorkerHooks:
         if not self.worker_states:
             return b""
         try:
-            return pickle.dumps(self.dataset.state_dict())
+            return pickle.dumps(self.holder.state_dict())
         except Exception:
             return b""
 

@@ -48,6 +48,7 @@ from ... import _compat, _resume, _rloader, _thread_info
 from ..._collate import _collate_plan
 from ..._pinning import policy
 from ..._resume.format import snapshot
+from ..._resume.readers import state_holder
 from ..._seed import draw_seed
 from ...sampler import iter_keys
 from ..iterable_len import reported_len
@@ -171,7 +172,7 @@ class _ThreadWorker:
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker_id)
             if self.dataset_state is not None:  # a resumed epoch: where this worker was
-                self.dataset.load_state_dict(self.dataset_state)
+                state_holder(self.dataset).load_state_dict(self.dataset_state)
             return self.dataset, (iter(self.dataset) if self.iterable else None), None
         except Exception as exc:
             self.init_error = self.wrap_error(exc, exc.__traceback__)
@@ -184,7 +185,7 @@ class _ThreadWorker:
         """The worker's dataset's state after a batch, asked on this thread (``snapshot``).
         Only what the dataset keeps per thread is per worker (rloader.vision's generators):
         the threads' copies are shallow, and share whatever else it holds."""
-        return snapshot(self.dataset)
+        return snapshot(state_holder(self.dataset))
 
     def wrap_error(self, exc: BaseException, tb=None) -> ExceptionWrapper:
         return ExceptionWrapper(
