@@ -17,6 +17,8 @@
 //! - [`gil_probe`]: how often the main process's loading holds the GIL, sampled from a thread
 //!   of its own (`worker_type="auto"` chooses its first pool's kind by it);
 //! - [`parent`]: a worker watching its main process, so that it never outlives it;
+//! - [`thread_cpu`]: a thread's own CPU time, which worker threads add up per job (a thread
+//!   pool's CPU use for `num_workers="auto"`, apart from the rest of the process);
 //! - [`PoolError`]: what can go wrong, which the binding crate maps to Python exceptions.
 //!
 //! The hand-off itself (rings and doorbell in shared memory) is `rloader-queue`'s.
@@ -29,6 +31,7 @@ pub mod parent;
 pub mod pinned;
 pub mod scheduler;
 pub mod slots;
+pub mod thread_cpu;
 pub mod times;
 pub mod wire;
 
