@@ -1,7 +1,10 @@
-"""Shared pytest configuration, the `engine` fixture (tests/_engines.py), and `quick`
-(num_workers="auto" deciding at once)."""
+"""Shared pytest configuration, the `engine` fixture (tests/_engines.py), `quick`
+(num_workers="auto" deciding at once) and `busy_thread` (another thread of the process keeps
+a core busy)."""
 
+import hashlib
 import os
+import threading
 import time
 
 import pytest
@@ -44,3 +47,24 @@ def quick(monkeypatch):
     # (nor the loading's waits for a core)
     monkeypatch.setattr(auto_measure, "loading_clock", lambda: (time.thread_time(), 0.0))
     monkeypatch.setattr(auto_measure, "usable_cores", lambda: 4)
+
+
+@pytest.fixture
+def busy_thread():
+    """Another thread of this process keeps a core busy without the GIL (hashlib releases it
+    over large buffers), as a training step's intra-op threads do, from before the test body
+    until its end (stopped and joined there, whatever happens)."""
+    stop, started = threading.Event(), threading.Event()
+    chunk = bytes(8 << 20)
+
+    def spin():
+        started.set()
+        while not stop.is_set():
+            hashlib.sha256(chunk).digest()
+
+    thread = threading.Thread(target=spin, name="test-busy-thread", daemon=True)
+    thread.start()
+    assert started.wait(30)
+    yield thread
+    stop.set()
+    thread.join(30)

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import AsyncSleepy, Sleepy, SlowThenQuick
+from _datasets import AsyncSleepy, BurnsCpu, Sleepy, SlowThenQuick
 from _samplers import SlowEpochThenQuick
 
 import rloader
@@ -122,3 +122,45 @@ def test_async_datasets_report_their_stages():
     assert run(loader) == 4
     stats = loader.stats()
     assert stats["fetch_s"] >= 16 * SLEEP and stats["collate_s"] >= 4 * SLEEP
+
+
+def test_thread_workers_count_their_own_cpu_time():
+    # Each sample burns 5 ms of its thread's CPU: the pool's worker_cpu_s holds all of it (the
+    # same clock, read around each whole batch), and no more than the batches' wall time.
+    dataset = BurnsCpu(SLEEP)
+    loader = rloader.DataLoader(dataset, batch_size=4, num_workers=2, worker_type="thread")
+    assert run(loader, pause=0) == 4
+    stats = loader.stats()
+    burned = sum(dataset.burned)
+    assert len(dataset.burned) == 16 and burned >= 16 * SLEEP
+    assert burned <= stats["worker_cpu_s"]
+    assert stats["worker_cpu_s"] <= stats["fetch_s"] + stats["collate_s"] + 0.002 * 4
+
+
+def test_thread_workers_cpu_time_leaves_out_waits_and_the_other_threads(busy_thread):
+    # The workers sleep 5 ms a sample while another thread of the process keeps a core busy
+    # (as a training step's threads do): neither the sleeps nor that thread's CPU time are the
+    # workers' (a process-wide clock counted both threads' time as the pool's).
+    loader = rloader.DataLoader(
+        Sleepy(SLEEP), batch_size=4, num_workers=2, worker_type="thread", persistent_workers=True
+    )
+    for _ in range(2):  # (a persistent pool's second epoch too)
+        assert run(loader, pause=0) == 4
+        stats = loader.stats()
+        assert stats["fetch_s"] >= 16 * SLEEP
+        assert 0 < stats["worker_cpu_s"] < 0.1 * stats["fetch_s"]
+    assert busy_thread.is_alive()
+
+
+@pytest.mark.parametrize("engine", ["main", "process"], indirect=True)
+def test_only_thread_workers_report_their_cpu_time(engine):
+    # (the main process's loop and worker processes have no worker threads; an async
+    # dataset's threads run an event loop, not one batch at a time)
+    loader = rloader.DataLoader(Sleepy(0), batch_size=4, **engine.kwargs())
+    assert run(loader, pause=0) == 4
+    assert "worker_cpu_s" not in loader.stats()
+    asynchronous = rloader.DataLoader(
+        AsyncSleepy(0), batch_size=4, num_workers=2, worker_type="thread"
+    )
+    assert run(asynchronous, pause=0) == 4
+    assert "worker_cpu_s" not in asynchronous.stats()

@@ -281,7 +281,8 @@ class DataLoader(tud.DataLoader[_T_co], metaclass=_twin.TorchTwin):
         ``transport_s`` (taking batches in from worker processes), ``pin_s``; with
         ``batches``, the number handed out. Where rloader.vision made samples, ``decode_s``
         and ``transform_s``: the part of ``fetch_s`` spent decoding and transforming them. Workers' stages (threads or processes) are summed
-        over the workers. With ``num_workers="auto"``, ``auto`` says what was chosen, when
+        over the workers. Thread workers add ``worker_cpu_s``: the CPU time their threads spent
+        making batches (each thread's own clock; not an async dataset's). With ``num_workers="auto"``, ``auto`` says what was chosen, when
         and why (docs/auto.md). None before the first ``iter()``. An rloader extension."""
         stats = record_of(self).stats
         return None if stats is None else stats.as_dict()

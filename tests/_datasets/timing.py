@@ -145,6 +145,23 @@ class SlowThenQuick(Sleepy):
         return super().__getitem__(i) if i < 16 else (torch.zeros(2), i)
 
 
+class BurnsCpu(Sleepy):
+    """Sleepy's samples, each burning ``seconds`` of its thread's own CPU time in pure Python
+    instead of sleeping; ``burned`` holds what each call's thread clock read (a list: worker
+    threads' shallow copies share it)."""
+
+    def __init__(self, seconds):
+        super().__init__(seconds)
+        self.burned: list = []
+
+    def __getitem__(self, i):
+        start = time.thread_time()
+        while time.thread_time() - start < self.seconds:
+            sum(range(1000))
+        self.burned.append(time.thread_time() - start)
+        return torch.zeros(2), i
+
+
 class AsyncSleepy(Sleepy):
     """Sleepy, with ``async def __getitem__``."""
 

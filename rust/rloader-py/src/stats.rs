@@ -7,6 +7,23 @@
 //! iterator's `Stats` from their own threads, hence atomics. Worker processes add their fetch
 //! and collate times to their cells in the pool's region (rloader-workers' times.rs), which
 //! their iterator's `Stats` reads ([`Stats::read_workers`]).
+//!
+//! NOTE [Worker CPU]: a thread pool's `Stats` also counts its worker threads' own CPU time
+//! (`worker_cpu_s`), which `num_workers="auto"` reads as the pool's CPU use: the process's
+//! clock would count the training step's threads and the consumer's with it. Each worker
+//! thread reads its own thread's CPU clock (rloader-workers' thread_cpu.rs) around each job it
+//! runs (fetch, collate and pin of one batch, with the GIL held or not; its waits for a task,
+//! for the GIL or for a core are not CPU time) and adds the difference here once the job is
+//! done and before it sends the job's answer ([`Stats::add_worker_cpu`]).
+//! - Many writers (the pool's threads), one counter: `fetch_add` with Relaxed ordering. Each
+//!   add is one whole job's nanoseconds, so a reader never sees part of a job; the answer's
+//!   channel orders the add before the main thread takes that answer, so a reader has every
+//!   job it has taken an answer of, and perhaps a few it has not yet (early, never late).
+//! - `clear` (a new epoch of persistent workers) stores 0 only once the old epoch's answers
+//!   have all come in (`ThreadIter::_reset` waits for them): no job straddles it.
+//! - An async dataset's workers run an event loop that takes tasks as they come, whose CPU is
+//!   not one job's: their pool has no counter (`worker_cpu_s` is absent), as have the main
+//!   process's loop and process pools.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -51,6 +68,9 @@ pub struct Stats {
     /// When `next()` last returned, and when the current call began.
     handed_out_at: Mutex<Option<Instant>>,
     called_at: Mutex<Option<Instant>>,
+    /// A thread pool's worker threads' CPU time, in nanoseconds (NOTE [Worker CPU]); None for
+    /// the other iterators.
+    worker_cpu: Option<AtomicU64>,
     /// This process's rloader.vision (decode, transform) nanoseconds when the epoch began
     /// (the main process and worker threads decode here: `vision::nanos()`).
     vision_since: Mutex<[u64; 2]>,
@@ -61,6 +81,21 @@ impl Stats {
         let stats = Stats::default();
         *lock(&stats.vision_since) = vision::nanos();
         stats
+    }
+
+    /// A thread pool's `Stats`: it counts its worker threads' CPU time (NOTE [Worker CPU]).
+    pub fn for_threads() -> Stats {
+        Stats {
+            worker_cpu: Some(AtomicU64::new(0)),
+            ..Stats::new()
+        }
+    }
+
+    /// A worker thread spent `nanos` of its own CPU time on a job (NOTE [Worker CPU]).
+    pub fn add_worker_cpu(&self, nanos: u64) {
+        if let Some(cpu) = &self.worker_cpu {
+            cpu.fetch_add(nanos, Relaxed);
+        }
     }
 
     pub fn add(&self, stage: Stage, elapsed: Duration) {
@@ -122,6 +157,9 @@ impl Stats {
         if let Some(workers) = lock(&self.workers).as_mut() {
             workers.since = workers.sums();
         }
+        if let Some(cpu) = &self.worker_cpu {
+            cpu.store(0, Relaxed);
+        }
         self.batches.store(0, Relaxed);
         *lock(&self.vision_since) = vision::nanos();
         *lock(&self.handed_out_at) = None;
@@ -172,7 +210,7 @@ impl Stats {
     }
 
     /// `{"batches": n, "<stage>_s": seconds, ...}`; fetch and collate include the worker
-    /// processes' times.
+    /// processes' times; a thread pool's, `worker_cpu_s` (NOTE [Worker CPU]).
     fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         out.set_item("batches", self.batches.load(Relaxed))?;
@@ -196,6 +234,9 @@ impl Stats {
         if decode + transform > 0 {
             out.set_item("decode_s", decode as f64 / 1e9)?;
             out.set_item("transform_s", transform as f64 / 1e9)?;
+        }
+        if let Some(cpu) = &self.worker_cpu {
+            out.set_item("worker_cpu_s", cpu.load(Relaxed) as f64 / 1e9)?;
         }
         Ok(out)
     }

@@ -91,7 +91,15 @@ impl ThreadPool {
         if workers.is_empty() {
             return Err(to_py(PoolError::NoWorkers));
         }
-        let stats = Py::new(py, Stats::new())?;
+        // (NOTE [Worker CPU] in stats.rs: an async pool's event loops are not counted per job)
+        let stats = Py::new(
+            py,
+            if asynchronous {
+                Stats::new()
+            } else {
+                Stats::for_threads()
+            },
+        )?;
         let stop = Arc::new(AtomicBool::new(false));
         let gate = Arc::new(Gate::default());
         let auto_collation = batch.get().auto_collation();

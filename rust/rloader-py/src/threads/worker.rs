@@ -9,6 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
+use rloader_workers::thread_cpu;
+
 use super::{lock, FromWorker, Gate, Passing, TaskKeys, ToWorker, WorkerEvent};
 use crate::fetch::{BatchOptions, Fetcher};
 use crate::handout::Answer;
@@ -290,7 +292,10 @@ pub(super) fn worker_main(
                 let Some(worker) = state.as_mut() else {
                     return; // the collector took the state: the pool was garbage
                 };
+                let cpu = thread_cpu::Span::start();
                 let report = worker.run(py, job);
+                // before the answer goes (NOTE [Worker CPU] in stats.rs)
+                worker.stats.get().add_worker_cpu(cpu.spent());
                 drop(state);
                 if let Some(report) = report {
                     if reports.send(report).is_err() {
