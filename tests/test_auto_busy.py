@@ -1,6 +1,7 @@
 """num_workers="auto" beside other processes that keep the cores busy (issue #36): the
 loading's own CPU share (its thread's CPU time, its waits for a core left out) chooses the
-kind and bounds the pool, not the machine's load; the GIL probe is read in quiet windows only.
+kind and bounds the pool, not the machine's load; the GIL probe is read in quiet windows only;
+a thread pool's CPU use is its worker threads' own, not that of the process's other threads.
 The tests with real busy processes assert on the decisions auto records, never on speed."""
 
 import subprocess
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 import torch.utils.data as tud
-from _auto_helpers import batches, fake_clock, stepped
+from _auto_helpers import batches, fake_clock, recorded_windows, slow_pools, stepped
 from _datasets import LongWaits, PurePython, SquarePairs
 
 import rloader
@@ -119,3 +120,35 @@ def test_waiting_loading_beside_busy_processes_grows_past_the_cores(monkeypatch,
     epochs, _ = pools_by_epoch(LongWaits(600), 2)
     assert {kind for pools in epochs for _, kind in pools} == {"thread"}, epochs
     assert max(workers for pools in epochs for workers, _ in pools) > 2, epochs
+
+
+def test_a_thread_pools_cpu_use_is_its_workers_not_the_training_steps_threads(monkeypatch):
+    # The training step's own threads keep 3 cores busy (the process's CPU clock runs at 3x
+    # the wall's) while the pool's threads make batches of a few tensors (their own CPU clocks:
+    # the pool's ``worker_cpu_s``). The windows read the pool's CPU use from its threads, and
+    # loading that spends a fifth of its time on a core grows past the 10 threads that share
+    # allows on 2 cores (issue #36: the process's 3 cores, over those threads, held it there and
+    # read the threads as running side by side).
+    clock = fake_clock(monkeypatch)
+    monkeypatch.setattr(auto_measure, "process_clock", lambda: 3 * clock.now)
+    monkeypatch.setattr(auto_measure, "loading_clock", lambda: (0.2 * clock.now, 0.0))
+    monkeypatch.setattr(auto_measure, "machine_cpu", lambda: None)
+    monkeypatch.setattr(auto_measure, "usable_cores", lambda: 2)
+    slow_pools(monkeypatch, clock, 0.02)  # (each batch from a pool keeps the consumer 20 ms)
+    windows = recorded_windows(monkeypatch)
+    loader = rloader.DataLoader(
+        SquarePairs(400, clock=clock, cost=0.01),
+        batch_size=2,
+        num_workers="auto",
+        worker_type="thread",
+    )
+    assert stepped(loader, clock) == batches(tud.DataLoader(SquarePairs(400), batch_size=2))[0]
+    pooled = [w for w in windows if w.workers]
+    assert pooled, windows
+    for w in pooled:
+        assert w.process_cores == pytest.approx(3.0)
+        assert w.pool_cores is not None and w.pool_cores < 0.1, w
+    decisions = loader.stats()["auto"]["decisions"]
+    first = pools(decisions)[0]  # (as many as the main process's share allows: 2 / 0.2)
+    assert first[1] == "thread" and first[0] in (9, 10), decisions
+    assert max(workers for workers, _ in pools(decisions)) > first[0], decisions

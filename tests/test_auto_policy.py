@@ -134,6 +134,11 @@ def test_decide():
     side_by_side = threads._replace(process_cores=6.0, main_loop=0.02, main_work=0.02)
     assert auto_policy.decide(side_by_side).no_gain
     assert auto_policy.decide(threads._replace(process_cores=1.1)).no_gain
+    # ... their own threads' cores (``pool_cores``), where measured, not their process's: a
+    # training step's threads busy beside them do not make threads that take turns on the
+    # GIL read as side by side, nor the other way round (issue #36)
+    assert auto_policy.decide(threads._replace(process_cores=6.0, pool_cores=1.1)).no_gain
+    assert auto_policy.decide(threads._replace(process_cores=1.1, pool_cores=6.0)) is None
     # ... and the main process starts no such pool until it would be clearly faster
     busy = window(wait_s=0.1, user_s=0.01, work_s=0.1)  # 11 ms a batch
     assert auto_policy.decide(busy._replace(no_gain=0.0105)) is None
@@ -155,6 +160,9 @@ def test_decide():
     assert auto_policy.decide(pool) is None  # (at the cap)
     assert auto_policy.decide(pool._replace(process_cores=0.2)).workers == 32
     assert auto_policy.decide(pool._replace(process_cores=2.0)) is None  # (its cores are busy)
+    # ... its own threads' (``pool_cores``), where measured: not the training step's threads'
+    assert auto_policy.decide(pool._replace(process_cores=2.0, pool_cores=0.2)).workers == 32
+    assert auto_policy.decide(pool._replace(process_cores=0.2, pool_cores=2.0)) is None
 
 
 def test_decide_prefetch():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from . import measure, policy
-from .engines import Engine, stages
+from .engines import POOL_CPU, Engine, stages
 from .learned import idle_floor, per_worker, start_cost
 
 
@@ -169,6 +169,7 @@ class Decisions:
         """The current window's measurements."""
         learned, tally = self._learned, self._tally
         step = tally.step()
+        pool_cpu = None  # a thread pool's worker threads' CPU seconds in the window
         if engine.workers == 0:
             work, share = tally.work, tally.cpu_share()
             cpu = None if share is None else share * work
@@ -184,6 +185,8 @@ class Decisions:
                 now_stages[k] - engine.window_start[k] for k in ("fetch_s", "collate_s", "pin_s")
             )
             cpu = None if learned.cpu_share is None else learned.cpu_share * work
+            if now_stages[POOL_CPU] is not None and engine.window_start[POOL_CPU] is not None:
+                pool_cpu = now_stages[POOL_CPU] - engine.window_start[POOL_CPU]
         now = measure.clock()
         if engine.kind == "process":
             pids = measure.worker_pids(engine.it)
@@ -193,6 +196,7 @@ class Decisions:
             measured = measure.probe.latest(pids)
             if measured is not None:
                 learned.per_worker = max(learned.per_worker or 0, measured)
+        wall = max(now - tally.started, 1e-9)
         others = tally.others(engine)
         # (the GIL measures read only windows the machine's load left alone: other processes'
         # work slows threads as taking turns on the GIL would, and deschedules the main
@@ -236,7 +240,7 @@ class Decisions:
             pool_batches=engine.lived + engine.handed if engine.workers else None,
             waited=learned.waited.get(kind),
             memory_measured=kind != "process" or learned.per_worker is not None,
-            process_cores=(measure.process_clock() - tally.process_cpu)
-            / max(now - tally.started, 1e-9),
+            process_cores=(measure.process_clock() - tally.process_cpu) / wall,
+            pool_cores=None if pool_cpu is None else pool_cpu / wall,
             step=step,
         )

@@ -7,12 +7,19 @@ import collections
 import weakref
 from typing import Any, NamedTuple, Optional
 
+from . import measure
+
 STAGES = ("fetch_s", "collate_s", "transport_s", "pin_s")
+POOL_CPU = "pool_cpu_s"  # of ``stages``: a thread pool's worker threads' CPU seconds (or None)
 
 
 def stages(d: dict) -> dict:
-    """The loading stages' seconds of an engine's ``stats()``."""
-    return {k: d[k] for k in STAGES}
+    """The loading stages' seconds of an engine's ``stats()``, and (``POOL_CPU``) its worker
+    threads' CPU seconds (``measure.pool_clock``; None but for a thread pool). Read together,
+    so that a window's start has both, however its engine's epoch began."""
+    out = {k: d[k] for k in STAGES}
+    out[POOL_CPU] = measure.pool_clock(d)
+    return out
 
 
 class EngineView:

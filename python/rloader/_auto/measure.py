@@ -1,8 +1,9 @@
 """What ``num_workers="auto"`` reads from the machine (NOTE [Auto workers] in _auto/__init__.py): the
 usable cores, processes' memory (PSS, on a thread of its own: ``_MemoryProbe``) and CPU time
 from /proc, the memory budget, a batch's bytes, and the clocks: the loading thread's own CPU
-time and its waits for a core (tests replace ``clock``, ``loading_clock`` and
-``process_clock`` to make measurements deterministic)."""
+time and its waits for a core, and a thread pool's worker threads' own CPU time (tests
+replace ``clock``, ``loading_clock``, ``process_clock`` and ``pool_clock`` to make
+measurements deterministic)."""
 
 from __future__ import annotations
 
@@ -226,6 +227,16 @@ def thread_clocks() -> tuple:
     return time.thread_time(), 0.0
 
 
+def pool_cpu(stats: dict) -> Optional[float]:
+    """The CPU seconds a thread pool's worker threads spent making this epoch's batches, from
+    its iterator's ``stats()`` (``worker_cpu_s``: each thread's own CPU clock, read around each
+    batch, NOTE [Worker CPU] in rloader-py's stats.rs): not the training step's threads' nor
+    the consumer's, as the process's clock would count them. None for other engines (and an
+    async dataset's threads)."""
+    return stats.get("worker_cpu_s")
+
+
 clock = time.perf_counter  # tests replace these to make measurements deterministic
 loading_clock = thread_clocks  # the main process's loading is on the consumer's thread
 process_clock = time.process_time  # all this process's threads (a thread pool's and the consumer's)
+pool_clock = pool_cpu  # a thread pool's worker threads alone

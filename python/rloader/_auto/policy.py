@@ -24,8 +24,9 @@ GIL_SHARE = 0.75  # threads whose work per batch takes more than this × their n
 CONSUMER_GIL = 1.25  # threads beside which the consumer's median step takes more than this ×
 # its median beside the main process's loading take the GIL from it: processes next epoch
 # (medians: a consumer's uneven long steps would move means)
-GIL_CORES = 1.4  # threads whose process used more than this many cores over a window ran side
-# by side, not taking turns on the GIL: they make way only if no faster than the main process
+GIL_CORES = 1.4  # threads that used more than this many cores over a window (``pool_cores``)
+# ran side by side, not taking turns on the GIL: they make way only if no faster than the main
+# process
 GIL_HELD = 0.8  # worker_type="auto": main-process loading during which a second thread could
 # not take the GIL for more than this share of the time (``GilProbe``) starts processes:
 # threads would only take turns
@@ -109,9 +110,12 @@ class Window(NamedTuple):
     batch_bytes: Optional[int] = None  # a batch's tensor and array bytes (None: not measured)
     pool_batches: Optional[int] = None  # batches the pool has handed out since it started
     process_cores: Optional[float] = None  # this process's CPU time over the window's wall time
+    # (all its threads: the consumer's, the training step's and any pool's)
     step: Optional[float] = None  # the consumer's median step between next() calls
     waited: Optional[tuple] = None  # (workers, work / user) where a pool of this kind grew
     memory_measured: bool = True  # per_worker is a worker's measured PSS, not an estimate
+    pool_cores: Optional[float] = None  # a thread pool's worker threads' own CPU time making
+    # batches over the window's wall time (None: not a thread pool, or not measured)
 
 
 class Decision(NamedTuple):
@@ -129,6 +133,13 @@ def is_quiet(others: Optional[float]) -> bool:
     return others is None or others < OTHERS_MAX
 
 
+def thread_pool_cores(w: Window) -> Optional[float]:
+    """The cores ``w``'s thread pool used: its worker threads' own CPU time (``pool_cores``),
+    else, where that was not measured, the process's (``process_cores``, which counts the
+    consumer's and the training step's threads as the pool's); None: neither."""
+    return w.pool_cores if w.pool_cores is not None else w.process_cores
+
+
 def worker_cap(w: Window) -> int:
     """The most workers of ``w.kind`` the cores and the budget allow."""
     cores = w.cores
@@ -138,10 +149,11 @@ def worker_cap(w: Window) -> int:
         # that load the machine do not make it read as waiting, ``Tally.cpu_share``)
         per_core = THREADS_PER_CORE if w.kind == "thread" else PROCESSES_PER_CORE
         cores = max(cores, int(cores / max(share, 1.0 / per_core)))
-        if w.kind == "thread" and w.workers and w.process_cores is not None:
-            # a thread pool's own CPU use, measured (with the consumer's), over the main
-            # process's share: waiting threads may use less than that share says
-            per_thread = w.process_cores / w.workers
+        used = thread_pool_cores(w)
+        if w.kind == "thread" and w.workers and used is not None:
+            # a thread pool's own CPU use, measured, over the main process's share: waiting
+            # threads may use less than that share says
+            per_thread = used / w.workers
             cores = max(cores, int(w.cores / max(per_thread, 1.0 / per_core)))
     elif w.kind == "thread":
         cores = max(cores, w.workers)
@@ -219,7 +231,8 @@ def decide(w: Window) -> Optional[Decision]:
         # the main process otherwise)
         ideal = promised_loop(w.main_loop, w.main_work, w.workers, w.cores)
         slow = loop * THREAD_EFFICIENCY > ideal
-        if w.process_cores is not None and w.process_cores > GIL_CORES:
+        used = thread_pool_cores(w)
+        if used is not None and used > GIL_CORES:
             slow = loop > NO_GAIN * w.main_loop  # side by side (``GIL_CORES``)
     # (processes whose work per batch is well above the main process's are still copying the
     # pages they touch after the fork, or are descheduled: not judged yet)
