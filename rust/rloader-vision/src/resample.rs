@@ -681,35 +681,57 @@ impl Taps {
 
 // NOTE [Fast paths of the passes]
 //
-// Every path below computes the same i32 sums (integer addition is exact, so neither the order
-// of the taps nor extra taps of weight 0 change a byte); they differ only in speed.
-// - The vertical pass adds whole source rows into a row of i32 sums: long contiguous loops the
-//   compiler vectorises; built twice, for the baseline target and with AVX2 (8 lanes of
-//   `vpmulld`; ~3x faster), chosen at run time.
+// Every path below computes the same i32 sums (integer addition is exact, and wraps alike in
+// every path, so neither the order of the taps nor extra taps of weight 0 change a byte); they
+// differ only in speed.
 // - The horizontal pass reads a window per output pixel. `Windows` gives every output a window
-//   of one fixed length (zero weights fill it), so the loops have constant bounds. With AVX2, an
-//   RGB window is read two pixels (6 bytes, loaded as 8) at a time against weights laid out
-//   [k0 k0 k0 k1 k1 k1 0 0], and an L window 8 pixels at a time; pixels whose 8-byte loads would
-//   pass the row's end take the scalar loop.
+//   of one fixed length (zero weights fill it, moved left where it would pass the row's end), so
+//   the loops have constant bounds. With AVX2 two rows go at once, one per 128-bit half, and the
+//   products are `vpmaddwd`s (i16 x i16, adjacent pairs summed into i32): each weight is split
+//   as k = hi * 2^15 + lo, lo = k & 0x7fff and hi = k >> 15 (both fit i16 for |k| < 2^30, which
+//   `Windows::new` checks), and a pixel's sum is (sum of p * hi) << 15 + (sum of p * lo) + HALF.
+//   An RGB window is read 4 pixels per 16-byte load and a `pshufb` lays out each pair of taps as
+//   [R0 R1 G0 G1 B0 B1 0 0], so one `vpmaddwd` gives that pair's R, G, B sums; an L window is
+//   read 8 pixels per 8-byte load and 4 outputs' lanes are summed with `vphaddd`. Outputs are
+//   clipped 4 at a time by `vpackssdw` + `vpackuswb` (saturating: the same clamp as clip8).
+//   Outputs whose loads would pass the row's end (a few at its right edge) take the scalar loop.
+// - The vertical pass adds the taps' source rows into sums 32 bytes of a row at a time: with
+//   AVX2, 4 registers of i32 sums (`vpmulld`) held across all taps, then clipped and packed; the
+//   baseline build runs a plain loop over a reused row of sums.
 
 /// Rows `first..first + rows` of `src`, each resampled to `out_w` pixels.
 fn horizontal_pass(src: &View<'_>, first: usize, rows: usize, out_w: usize, taps: &Taps) -> Image {
     let bands = src.bands;
-    let mut out = vec![0u8; out_w * rows * bands];
-    let windows = Windows::new(taps, src.width, bands);
-    for (y, out_row) in out.chunks_exact_mut(out_w * bands).enumerate() {
-        let in_row = src.row(first + y);
-        match (bands, &windows) {
-            (3, Some(w)) => w.row::<3>(in_row, out_row),
-            (_, Some(w)) => w.row::<1>(in_row, out_row),
-            (3, None) => horizontal_row::<3>(in_row, out_row, taps),
-            (_, None) => horizontal_row::<1>(in_row, out_row, taps),
+    let row_out = out_w * bands;
+    let mut out = vec![0u8; row_out * rows];
+    if out.is_empty() {
+        return Image::from_vec(out_w, rows, bands, out);
+    }
+    let Some(windows) = Windows::new(taps, src.width, bands) else {
+        for (y, out_row) in out.chunks_exact_mut(row_out).enumerate() {
+            let in_row = src.row(first + y);
+            match bands {
+                3 => horizontal_row::<3>(in_row, out_row, taps),
+                _ => horizontal_row::<1>(in_row, out_row, taps),
+            }
         }
+        return Image::from_vec(out_w, rows, bands, out);
+    };
+    let mut pairs = out.chunks_exact_mut(2 * row_out);
+    let mut y = first;
+    for pair in &mut pairs {
+        let (a, b) = pair.split_at_mut(row_out);
+        windows.rows(src.row(y), src.row(y + 1), a, Some(b));
+        y += 2;
+    }
+    let last = pairs.into_remainder();
+    if !last.is_empty() {
+        windows.rows(src.row(y), src.row(y), last, None);
     }
     Image::from_vec(out_w, rows, bands, out)
 }
 
-/// Any number of taps per output.
+/// Any number of taps per output: the plain loop, as Pillow writes it.
 fn horizontal_row<const B: usize>(in_row: &[u8], out_row: &mut [u8], taps: &Taps) {
     for (i, px) in out_row.chunks_exact_mut(B).enumerate() {
         let k = taps.coeffs(i);
@@ -733,15 +755,32 @@ fn horizontal_row<const B: usize>(in_row: &[u8], out_row: &mut [u8], taps: &Taps
 /// and lose their bounds checks.
 struct Windows {
     n: usize,
+    bands: usize,
     start: Vec<usize>,
     k: Vec<i32>,
-    /// The weights as the AVX2 loops read them (see the NOTE), `simd_stride` per output.
+    /// The weights as the AVX2 loops read them (see the NOTE), `simd_stride` per output: RGB,
+    /// per pair of taps, the pair's `lo` halves then its `hi` halves, each as two i16 in an i32;
+    /// L, per 8 taps, their 8 `lo` then their 8 `hi` as i16, 8 i32 in all. Empty where a weight
+    /// does not split into two i16.
     simd_k: Vec<i32>,
     simd_stride: usize,
+    /// Outputs `..simd_end` are those whose AVX2 loads stay inside the row (starts only grow).
+    simd_end: usize,
 }
 
 /// The longest window with a loop of its own; longer ones take `horizontal_row`.
 const MAX_WINDOW: usize = 16;
+
+/// `k` as (k & 0x7fff, k >> 15), the halves the AVX2 loops multiply; None where `k >> 15` does
+/// not fit i16.
+fn split_weight(k: i32) -> Option<(i16, i16)> {
+    Some(((k & 0x7fff) as i16, i16::try_from(k >> 15).ok()?))
+}
+
+/// Two i16 as the lanes of one i32 (`a` in the low half, as `vpmaddwd` reads memory).
+fn two_i16(a: i16, b: i16) -> i32 {
+    (u32::from(a as u16) | u32::from(b as u16) << 16) as i32
+}
 
 impl Windows {
     fn new(taps: &Taps, in_size: usize, bands: usize) -> Option<Self> {
@@ -759,43 +798,91 @@ impl Windows {
             row[shift..shift + coeffs.len()].copy_from_slice(coeffs);
             start.push(s);
         }
-        // RGB: 8 lanes per pair of pixels; L: 8 lanes per 8 pixels.
-        let simd_stride = if bands == 3 {
-            n.div_ceil(2) * 8
-        } else {
-            n.div_ceil(8) * 8
-        };
-        let mut simd_k = vec![0i32; outputs * simd_stride];
-        for (row, lanes) in k.chunks_exact(n).zip(simd_k.chunks_exact_mut(simd_stride)) {
-            for (j, &kj) in row.iter().enumerate() {
-                if bands == 3 {
-                    let at = j / 2 * 8 + j % 2 * 3;
-                    lanes[at..at + 3].fill(kj);
-                } else {
-                    lanes[j] = kj;
-                }
-            }
-        }
+        let (simd_k, simd_stride, simd_end) =
+            Self::simd_weights(&k, n, bands, &start, in_size).unwrap_or_default();
         Some(Self {
             n,
+            bands,
             start,
             k,
             simd_k,
             simd_stride,
+            simd_end,
         })
     }
 
-    fn row<const B: usize>(&self, in_row: &[u8], out_row: &mut [u8]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked on the line above.
-            unsafe { avx2::window_row::<B>(self, in_row, out_row) };
-            return;
+    /// `simd_k`, `simd_stride` and `simd_end` (see the fields), or None where a weight does not
+    /// split.
+    fn simd_weights(
+        k: &[i32],
+        n: usize,
+        bands: usize,
+        start: &[usize],
+        in_size: usize,
+    ) -> Option<(Vec<i32>, usize, usize)> {
+        let tap = |row: &[i32], j: usize| split_weight(row.get(j).copied().unwrap_or(0));
+        let mut simd_k = Vec::new();
+        if bands == 3 {
+            let pairs = n.div_ceil(2);
+            simd_k.reserve(k.len() / n * pairs * 2);
+            for row in k.chunks_exact(n) {
+                for p in 0..pairs {
+                    let ((lo0, hi0), (lo1, hi1)) = (tap(row, 2 * p)?, tap(row, 2 * p + 1)?);
+                    simd_k.extend([two_i16(lo0, lo1), two_i16(hi0, hi1)]);
+                }
+            }
+            // 16-byte loads every 4 pixels (12 bytes).
+            let last_load = (pairs - 1) / 2 * 12 + 16;
+            let end = start.partition_point(|&s| s * 3 + last_load <= in_size * 3);
+            Some((simd_k, pairs * 2, end))
+        } else {
+            let eights = n.div_ceil(8);
+            simd_k.reserve(k.len() / n * eights * 8);
+            for row in k.chunks_exact(n) {
+                for e in 0..eights {
+                    let mut lo = [0i16; 8];
+                    let mut hi = [0i16; 8];
+                    for j in 0..8 {
+                        (lo[j], hi[j]) = tap(row, 8 * e + j)?;
+                    }
+                    simd_k.extend(lo.chunks_exact(2).map(|l| two_i16(l[0], l[1])));
+                    simd_k.extend(hi.chunks_exact(2).map(|h| two_i16(h[0], h[1])));
+                }
+            }
+            // 8-byte loads every 8 pixels.
+            let end = start.partition_point(|&s| s + eights * 8 <= in_size);
+            Some((simd_k, eights * 8, end))
         }
-        self.scalar_row::<B>(in_row, out_row);
     }
 
-    fn scalar_row<const B: usize>(&self, in_row: &[u8], out_row: &mut [u8]) {
+    /// One row (`in_row` to `out_row`).
+    #[cfg(test)]
+    fn row(&self, in_row: &[u8], out_row: &mut [u8]) {
+        self.rows(in_row, in_row, out_row, None);
+    }
+
+    /// `in_a` to `out_a` and, where `out_b` is given, `in_b` to it.
+    fn rows(&self, in_a: &[u8], in_b: &[u8], out_a: &mut [u8], out_b: Option<&mut [u8]>) {
+        #[cfg(target_arch = "x86_64")]
+        if !self.simd_k.is_empty() && std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked on the line above.
+            unsafe { avx2::window_rows(self, in_a, in_b, out_a, out_b) };
+            return;
+        }
+        self.scalar_row(in_a, out_a);
+        if let Some(out_b) = out_b {
+            self.scalar_row(in_b, out_b);
+        }
+    }
+
+    fn scalar_row(&self, in_row: &[u8], out_row: &mut [u8]) {
+        match self.bands {
+            3 => self.scalar_row_of::<3>(in_row, out_row),
+            _ => self.scalar_row_of::<1>(in_row, out_row),
+        }
+    }
+
+    fn scalar_row_of<const B: usize>(&self, in_row: &[u8], out_row: &mut [u8]) {
         macro_rules! fixed {
             ($($n:literal)*) => {
                 match self.n {
@@ -827,17 +914,20 @@ impl Windows {
         }
     }
 
-    /// One output pixel, any window length (the AVX2 loops' fallback at the row's end).
-    fn pixel<const B: usize>(&self, in_row: &[u8], i: usize, px: &mut [u8]) {
-        let (start, k) = (self.start[i] * B, &self.k[i * self.n..(i + 1) * self.n]);
-        let mut sum = [HALF; B];
-        for (p, &kj) in in_row[start..start + self.n * B].chunks_exact(B).zip(k) {
-            for c in 0..B {
-                sum[c] += i32::from(p[c]) * kj;
+    /// Output pixels `from..` of a row, any window length (the AVX2 loops' end of the row).
+    #[cfg(target_arch = "x86_64")]
+    fn pixels_from<const B: usize>(&self, in_row: &[u8], from: usize, out_row: &mut [u8]) {
+        for (i, px) in out_row.chunks_exact_mut(B).enumerate().skip(from) {
+            let (start, k) = (self.start[i] * B, &self.k[i * self.n..(i + 1) * self.n]);
+            let mut sum = [HALF; B];
+            for (p, &kj) in in_row[start..start + self.n * B].chunks_exact(B).zip(k) {
+                for c in 0..B {
+                    sum[c] += i32::from(p[c]) * kj;
+                }
             }
-        }
-        for c in 0..B {
-            px[c] = clip8(sum[c]);
+            for c in 0..B {
+                px[c] = clip8(sum[c]);
+            }
         }
     }
 }
@@ -846,119 +936,271 @@ impl Windows {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{clip8, View, Windows, HALF};
+    use super::{clip8, Taps, View, Windows, HALF, PRECISION_BITS};
 
-    /// Eight bytes from `bytes[at..]`, widened to eight i32 lanes. Callers need AVX2 (both
-    /// helpers inline into `window_row`).
-    #[inline(always)]
-    unsafe fn widen8(bytes: &[u8], at: usize) -> __m256i {
-        let eight: [u8; 8] = bytes[at..at + 8].try_into().expect("8 bytes");
-        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(eight)))
-    }
-
-    #[inline(always)]
-    unsafe fn lanes(k: &[i32]) -> __m256i {
-        let k = &k[..8];
-        // SAFETY: `k` is 8 i32, the 32 bytes read; loadu needs no alignment.
-        _mm256_loadu_si256(k.as_ptr().cast())
-    }
-
-    /// `Windows::fixed_row` with 8 lanes of i32 products (see NOTE [Fast paths of the passes]):
-    /// the row's sums first, then one vectorised clip of the whole row.
+    /// `Windows::rows` with `vpmaddwd` (see NOTE [Fast paths of the passes]).
     ///
     /// # Safety
-    /// The CPU must support AVX2.
+    /// The CPU must support AVX2; `w.simd_k` must not be empty.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn window_row<const B: usize>(
+    pub(super) unsafe fn window_rows(
         w: &Windows,
-        in_row: &[u8],
-        out_row: &mut [u8],
+        in_a: &[u8],
+        in_b: &[u8],
+        out_a: &mut [u8],
+        out_b: Option<&mut [u8]>,
     ) {
-        match w.simd_stride / 8 {
-            1 => window_row_steps::<B, 1>(w, in_row, out_row),
-            2 => window_row_steps::<B, 2>(w, in_row, out_row),
-            3 => window_row_steps::<B, 3>(w, in_row, out_row),
-            4 => window_row_steps::<B, 4>(w, in_row, out_row),
-            5 => window_row_steps::<B, 5>(w, in_row, out_row),
-            6 => window_row_steps::<B, 6>(w, in_row, out_row),
-            7 => window_row_steps::<B, 7>(w, in_row, out_row),
-            8 => window_row_steps::<B, 8>(w, in_row, out_row),
-            _ => unreachable!("windows are at most MAX_WINDOW long"),
-        }
-    }
-
-    /// `window_row` with `STEPS` loads of 8 bytes per window.
-    #[inline(always)]
-    unsafe fn window_row_steps<const B: usize, const STEPS: usize>(
-        w: &Windows,
-        in_row: &[u8],
-        out_row: &mut [u8],
-    ) {
-        let stride = if B == 3 { 6 } else { 8 };
-        // Bytes the 8-byte loads of one window span.
-        let span = (STEPS - 1) * stride + 8;
-        let pixels = out_row.len() / B;
-        // One more than the row: an RGB pixel's sums are stored as 4 lanes.
-        let mut sums = vec![0i32; out_row.len() + 1];
-        let (init, fold) = if B == 3 {
-            // lanes 0..3 += lanes 3..6: one pixel's R, G, B sums.
-            (
-                _mm256_setr_epi32(HALF, HALF, HALF, 0, 0, 0, 0, 0),
-                _mm256_setr_epi32(3, 4, 5, 0, 0, 0, 0, 0),
-            )
+        let rows = (in_a, in_b, out_a, out_b);
+        if w.bands == 3 {
+            match w.simd_stride / 2 {
+                1 => groups::<Rgb<1>>(w, rows),
+                2 => groups::<Rgb<2>>(w, rows),
+                3 => groups::<Rgb<3>>(w, rows),
+                4 => groups::<Rgb<4>>(w, rows),
+                5 => groups::<Rgb<5>>(w, rows),
+                6 => groups::<Rgb<6>>(w, rows),
+                7 => groups::<Rgb<7>>(w, rows),
+                8 => groups::<Rgb<8>>(w, rows),
+                _ => unreachable!("windows are at most MAX_WINDOW long"),
+            }
         } else {
-            (
-                _mm256_setr_epi32(HALF, 0, 0, 0, 0, 0, 0, 0),
-                _mm256_setzero_si256(),
-            )
-        };
-        let mut fallback = Vec::new();
-        for i in 0..pixels {
-            let at = w.start[i] * B;
-            if at + span > in_row.len() {
-                fallback.push(i);
-                continue;
+            match w.simd_stride / 8 {
+                1 => groups::<Gray<1>>(w, rows),
+                2 => groups::<Gray<2>>(w, rows),
+                _ => unreachable!("windows are at most MAX_WINDOW long"),
             }
-            let k = &w.simd_k[i * STEPS * 8..(i + 1) * STEPS * 8];
-            let window = &in_row[at..at + span];
-            let mut acc = init;
-            for step in 0..STEPS {
-                let bytes = widen8(window, step * stride);
-                acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(bytes, lanes(&k[step * 8..])));
-            }
-            if B == 3 {
-                let rgb = _mm256_castsi256_si128(_mm256_add_epi32(
-                    acc,
-                    _mm256_permutevar8x32_epi32(acc, fold),
-                ));
-                let to = &mut sums[i * 3..i * 3 + 4];
-                // SAFETY: `to` is 4 i32, the 16 bytes written; storeu needs no alignment.
-                _mm_storeu_si128(to.as_mut_ptr().cast(), rgb);
-            } else {
-                let x = _mm_add_epi32(
-                    _mm256_castsi256_si128(acc),
-                    _mm256_extracti128_si256::<1>(acc),
-                );
-                let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b00_00_11_10>(x));
-                let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b00_00_00_01>(x));
-                sums[i] = _mm_cvtsi128_si32(x);
-            }
-        }
-        for (o, &s) in out_row.iter_mut().zip(&sums) {
-            *o = clip8(s);
-        }
-        for i in fallback {
-            w.pixel::<B>(in_row, i, &mut out_row[i * B..i * B + B]);
         }
     }
 
-    /// `vertical_rows` compiled with AVX2.
+    type Rows<'a, 'b> = (&'a [u8], &'a [u8], &'b mut [u8], Option<&'b mut [u8]>);
+
+    /// 4 output pixels of two rows at once.
+    trait Group {
+        const BANDS: usize;
+        /// Outputs `at[0..4]` of rows a (the low 128 bits) and b (the high ones), as bytes
+        /// clipped and packed to the start of each half.
+        unsafe fn group(w: &Windows, a: &[u8], b: &[u8], at: [usize; 4]) -> __m256i;
+    }
+
+    /// Every output of the rows: groups of 4 up to `w.simd_end`, then the scalar loop.
+    #[inline(always)]
+    unsafe fn groups<G: Group>(w: &Windows, (in_a, in_b, out_a, mut out_b): Rows<'_, '_>) {
+        let b = G::BANDS;
+        let pixels = out_a.len() / b;
+        let end = w.simd_end.min(pixels);
+        let mut i = 0;
+        while i < end {
+            let last = end - 1;
+            let at = [i, (i + 1).min(last), (i + 2).min(last), (i + 3).min(last)];
+            let v = G::group(w, in_a, in_b, at);
+            let bytes = (end - i).min(4) * b;
+            store(out_a, i * b, bytes, _mm256_castsi256_si128(v));
+            if let Some(out_b) = out_b.as_deref_mut() {
+                store(out_b, i * b, bytes, _mm256_extracti128_si256::<1>(v));
+            }
+            i += 4;
+        }
+        // Every output from `end` on is written below, over what the 16-byte stores left there.
+        match b {
+            3 => w.pixels_from::<3>(in_a, end, out_a),
+            _ => w.pixels_from::<1>(in_a, end, out_a),
+        }
+        if let Some(out_b) = out_b {
+            match b {
+                3 => w.pixels_from::<3>(in_b, end, out_b),
+                _ => w.pixels_from::<1>(in_b, end, out_b),
+            }
+        }
+    }
+
+    /// The first `bytes` of `v` to `out[at..]`: with one 16-byte store where the row has room
+    /// (the bytes after `bytes` belong to later outputs, written after), else through a copy.
+    #[inline(always)]
+    unsafe fn store(out: &mut [u8], at: usize, bytes: usize, v: __m128i) {
+        if let Some(to) = out.get_mut(at..at + 16) {
+            // SAFETY: `to` is 16 bytes; storeu needs no alignment.
+            _mm_storeu_si128(to.as_mut_ptr().cast(), v);
+        } else {
+            let mut all = [0u8; 16];
+            // SAFETY: `all` is 16 bytes.
+            _mm_storeu_si128(all.as_mut_ptr().cast(), v);
+            out[at..at + bytes].copy_from_slice(&all[..bytes]);
+        }
+    }
+
+    /// 16 bytes of row a at `at` in the low half, of row b in the high one.
+    #[inline(always)]
+    unsafe fn load16(a: &[u8], b: &[u8], at: usize) -> __m256i {
+        let (a, b) = (&a[at..at + 16], &b[at..at + 16]);
+        // SAFETY: `a` and `b` are 16 bytes; loadu needs no alignment.
+        let (a, b) = (
+            _mm_loadu_si128(a.as_ptr().cast()),
+            _mm_loadu_si128(b.as_ptr().cast()),
+        );
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b)
+    }
+
+    /// 8 bytes of row a at `at` in the low half, of row b in the high one, widened to i16.
+    #[inline(always)]
+    unsafe fn load8_wide(a: &[u8], b: &[u8], at: usize) -> __m256i {
+        let (a, b) = (&a[at..at + 8], &b[at..at + 8]);
+        // SAFETY: `a` and `b` are 8 bytes, the bytes loadl reads; it needs no alignment.
+        let (a, b) = (
+            _mm_loadl_epi64(a.as_ptr().cast()),
+            _mm_loadl_epi64(b.as_ptr().cast()),
+        );
+        let x = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b);
+        _mm256_unpacklo_epi8(x, _mm256_setzero_si256())
+    }
+
+    /// RGB windows of `P` pairs of taps.
+    struct Rgb<const P: usize>;
+
+    impl<const P: usize> Rgb<P> {
+        /// Output `i`'s sums >> PRECISION_BITS: [R G B 0] in each half.
+        #[inline(always)]
+        unsafe fn pixel(w: &Windows, a: &[u8], b: &[u8], i: usize) -> __m256i {
+            let at = w.start[i] * 3;
+            let k = &w.simd_k[i * 2 * P..(i + 1) * 2 * P];
+            // Taps 0, 1 and taps 2, 3 of 4 pixels as [R0 R1 G0 G1 B0 B1 0 0] in i16.
+            #[rustfmt::skip]
+            let pair = [
+                _mm256_setr_epi8(
+                    0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                    0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                ),
+                _mm256_setr_epi8(
+                    6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,
+                    6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,
+                ),
+            ];
+            let mut lo = _mm256_set1_epi32(HALF);
+            let mut hi = _mm256_setzero_si256();
+            let mut four = _mm256_setzero_si256();
+            for p in 0..P {
+                if p % 2 == 0 {
+                    four = load16(a, b, at + p / 2 * 12);
+                }
+                let taps = _mm256_shuffle_epi8(four, pair[p % 2]);
+                let (k_lo, k_hi) = (k[2 * p], k[2 * p + 1]);
+                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(taps, _mm256_set1_epi32(k_lo)));
+                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(taps, _mm256_set1_epi32(k_hi)));
+            }
+            let sum = _mm256_add_epi32(_mm256_slli_epi32::<15>(hi), lo);
+            _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(sum)
+        }
+    }
+
+    impl<const P: usize> Group for Rgb<P> {
+        const BANDS: usize = 3;
+
+        #[inline(always)]
+        unsafe fn group(w: &Windows, a: &[u8], b: &[u8], at: [usize; 4]) -> __m256i {
+            let v0 = Self::pixel(w, a, b, at[0]);
+            let v1 = Self::pixel(w, a, b, at[1]);
+            let v2 = Self::pixel(w, a, b, at[2]);
+            let v3 = Self::pixel(w, a, b, at[3]);
+            let rgb0 = _mm256_packs_epi32(v0, v1);
+            let rgb1 = _mm256_packs_epi32(v2, v3);
+            // [R G B 0] x 4 as bytes, clamped to 0..=255; then the 0s dropped.
+            let rgb = _mm256_packus_epi16(rgb0, rgb1);
+            #[rustfmt::skip]
+            let drop = _mm256_setr_epi8(
+                0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+                0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+            );
+            _mm256_shuffle_epi8(rgb, drop)
+        }
+    }
+
+    /// L windows of `E` times 8 taps.
+    struct Gray<const E: usize>;
+
+    impl<const E: usize> Gray<E> {
+        /// Output `i`'s sum without HALF, in 4 parts in each half.
+        #[inline(always)]
+        unsafe fn pixel(w: &Windows, a: &[u8], b: &[u8], i: usize) -> __m256i {
+            let at = w.start[i];
+            let k = &w.simd_k[i * 8 * E..(i + 1) * 8 * E];
+            let mut lo = _mm256_setzero_si256();
+            let mut hi = _mm256_setzero_si256();
+            for e in 0..E {
+                let taps = load8_wide(a, b, at + 8 * e);
+                let (k_lo, k_hi) = (&k[8 * e..8 * e + 4], &k[8 * e + 4..8 * e + 8]);
+                // SAFETY: `k_lo` and `k_hi` are 4 i32, the 16 bytes read.
+                let k_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(k_lo.as_ptr().cast()));
+                let k_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(k_hi.as_ptr().cast()));
+                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(taps, k_lo));
+                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(taps, k_hi));
+            }
+            _mm256_add_epi32(_mm256_slli_epi32::<15>(hi), lo)
+        }
+    }
+
+    impl<const E: usize> Group for Gray<E> {
+        const BANDS: usize = 1;
+
+        #[inline(always)]
+        unsafe fn group(w: &Windows, a: &[u8], b: &[u8], at: [usize; 4]) -> __m256i {
+            let v0 = Self::pixel(w, a, b, at[0]);
+            let v1 = Self::pixel(w, a, b, at[1]);
+            let v2 = Self::pixel(w, a, b, at[2]);
+            let v3 = Self::pixel(w, a, b, at[3]);
+            // [sum0 sum1 sum2 sum3] in each half.
+            let sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+            let sums = _mm256_add_epi32(sums, _mm256_set1_epi32(HALF));
+            let px = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(sums);
+            let px = _mm256_packs_epi32(px, px);
+            _mm256_packus_epi16(px, px)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn shift(sum: __m256i) -> __m256i {
+        _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(sum)
+    }
+
+    /// `super::vertical_rows` 32 bytes at a time, the sums in registers.
     ///
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn vertical_rows(src: &View<'_>, taps: &super::Taps, out: &mut [u8]) {
-        super::vertical_rows(src, taps, out);
+    pub(super) unsafe fn vertical_rows(src: &View<'_>, taps: &Taps, out: &mut [u8]) {
+        let row_len = src.width * src.bands;
+        // Bytes 4 * i..4 * i + 4 of each half: one register of sums each.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (y, out_row) in out.chunks_exact_mut(row_len).enumerate() {
+            let k = taps.coeffs(y);
+            let first = taps.start[y];
+            let mut x = 0;
+            while x + 32 <= row_len {
+                let mut acc = [_mm256_set1_epi32(HALF); 4];
+                for (j, &kj) in k.iter().enumerate() {
+                    let row = &src.row(first + j)[x..x + 32];
+                    let kj = _mm256_set1_epi32(kj);
+                    for (q, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: 8 bytes of `row`, the bytes loadl reads.
+                        let p = _mm_loadl_epi64(row[8 * q..8 * q + 8].as_ptr().cast());
+                        let p = _mm256_cvtepu8_epi32(p);
+                        *acc = _mm256_add_epi32(*acc, _mm256_mullo_epi32(p, kj));
+                    }
+                }
+                let [a0, a1, a2, a3] = acc;
+                let lo = _mm256_packs_epi32(shift(a0), shift(a1));
+                let hi = _mm256_packs_epi32(shift(a2), shift(a3));
+                let px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(lo, hi), order);
+                // SAFETY: 32 bytes of `out_row`; storeu needs no alignment.
+                _mm256_storeu_si256(out_row[x..x + 32].as_mut_ptr().cast(), px);
+                x += 32;
+            }
+            for (x, o) in out_row.iter_mut().enumerate().skip(x) {
+                let mut sum = HALF;
+                for (j, &kj) in k.iter().enumerate() {
+                    sum += i32::from(src.row(first + j)[x]) * kj;
+                }
+                *o = clip8(sum);
+            }
+        }
     }
 }
 
@@ -977,7 +1219,7 @@ fn vertical_pass(src: &View<'_>, out_h: usize, taps: &Taps) -> Image {
     Image::from_vec(src.width, out_h, src.bands, out)
 }
 
-#[inline(always)]
+/// The vertical pass's plain loop.
 fn vertical_rows(src: &View<'_>, taps: &Taps, out: &mut [u8]) {
     let row_len = src.width * src.bands;
     // One row of sums, reused: each tap adds a whole source row to it.
@@ -1089,18 +1331,145 @@ mod tests {
                     };
                     if bands == 3 {
                         horizontal_row::<3>(input, &mut want, &taps);
-                        windows.scalar_row::<3>(input, &mut got);
+                        windows.scalar_row(input, &mut got);
                         assert_eq!(got, want, "{case}");
-                        windows.row::<3>(input, &mut got);
+                        windows.row(input, &mut got);
                     } else {
                         horizontal_row::<1>(input, &mut want, &taps);
-                        windows.scalar_row::<1>(input, &mut got);
+                        windows.scalar_row(input, &mut got);
                         assert_eq!(got, want, "{case}");
-                        windows.row::<1>(input, &mut got);
+                        windows.row(input, &mut got);
                     }
                     assert_eq!(got, want, "{case} (fastest loop)");
                 }
             }
+        }
+    }
+
+    /// A small LCG for the randomised comparisons below.
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((self.0 >> 33) % n as u64) as usize
+        }
+
+        /// Bytes mostly random, some rows all 0 or all 255 (the largest sums of each sign).
+        fn row(&mut self, len: usize) -> Vec<u8> {
+            match self.below(8) {
+                0 => vec![255; len],
+                1 => vec![0; len],
+                2 => (0..len).map(|i| if i % 2 == 0 { 255 } else { 0 }).collect(),
+                _ => (0..len).map(|_| self.below(256) as u8).collect(),
+            }
+        }
+    }
+
+    /// The fastest horizontal loop this machine has (two rows at once, and one alone) against
+    /// Pillow's plain loop, over random sizes, boxes (windows at both ends of the row), filters
+    /// and bands: a wrong lane, pair of taps or overflow shows as a byte that differs.
+    #[test]
+    fn fast_horizontal_rows_match_the_plain_loop() {
+        let mut rng = Lcg(7);
+        let filters = [
+            Filter::Box,
+            Filter::Bilinear,
+            Filter::Hamming,
+            Filter::Bicubic,
+            Filter::Lanczos,
+        ];
+        let mut compared = 0;
+        for case in 0..3000 {
+            let in_w = 1 + rng.below(if case % 4 == 0 { 400 } else { 60 });
+            let out_w = 1 + rng.below(3 * in_w.min(60) + 4);
+            let x0 = rng.below(in_w) as f32 + rng.below(4) as f32 / 4.0;
+            let x0 = if case % 3 == 0 {
+                0.0
+            } else {
+                x0.min(in_w as f32)
+            };
+            let x1 = x0 + (in_w as f32 - x0) * (1 + rng.below(8)) as f32 / 8.0;
+            let filter = filters[case % filters.len()];
+            let taps = Taps::new(in_w, x0, x1, out_w, Kernel::of(filter), 0..out_w);
+            for bands in [1, 3] {
+                let Some(windows) = Windows::new(&taps, in_w, bands) else {
+                    continue;
+                };
+                let (a, b) = (rng.row(in_w * bands), rng.row(in_w * bands));
+                let mut want_a = vec![0u8; out_w * bands];
+                let mut want_b = vec![0u8; out_w * bands];
+                if bands == 3 {
+                    horizontal_row::<3>(&a, &mut want_a, &taps);
+                    horizontal_row::<3>(&b, &mut want_b, &taps);
+                } else {
+                    horizontal_row::<1>(&a, &mut want_a, &taps);
+                    horizontal_row::<1>(&b, &mut want_b, &taps);
+                }
+                let what = format!("{filter:?} {in_w}->{out_w} box {x0}..{x1} bands {bands}");
+                let mut got_a = vec![0u8; out_w * bands];
+                let mut got_b = vec![0u8; out_w * bands];
+                windows.rows(&a, &b, &mut got_a, Some(&mut got_b));
+                assert_eq!(got_a, want_a, "{what}, row a of two");
+                assert_eq!(got_b, want_b, "{what}, row b of two");
+                let mut got = vec![0u8; out_w * bands];
+                windows.row(&b, &mut got);
+                assert_eq!(got, want_b, "{what}, one row");
+                compared += usize::from(windows.simd_end > 0);
+            }
+        }
+        // Most cases must reach the vector loops (where the machine has them).
+        assert!(
+            compared > 3000,
+            "only {compared} cases used the vector loops"
+        );
+    }
+
+    /// The vertical pass's loops (AVX2 where the machine has it, and the plain one) against a
+    /// sum per byte, over random sizes, boxes and filters.
+    #[test]
+    fn fast_vertical_rows_match_the_plain_loop() {
+        let mut rng = Lcg(11);
+        for case in 0..600 {
+            let filter = [
+                Filter::Box,
+                Filter::Bilinear,
+                Filter::Hamming,
+                Filter::Bicubic,
+                Filter::Lanczos,
+            ][case % 5];
+            let (width, bands) = (1 + rng.below(70), [1, 3][case % 2]);
+            let in_h = 1 + rng.below(40);
+            let out_h = 1 + rng.below(3 * in_h + 2);
+            let y0 = if case % 3 == 0 {
+                0.0
+            } else {
+                rng.below(in_h) as f32 / 2.0
+            };
+            let y1 = y0 + (in_h as f32 - y0) * (1 + rng.below(4)) as f32 / 4.0;
+            let taps = Taps::new(in_h, y0, y1, out_h, Kernel::of(filter), 0..out_h);
+            let data = rng.row(width * in_h * bands);
+            let img = Image::from_vec(width, in_h, bands, data);
+            let view = View::whole(&img);
+            let row_len = width * bands;
+            let mut want = vec![0u8; row_len * out_h];
+            for (y, out_row) in want.chunks_exact_mut(row_len).enumerate() {
+                for (x, o) in out_row.iter_mut().enumerate() {
+                    let mut sum = HALF;
+                    for (j, &k) in taps.coeffs(y).iter().enumerate() {
+                        sum += i32::from(view.row(taps.start[y] + j)[x]) * k;
+                    }
+                    *o = clip8(sum);
+                }
+            }
+            let what = format!("{filter:?} {width}x{in_h}->{out_h} bands {bands}");
+            assert_eq!(vertical_pass(&view, out_h, &taps).data, want, "{what}");
+            let mut plain = vec![0u8; row_len * out_h];
+            vertical_rows(&view, &taps, &mut plain);
+            assert_eq!(plain, want, "{what}, plain loop");
         }
     }
 
