@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from torchvision import datasets
@@ -122,6 +123,52 @@ TRAIN = T.Compose(
 )
 
 
+def test_a_flip_unlike_torchvisions_is_left_to_torchvisions_own(monkeypatch):
+    # The check runs torchvision's own forward, not the written-out draw again.
+    def flip_drawing_two(self, img):
+        return T.functional.hflip(img) if torch.rand(2)[1] < self.p else img
+
+    monkeypatch.setattr(T.RandomHorizontalFlip, "forward", flip_drawing_two)
+    plan = _plan.Plan(T.Compose([T.RandomHorizontalFlip(), T.ToTensor()]))
+    plan.record((50, 40))
+    assert plan._explicit is False
+
+
+def test_the_log_ratio_is_computed_in_the_ratios_own_dtype():
+    # numpy's float64s make a float64 tensor, floats one of the default dtype: a cache keyed
+    # on equal values alone handed one the other's bounds.
+    ratio = (0.2077, 4.8145)
+    for r in (ratio, tuple(np.float64(x) for x in ratio), ratio):
+        want = torch.log(torch.tensor(r))
+        assert _plan._log_ratio(r) == (want[0].item(), want[1].item())
+
+
+def test_module_hooks_run_once_per_sample_as_in_torchvision(corpus):
+    counts = []
+    for dataset_type in (datasets.ImageFolder, RV.ImageFolder):
+        t = v2.RandomResizedCrop(16)
+        calls = []
+        t.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        ds = dataset_type(corpus, v2.Compose([t, v2.ToImage()]))
+        for i in range(3):
+            ds[i]
+        counts.append(len(calls))
+    assert counts == [3, 3]
+
+
+def test_under_another_default_device_the_samples_are_torchvisions(corpus):
+    # torch.set_default_device makes torch's factories (torch.empty, torch.rand) give tensors
+    # there; torchvision's samples still come out on the CPU ("meta" stands in for "cuda").
+    transform = T.Compose([T.Resize(8), T.ToTensor()])
+    theirs, ours = datasets.ImageFolder(corpus, transform), RV.ImageFolder(corpus, transform)
+    torch.set_default_device("meta")
+    try:
+        want, got = theirs[3], ours[3]
+    finally:
+        torch.set_default_device(None)
+    assert got[0].device == want[0].device and torch.equal(got[0], want[0])
+
+
 def _batches(dataset_type, root, transform, **kw) -> list:
     torch.manual_seed(7)
     loader = rloader.DataLoader(
@@ -172,6 +219,7 @@ def test_draws_unlike_torchvisions_are_left_to_torchvisions_own(corpus, monkeypa
     calls = _counting_dispatch(monkeypatch)
     got = _batches(RV.ImageFolder, corpus, TRAIN, worker_type="thread")
     assert calls
-    want = _batches(datasets.ImageFolder, corpus, TRAIN)
+    # (processes forked: the patched get_params is theirs too)
+    want = _batches(datasets.ImageFolder, corpus, TRAIN, multiprocessing_context="fork")
     for (gx, _), (wx, _) in zip(got, want):
         assert torch.equal(gx, wx)

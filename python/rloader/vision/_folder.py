@@ -46,6 +46,8 @@ class _RustSamples:
         # (torchvision reads them every call), or torch's default float dtype (ToTensor's)
         # changes. A setting changed inside a transform that the plan read once (RandomCrop's
         # padding, Normalize's mean) needs `dataset.transform` assigned again.
+        if torch._C._len_torch_function_stack() and torch.get_default_device().type != "cpu":
+            return None  # (torch.set_default_device: torchvision's tensors are made there)
         transform = self.transform
         items = getattr(transform, "transforms", None)
         key = (

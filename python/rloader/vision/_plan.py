@@ -249,11 +249,11 @@ class Plan:
         torchvision does, from the calling worker's generator: `_draws.py`): `(steps, done)`,
         `done` being how many transforms were recorded (fewer than all where a fixed transform
         would need pixels: those run in torchvision)."""
-        generator = draws_generator()
-        if self._explicit is None:
-            self._explicit = _draws_agree(self.geometry)
-        if self._explicit and not any(map(_hooked, self.geometry)):
-            return self._record(size, generator)
+        if not any(map(_hooked, self.geometry)):  # (hooks run only through __call__)
+            if self._explicit is None:
+                self._explicit = _draws_agree(self.geometry)
+            if self._explicit:
+                return self._record(size, draws_generator())
         with worker_draws():
             return self._record(size, None)
 
@@ -302,10 +302,15 @@ def _resize_v1(img: _Recorder, size, interpolation, max_size=None, antialias=Tru
     return img.resize(tuple(output[::-1]), _PIL_MODES[interpolation])
 
 
+def _log_ratio(ratio) -> tuple[float, float]:
+    # get_params's torch.log(torch.tensor(ratio)), as uniform_ reads it: its dtype is the
+    # default one, or the ratio's own (numpy's float64s), hence the types in the key.
+    return _log_ratio_of(tuple((type(r), r) for r in ratio), torch.get_default_dtype())
+
+
 @functools.lru_cache(maxsize=64)
-def _log_ratio(ratio: tuple, dtype: torch.dtype) -> tuple[float, float]:
-    # get_params's torch.log(torch.tensor(ratio)) (of the default dtype), as uniform_ reads it.
-    log_ratio = torch.log(torch.tensor(ratio))
+def _log_ratio_of(typed: tuple, dtype: torch.dtype) -> tuple[float, float]:
+    log_ratio = torch.log(torch.tensor([r for _, r in typed]))
     return log_ratio[0].item(), log_ratio[1].item()
 
 
@@ -340,7 +345,7 @@ def _random_resized_crop_v1(t, img: _Recorder, generator=None) -> _Recorder:
     if generator is None:
         i, j, h, w = t.get_params(img, t.scale, t.ratio)
     else:
-        log_ratio = _log_ratio(tuple(t.ratio), torch.get_default_dtype())
+        log_ratio = _log_ratio(t.ratio)
         i, j, h, w = _resized_crop_params(img.size, t.scale, t.ratio, log_ratio, generator)
     img = img.crop((j, i, j + w, i + h))
     return _resize_v1(img, t.size, t.interpolation, None, t.antialias)
@@ -429,7 +434,8 @@ except ImportError:  # pragma: no cover - torchvision moved them
 # `transform` takes parameters as in the torchvision versions rloader is tested with.
 _FORWARD = dict(_V1_FORWARD)
 if v2 is not None and all(
-    hasattr(c, "transform") for c in (v2.RandomResizedCrop, v2.RandomHorizontalFlip)
+    hasattr(c, "transform")
+    for c in (v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.RandomVerticalFlip)
 ):
     _FORWARD.update(
         {
@@ -471,18 +477,22 @@ def _draws_agree(geometry: list) -> bool:
         for size in _CHECK_SIZES * 4:
             if _needs_pixels(t, size):
                 continue
-            a, b = _outcome(fast, t, size, mine), None
+            a = _outcome(functools.partial(_by_name, fast, t, mine), size)
             with WorkerDraws(theirs):
-                b = _outcome(fast, t, size, None)
+                b = _outcome(t.forward, size)  # torchvision's own (forward: no hooks)
             if a != b or not torch.equal(mine.get_state(), theirs.get_state()):
                 return False
     return True
 
 
-def _outcome(fast, t, size, generator):
+def _by_name(fast, t, generator, img):
+    return fast(t, img, generator)
+
+
+def _outcome(transform, size):
     steps: list = []
     try:
-        fast(t, _Recorder(size, steps), generator)
+        transform(_Recorder(size, steps))
     except Exception as e:  # noqa: BLE001 - compared: the same type both ways
         return type(e)
     return steps
