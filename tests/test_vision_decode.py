@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision import datasets
 from torchvision import transforms as T
 
@@ -124,3 +124,41 @@ def test_steps_parsed_for_another_image_size_are_refused(kinds_root):
     with pytest.raises(ValueError, match="another size"):
         _rloader.vision_run_many([large], [steps], [(out.data_ptr(), out.nbytes)])
     assert small.run(steps, out.data_ptr(), out.nbytes)
+
+
+def _exif_jpeg(path: str, orientation: int) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    pixels = np.random.default_rng(0).integers(0, 256, (80, 120, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, exif=exif.tobytes(), dpi=(300, 300))
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        T.Compose([T.Resize(40), T.Lambda(ImageOps.exif_transpose), T.PILToTensor()]),
+        T.Compose([T.Lambda(ImageOps.exif_transpose), T.Resize(40), T.PILToTensor()]),
+        T.Resize(9),
+        T.RandomResizedCrop(16),
+    ],
+    ids=["resize-exif-transpose", "exif-transpose-first", "resize-alone", "crop-alone"],
+)
+def test_a_pil_image_handed_on_carries_pillows_info(tmp_path, transform):
+    # A transform after the Rust steps (or the caller, where they end on a PIL image) sees the
+    # image torchvision's loader gives: EXIF, DPI and all; a PNG's go through Pillow.
+    os.makedirs(tmp_path / "a")
+    _exif_jpeg(str(tmp_path / "a" / "rotated.jpg"), orientation=6)
+    palette = Image.new("P", (30, 20))
+    palette.putpalette([0, 0, 0, 200, 10, 10] + [0] * 762)
+    palette.save(tmp_path / "a" / "trns.png", transparency=0)
+    theirs = datasets.ImageFolder(str(tmp_path), transform)
+    ours = RV.ImageFolder(str(tmp_path), transform)
+    for i in range(len(theirs)):
+        torch.manual_seed(i)
+        want, _ = theirs[i]
+        torch.manual_seed(i)
+        got, _ = ours[i]
+        if isinstance(want, Image.Image):
+            assert got.info == want.info and np.array_equal(np.asarray(got), np.asarray(want))
+        else:
+            assert got.shape == want.shape and torch.equal(got, want)

@@ -77,7 +77,7 @@ class _RustSamples:
                 return super().__getitem__(index)
         generator = draws_generator()
         state = generator.get_state()
-        sample = _run(plan, encoded, draft=self.draft, pool=self._pool())
+        sample = _run(plan, encoded, path, draft=self.draft, pool=self._pool())
         if sample is None:
             # Rust's decoder failed or warned (or the output is empty): torchvision makes the
             # sample, or raises, from the generator state it would have had.
@@ -254,9 +254,10 @@ _PILLOW_DECODES_WITH_TURBO = bool(features.check_feature("libjpeg_turbo"))
 _POOL_BLOCKS = 128
 
 
-def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
-    """One sample through `plan`, or None where Rust's decoder failed or warned, or the output
-    is empty. `draft`: a JPEG may decode at a reduced scale where the steps reduce it anyway
+def _run(plan: Plan, encoded, path: str, *, draft: bool = False, pool=None):
+    """One sample of the file at `path` through `plan`, or None where Rust's decoder failed or
+    warned, the output is empty, or the sample would be a PIL image Rust cannot give the
+    `.info` of. `draft`: a JPEG may decode at a reduced scale where the steps reduce it anyway
     (rloader-vision's NOTE [Draft]): close to torchvision's pixels, not equal."""
     # Only the transforms draw, from the thread worker's generator where on one (_draws.py).
     recorded, done = plan.record(encoded.size)
@@ -264,6 +265,8 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
     if done < len(plan.geometry):  # a fixed transform needs pixels: torchvision goes on from it
         rest = plan.geometry[done:] + (conversion.transforms if conversion else []) + rest
         conversion = None
+    if conversion is None and encoded.format != "JPEG":
+        return None  # (a PNG's .info may be in chunks after its pixels: Pillow reads them)
     steps = encoded.steps(1, recorded)
     width, height = steps.size
     if width == 0 or height == 0:
@@ -278,6 +281,7 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
         out = torch.empty((height, width, 3), dtype=torch.uint8)
         ok = encoded.run(steps, out.data_ptr(), out.nbytes, draft=draft)
         sample = Image.frombuffer("RGB", (width, height), out.numpy(), "raw", "RGB", 0, 1)
+        sample.info = _pillow_info(path)
     if not ok:
         return None
     if rest:
@@ -287,6 +291,14 @@ def _run(plan: Plan, encoded, *, draft: bool = False, pool=None):
     if plan.tail is not None:
         sample = _convert(plan.tail, sample, pool)
     return sample
+
+
+def _pillow_info(path: str) -> dict:
+    """The `.info` of torchvision's image of the JPEG at `path` (EXIF, ICC profile, DPI, ...,
+    which its transforms, or yours, may read): Pillow reads all of it from the header, and
+    `convert("RGB")`, crops, resizes and flips copy it."""
+    with Image.open(path) as img:
+        return dict(img.info)
 
 
 def _convert(tail, sample, pool):
