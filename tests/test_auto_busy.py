@@ -63,6 +63,19 @@ def pools_by_epoch(dataset, epochs):
     return out, loader
 
 
+def stepped_square_pairs(clock, worker_type: str):
+    """An auto loader over `SquarePairs` whose samples cost 10 ms of `clock`, stepped through
+    an epoch, whose batches are torch's; the loader, for its decisions."""
+    loader = rloader.DataLoader(
+        SquarePairs(400, clock=clock, cost=0.01),
+        batch_size=2,
+        num_workers="auto",
+        worker_type=worker_type,
+    )
+    assert stepped(loader, clock) == batches(tud.DataLoader(SquarePairs(400), batch_size=2))[0]
+    return loader
+
+
 @pytest.mark.parametrize("loading", ["holds its CPU", "waits"])
 def test_a_busy_machine_does_not_make_the_loadings_own_cpu_share_read_otherwise(
     monkeypatch, loading
@@ -82,13 +95,7 @@ def test_a_busy_machine_does_not_make_the_loadings_own_cpu_share_read_otherwise(
         auto_measure, "loading_clock", lambda: (cpu * clock.now, core_wait * clock.now)
     )
     affordable_processes(monkeypatch)
-    loader = rloader.DataLoader(
-        SquarePairs(400, clock=clock, cost=0.01),
-        batch_size=2,
-        num_workers="auto",
-        worker_type="auto",
-    )
-    assert stepped(loader, clock) == batches(tud.DataLoader(SquarePairs(400), batch_size=2))[0]
+    loader = stepped_square_pairs(clock, "auto")
     decisions = loader.stats()["auto"]["decisions"]
     assert decisions[-1]["window"]["others"] == pytest.approx(2.0)
     first = pools(decisions)[0]
@@ -136,13 +143,7 @@ def test_a_thread_pools_cpu_use_is_its_workers_not_the_training_steps_threads(mo
     monkeypatch.setattr(auto_measure, "usable_cores", lambda: 2)
     slow_pools(monkeypatch, clock, 0.02)  # (each batch from a pool keeps the consumer 20 ms)
     windows = recorded_windows(monkeypatch)
-    loader = rloader.DataLoader(
-        SquarePairs(400, clock=clock, cost=0.01),
-        batch_size=2,
-        num_workers="auto",
-        worker_type="thread",
-    )
-    assert stepped(loader, clock) == batches(tud.DataLoader(SquarePairs(400), batch_size=2))[0]
+    loader = stepped_square_pairs(clock, "thread")
     pooled = [w for w in windows if w.workers]
     assert pooled, windows
     for w in pooled:

@@ -264,7 +264,7 @@ class Plan:
             if _needs_pixels(t, img.size):
                 return steps, i
             fast = _FORWARD.get(type(t))
-            if fast is None or _hooked(t):
+            if fast is None or (generator is None and _hooked(t)):  # (`record` looked for hooks)
                 img = t(img)
             else:
                 img = fast(t, img, generator)

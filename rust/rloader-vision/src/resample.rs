@@ -1261,6 +1261,9 @@ fn copy_columns<const B: usize>(in_row: &[u8], out: &mut [u8], table: &[usize]) 
 
 #[cfg(test)]
 mod tests {
+    use rand::{RngExt, SeedableRng};
+    use rand_xoshiro::SplitMix64;
+
     use super::*;
 
     fn gradient(w: usize, h: usize, bands: usize) -> Image {
@@ -1346,16 +1349,17 @@ mod tests {
         }
     }
 
-    /// A small LCG for the randomised comparisons below.
-    struct Lcg(u64);
+    /// The randomised comparisons' draws: rand_xoshiro's SplitMix64 from a fixed seed (as the
+    /// fuzz harnesses draw, `rust/test-support/fuzz_rng.rs`).
+    struct Draws(SplitMix64);
 
-    impl Lcg {
+    impl Draws {
+        fn new(seed: u64) -> Self {
+            Draws(SplitMix64::seed_from_u64(seed))
+        }
+
         fn below(&mut self, n: usize) -> usize {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((self.0 >> 33) % n as u64) as usize
+            self.0.random_range(0..n)
         }
 
         /// Bytes mostly random, some rows all 0 or all 255 (the largest sums of each sign).
@@ -1374,7 +1378,7 @@ mod tests {
     /// and bands: a wrong lane, pair of taps or overflow shows as a byte that differs.
     #[test]
     fn fast_horizontal_rows_match_the_plain_loop() {
-        let mut rng = Lcg(7);
+        let mut rng = Draws::new(7);
         let filters = [
             Filter::Box,
             Filter::Bilinear,
@@ -1432,7 +1436,7 @@ mod tests {
     /// sum per byte, over random sizes, boxes and filters.
     #[test]
     fn fast_vertical_rows_match_the_plain_loop() {
-        let mut rng = Lcg(11);
+        let mut rng = Draws::new(11);
         for case in 0..600 {
             let filter = [
                 Filter::Box,
