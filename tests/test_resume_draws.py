@@ -3,6 +3,8 @@ convention) has each worker's copy resumed from its state after its last batch h
 random draws of a resumed epoch (augmentations) are the uninterrupted run's, on worker
 processes and threads."""
 
+import time
+
 import pytest
 import torch
 import torch.utils.data as tud
@@ -215,3 +217,85 @@ def test_worker_states_go_through_a_checkpoint_and_a_resume_of_a_resume():
     loader.load_state_dict(state)
     seen += epochs_of(loader, 1)[0]
     assert seen == expected[0]
+
+
+def left_early(make, leave, stop=None, total=3, held=False):
+    """Epochs of persistent workers whose first epoch is left after ``leave`` batches (a
+    ``break``, as Lightning's ``limit_train_batches`` makes one) while they had loaded more;
+    with ``stop=(epoch, batches)``, saved there and continued by a new loader. ``held``: left
+    once the pin thread holds a batch (every worker must be started by then)."""
+    torch.manual_seed(3)
+    loader = make(3, torch.Generator().manual_seed(11))
+    seen = []
+    for epoch in range(total):
+        it, batches = iter(loader), []
+        while True:
+            if stop == (epoch, len(batches)):
+                state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
+                del it, loader
+                torch.manual_seed(12345)  # a restarted process, until the checkpoint loads
+                loader = make(3, torch.Generator().manual_seed(99))
+                loader.load_state_dict(state)
+                torch.set_rng_state(rng)
+                it = iter(loader)
+            batch = next(it, None)
+            if batch is None:
+                break
+            batches.append(as_lists(batch))
+            if epoch == 0 and len(batches) == leave:
+                if held:
+                    until_the_pin_thread_holds_a_batch(it)
+                break
+        seen.append(batches)
+    return seen
+
+
+def until_the_pin_thread_holds_a_batch(it):
+    """With pinning (rloader's PinnedBatches), waits until the pin thread has taken a batch
+    not handed out: left then, that batch's worker state is what the next epoch starts from."""
+    pinned = getattr(it, "_queue", None)
+    deadline = time.monotonic() + 60
+    while pinned is not None and not pinned.full():
+        assert time.monotonic() < deadline, "the pin thread took no batch in 60 s"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize(
+    "leave,stop", [(0, (1, 1)), (1, (1, 0)), (3, (1, 1)), (3, (1, 2)), (2, (2, 1)), (8, (1, 1))]
+)
+@pytest.mark.parametrize("pinned", [False, True], ids=["", "pinned"])
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_after_an_epoch_left_early_persistent_workers_resume_their_draws(
+    monkeypatch, worker_type, pinned, leave, stop
+):
+    # The batches its workers made and nobody took moved their generators on: the next
+    # epoch's state says where each worker went on from, through the pin thread too.
+    if pinned:
+        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b)
+    make = augmenting(worker_type, persistent=True)
+    # Left at 8 of 10 batches with the pin thread holding batch 8, worker 2's last: its state
+    # comes from the pin thread's hands.
+    held = pinned and leave == 8
+    expected = left_early(make, leave, held=held)
+    assert left_early(make, leave, stop, held=held) == expected
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["", "pinned"])
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_an_epoch_left_early_moves_persistent_workers_draws_as_torchs(
+    monkeypatch, worker_type, pinned
+):
+    # What the resumes above are compared with: torch's persistent workers also make every
+    # batch whose keys were drawn before the next epoch starts, and draw for them.
+    if pinned:
+        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b)
+
+    def torchs(workers, g):
+        return tud.DataLoader(
+            Augmenting(N), batch_size=4, shuffle=True, generator=g, num_workers=workers,
+            persistent_workers=True,
+        )  # fmt: skip
+
+    theirs = left_early(torchs, 3)
+    ours = left_early(augmenting(worker_type, persistent=True), 3)
+    assert draws_of(ours) == draws_of(theirs)

@@ -74,9 +74,10 @@ def make(root, transform, workers, worker_type, persistent, seed, split=False):
     )
 
 
-def run(root, transform, worker_type, persistent, stop=None, epochs=2, split=False):
+def run(root, transform, worker_type, persistent, stop=None, epochs=2, split=False, leave=None):
     """Each epoch's batches (digests); with ``stop=(epoch, batches)`` the loader is saved
-    there and a new one, loaded from the checkpoint, goes on."""
+    there and a new one, loaded from the checkpoint, goes on. ``leave``: the first epoch is
+    left (``break``) after so many batches."""
     torch.manual_seed(3)
     loader = make(root, transform, 2, worker_type, persistent, 11, split)
     seen = []
@@ -85,6 +86,8 @@ def run(root, transform, worker_type, persistent, stop=None, epochs=2, split=Fal
         batches = []
         while (batch := next(it, None)) is not None:  # (`it` is replaced on resuming)
             batches.append(digest(batch))
+            if epoch == 0 and len(batches) == leave:
+                break
             if stop == (epoch, len(batches)):
                 state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
                 del it, loader
@@ -104,6 +107,15 @@ def test_a_resumed_epoch_gives_the_uninterrupted_samples(folder, case, persisten
     transform, worker_type = CASES[case]
     expected = run(folder, transform, worker_type, persistent)
     assert run(folder, transform, worker_type, persistent, stop) == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_resume_after_an_epoch_left_early_gives_the_uninterrupted_samples(folder, case):
+    # Persistent workers' crops and flips go on from the samples they made for batches that
+    # were never taken.
+    transform, worker_type = CASES[case]
+    expected = run(folder, transform, worker_type, True, leave=2)
+    assert run(folder, transform, worker_type, True, (1, 1), leave=2) == expected
 
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])

@@ -99,9 +99,19 @@ class PinnedBatches:
         device = (
             torch.accelerator.current_device_index() if torch.accelerator.is_available() else None
         )
+        # The record of a batch the thread took and was stopped holding (``_unheld``).
+        self._unsent: list = []
         self._thread = threading.Thread(
             target=_pin_loop,
-            args=(self._source, self._pin, self._queue, self._stop, device, self._stats),
+            args=(
+                self._source,
+                self._pin,
+                self._queue,
+                self._stop,
+                device,
+                self._stats,
+                self._unsent,
+            ),
             name="rloader_pin_memory",
             daemon=True,
         )
@@ -226,10 +236,25 @@ class PinnedBatches:
         _stop_thread(self._thread, self._stop)
         self._finalizer.detach()
 
+    def _unheld(self) -> list:
+        """With the thread stopped: the records (``HandOuts.record``'s) of the batches it took
+        that were not handed out, oldest first; the batches are dropped. The next epoch's
+        workers go on from their dataset states (``PoolIter._reset``'s ``pinned``)."""
+        tags = []
+        while True:
+            try:
+                _, _, tag = self._queue.get_nowait().pop()
+            except queue.Empty:
+                break
+            if tag is not None:
+                tags.append(tag)
+        return tags + self._unsent
+
     def _reset(self, keys, reported_len=None) -> None:
         """A new epoch on persistent workers."""
         self._len_warning = _len_warning(reported_len)
         self._halt()
+        pinned = self._unheld()
         self._ended = True  # nothing of the old epoch is handed out, even if the reset fails
         if self._starter is not None:
             self._starting(self._starter.start_all)  # the old epoch's answers are drained below
@@ -238,7 +263,7 @@ class PinnedBatches:
             self._in_flight = 0
             self._feed, self._in_flight = self._new_feed(keys)
             keys = self._feed
-        self._source._reset(keys)
+        self._source._reset(keys, pinned=pinned)
         self._start()
 
     def _shutdown_workers(self) -> None:
@@ -253,7 +278,9 @@ def _stop_thread(thread: threading.Thread, stop: threading.Event) -> None:
         thread.join()
 
 
-def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device, stats) -> None:
+def _pin_loop(
+    source, pin, out: queue.Queue, stop: threading.Event, device, stats, unsent: list
+) -> None:
     # As torch's _pin_memory_loop: one intra-op thread, and the main thread's accelerator.
     torch.set_num_threads(1)
     if device is not None:
@@ -284,16 +311,19 @@ def _pin_loop(source, pin, out: queue.Queue, stop: threading.Event, device, stat
         # The item travels in a box that the main thread empties: once it has taken a batch,
         # this thread holds nothing of it, so the user's thread is the one that lets it go
         # (a batch pinned in its slot is fenced on that thread's stream, NOTE [Pinned slots]).
-        kind = item[0]
+        kind, tag = item[0], item[2]
         box = [item]
         del item
-        while not stop.is_set():
+        put = False
+        while not put and not stop.is_set():
             try:
                 out.put(box, timeout=_POLL)
-                break
+                put = True
             except queue.Full:
                 continue
-        del box
+        if not put and tag is not None:
+            unsent.append(tag)  # stopped holding it (PinnedBatches._unheld)
+        del box, tag
         if kind == "fatal":
             source._shutdown_workers()
         if kind in ("end", "fatal"):

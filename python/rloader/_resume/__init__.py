@@ -38,7 +38,9 @@ workers of that kind loads them and starts its round robin there. In order, batc
 to worker ``i mod n`` as in the uninterrupted epoch, from the state that worker had after its
 previous one, so every draw is the uninterrupted run's. Resumed with another count or kind,
 the order is still exact and the workers start as fresh ones do. Persistent workers go on from
-their states at the end of the previous epoch, where it ended.
+their states at the end of the previous epoch, or where it was left (a ``break``): the answers
+nobody took (still owed, held by the scheduler or by the pin thread) are drained as the next
+epoch starts, and each worker's last one says where it is (``Drained`` in handout/mod.rs).
 
 An IterableDataset's stream depends on who reads it (each worker reads its shard): the state
 of an epoch says who read it (``readers``: ``[0, "main"]`` or ``[n, kind]``). A fixed loader's

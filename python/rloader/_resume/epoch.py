@@ -209,12 +209,15 @@ class Epoch:
         return pickle.loads(state)
 
     def end_states(self) -> Optional[list]:
-        """The stateful workers' states once this epoch ended (None if it has not, or has
-        none): where persistent workers start the next epoch."""
+        """The stateful workers' states as this epoch is left (None if it has none): where
+        persistent workers start the next epoch. Of an epoch left early, each worker's after
+        its last batch handed out; a worker that made more goes on from its last one instead,
+        which the next epoch's iterator learns as it drains them (``Drained`` in rloader-py's
+        handout/mod.rs)."""
         if not self.stateful_workers:
             return None  # (without asking the iterator: this runs as every persistent epoch starts)
         progress = self.progress()
-        if progress is None or not progress["finished"] or progress["workers"] is None:
+        if progress is None or progress["workers"] is None:
             return None
         return list(progress["workers"]["states"])
 

@@ -31,6 +31,34 @@ use rloader_workers::Scheduler;
 use crate::errors::no_length;
 use crate::stats::Stats;
 
+/// The dataset states of an epoch's results that were never handed out (the epoch was left
+/// early, `break`), per worker, the latest of each: drained as persistent workers start the
+/// next epoch, they say where each worker's dataset is then (NOTE [Resume]). A worker's
+/// results come in the order it made them: those the pin thread held first, then those still
+/// owed.
+pub struct Drained(Vec<Option<Py<PyAny>>>);
+
+impl Drained {
+    pub fn new(num_workers: usize) -> Self {
+        Drained((0..num_workers).map(|_| None).collect())
+    }
+
+    /// `worker`'s result came with `state` (None: not said).
+    pub fn note(&mut self, worker: usize, state: Option<WorkerState>) {
+        if let (Some(slot), Some((state, _))) = (self.0.get_mut(worker), state) {
+            *slot = Some(state);
+        }
+    }
+
+    /// The pin thread's results not handed out (`(task, worker, state)`, as `HandOuts.record`
+    /// takes them), older than any still owed.
+    pub fn note_all(&mut self, tags: Vec<(u64, usize, Option<WorkerState>)>) {
+        for (_, worker, state) in tags {
+            self.note(worker, state);
+        }
+    }
+}
+
 /// What a multi-worker iterator has handed out this epoch, and what it measures. Each iterator
 /// holds one as its field `hand_out`, which [`iterator_methods!`] reads.
 pub struct HandOutState {
@@ -105,6 +133,18 @@ impl HandOutState {
         self.handouts(py).reset();
         self.stats().clear();
         self.len_warning = LengthWarning::new(reported_len, true);
+    }
+
+    /// A new epoch of persistent workers over a map-style dataset goes on from `drained`: each
+    /// worker's dataset state is where its last result of the abandoned epoch left it, handed
+    /// out or not.
+    pub fn start_from(&mut self, py: Python<'_>, drained: Drained) {
+        let mut handouts = self.handouts(py);
+        for (worker, state) in drained.0.into_iter().enumerate() {
+            if let Some(state) = state {
+                handouts.set_start_state(worker, state);
+            }
+        }
     }
 
     /// `len(iterator)`.

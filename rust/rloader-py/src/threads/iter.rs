@@ -12,7 +12,10 @@ use rloader_workers::{Next, PoolError, Scheduler};
 use super::ThreadPool;
 use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
 use crate::errors::to_py;
-use crate::handout::{iterator_methods, set_prefetch_factor, Answer, HandOutOptions, HandOutState};
+use crate::handout::{
+    iterator_methods, set_prefetch_factor, Answer, Drained, HandOutOptions, HandOutState,
+    WorkerState,
+};
 use crate::sampling::{KeyBatch, SamplerKeys};
 use crate::wait;
 
@@ -100,24 +103,35 @@ impl ThreadIter {
     }
 
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
-    /// iterable dataset, whose workers make their iterators anew).
-    #[pyo3(signature = (keys, reported_len=None))]
+    /// iterable dataset, whose workers make their iterators anew); `pinned`: the records of the
+    /// results the pin thread took and did not hand out (`Drained`).
+    #[pyo3(signature = (keys, reported_len=None, pinned=None))]
     fn _reset(
         &mut self,
         py: Python<'_>,
         keys: Option<Bound<'_, PyAny>>,
         reported_len: Option<(Py<PyAny>, usize)>,
+        pinned: Option<Vec<(u64, usize, Option<WorkerState>)>>,
     ) -> PyResult<()> {
         if self.pool.get().stopped() {
             return Err(to_py(PoolError::Stopped));
         }
-        // The old epoch's keys go first; answers still owed from it are waited for and dropped.
+        // The old epoch's keys go first; answers still owed from it are waited for and dropped,
+        // with those held.
         self.keys = None;
         let started = Instant::now();
-        while self.scheduler.outstanding() > 0 {
-            self.scheduler.mark_exhausted();
-            if let Next::Wait = self.scheduler.next() {
-                self.wait_for_reports(py, started)?;
+        let mut drained = Drained::new(self.pool.get().size);
+        drained.note_all(pinned.unwrap_or_default());
+        self.scheduler.mark_exhausted();
+        loop {
+            match self.scheduler.next() {
+                Next::Wait => self.wait_for_reports(py, started)?,
+                Next::Ready(mut answer) => {
+                    if let Some((worker, _)) = self.scheduler.last_handed_out() {
+                        drained.note(worker, answer.take_state());
+                    }
+                }
+                Next::Done => break,
             }
         }
         self.scheduler.reset();
@@ -125,7 +139,9 @@ impl ThreadIter {
         let keys = keys
             .map(|k| SamplerKeys::new(&k, self.auto_collation))
             .transpose()?;
-        if keys.is_none() {
+        if keys.is_some() {
+            self.hand_out.start_from(py, drained);
+        } else {
             self.restarted = 0;
             let size = self.pool.get().size;
             for w in 0..size {

@@ -41,7 +41,7 @@ use super::key_feed::TaskKeySource;
 use super::region::PoolRegion;
 use crate::errors::to_py;
 use crate::handout::{
-    iterator_methods, reraise, set_prefetch_factor, Answer, HandOutOptions, HandOutState,
+    iterator_methods, reraise, set_prefetch_factor, Answer, Drained, HandOutOptions, HandOutState,
     WorkerState,
 };
 use crate::memory::PinnedSlots;
@@ -245,30 +245,46 @@ impl PoolIter {
     }
 
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
-    /// iterable dataset, whose workers restart their iterators).
-    #[pyo3(signature = (keys, reported_len=None))]
+    /// iterable dataset, whose workers restart their iterators); `pinned`: the records of the
+    /// results the pin thread took and did not hand out (`Drained`).
+    #[pyo3(signature = (keys, reported_len=None, pinned=None))]
     fn _reset(
         &mut self,
         py: Python<'_>,
         keys: Option<Bound<'_, PyAny>>,
         reported_len: Option<(Py<PyAny>, usize)>,
+        pinned: Option<Vec<(u64, usize, Option<WorkerState>)>>,
     ) -> PyResult<()> {
         if self.stopped {
             return Err(to_py(PoolError::Stopped));
         }
-        // The old epoch's keys go first: nothing more is drawn or taken from them (a feed's
-        // leftovers must not look like work to do while the old answers are drained).
+        // Keys the main thread drew into a feed and the pin thread had not taken yet become
+        // their tasks first, as torch puts each index it draws to a worker: their workers draw
+        // for them, so where each worker's dataset is next epoch does not hang on the pin
+        // thread's timing. Then the old epoch's keys go: nothing more is drawn or taken from
+        // them (a feed's leftovers must not look like work to do while the old answers are
+        // drained).
+        if matches!(&self.keys, Some(TaskKeySource::Feed(queue)) if !queue.tokens) {
+            self.draw_tasks(py)?;
+        }
         self.keys = None;
-        // Answers still owed from an abandoned epoch are drained and dropped (tasks not sent
-        // yet are sent while waiting, so that their answers come too).
+        // Answers still owed from an abandoned epoch are drained and dropped with those held
+        // (tasks not sent yet are sent while waiting, so that their answers come too).
         let started = Instant::now();
-        while self.scheduler.outstanding() > 0 {
-            self.scheduler.mark_exhausted();
+        let mut drained = Drained::new(self.to_workers.len());
+        drained.note_all(pinned.unwrap_or_default());
+        self.scheduler.mark_exhausted();
+        loop {
             match self.scheduler.next() {
                 Next::Wait => {
                     self.wait_for_answer(py, started, None)?;
                 }
-                _ => continue,
+                Next::Ready(mut answer) => {
+                    if let Some((worker, _)) = self.scheduler.last_handed_out() {
+                        drained.note(worker, answer.take_state());
+                    }
+                }
+                Next::Done => break,
             }
         }
         self.scheduler.reset();
@@ -283,8 +299,10 @@ impl PoolIter {
             Some(TaskKeySource::Feed(queue)) => queue.tokens,
             Some(TaskKeySource::Sampler(_)) => false,
         };
-        if iterable {
-            // The workers restart their datasets' iterators.
+        if !iterable {
+            self.hand_out.start_from(py, drained);
+        } else {
+            // The workers restart their datasets' iterators (and say their states as they do).
             self.resumed = 0;
             for w in 0..self.to_workers.len() {
                 self.send(py, w, &wire::header(kind::RESUME, w, 0), &[])?;
