@@ -6,7 +6,7 @@ state with its checkpoints: a resumed fit is the uninterrupted one."""
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import SeedOfReader, ShardedStream
+from _datasets import Augmenting, SeedOfReader, ShardedStream
 from torch.utils.data.distributed import DistributedSampler
 
 import rloader
@@ -103,9 +103,10 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(make_loader, root, checkpoint_every=None, ckpt_path=None):
+def fit(make_loader, root, checkpoint_every=None, ckpt_path=None, limit=None):
     """A 3-epoch fit: the batches it trained on, and its last global_step. With
-    ``checkpoint_every``, a ModelCheckpoint saves every that many steps."""
+    ``checkpoint_every``, a ModelCheckpoint saves every that many steps; ``limit``: its
+    ``limit_train_batches``."""
     callbacks = []
     if checkpoint_every is not None:
         every = pl.callbacks.ModelCheckpoint(
@@ -122,6 +123,7 @@ def fit(make_loader, root, checkpoint_every=None, ckpt_path=None):
         enable_checkpointing=bool(callbacks),
         callbacks=callbacks,
         default_root_dir=root,
+        limit_train_batches=limit,
     )
     module = Recorder(make_loader)
     trainer.fit(module, ckpt_path=ckpt_path)
@@ -190,3 +192,30 @@ def test_a_fit_resumed_at_an_epochs_last_batch_is_the_uninterrupted_fit_under_au
     )
     assert steps == expected
     assert resumed == [(epoch, batch) for epoch, batch in full if epoch > 0]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_fit_with_limit_train_batches_resumes_its_persistent_workers_draws(tmp_path, worker_type):
+    # limit_train_batches leaves every epoch early, while persistent workers had made more
+    # batches: a fit resumed mid-epoch goes on from where each worker was, and its samples'
+    # random draws are the uninterrupted fit's.
+    def make():
+        return rloader.DataLoader(
+            Augmenting(48),
+            batch_size=4,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(1),
+            num_workers=3,
+            worker_type=worker_type,
+            persistent_workers=True,
+        )
+
+    full, steps = fit(make, tmp_path, checkpoint_every=4, limit=3)
+    assert steps == 9 and [epoch for epoch, _ in full] == [0] * 3 + [1] * 3 + [2] * 3
+    checkpoint = str(tmp_path / "epoch=1-step=4.ckpt")
+    resumed, resumed_steps = fit(
+        make, tmp_path / "resumed", checkpoint_every=4, ckpt_path=checkpoint, limit=3
+    )
+    assert resumed_steps == steps
+    assert resumed == full[4:]
