@@ -8,7 +8,14 @@ import warnings
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import PlainStream, SeedOfReader, ShardedStream, StatefulStream, TorchdataStyleStream
+from _datasets import (
+    PlainStream,
+    SeedOfReader,
+    ShardedStream,
+    StatefulStream,
+    TorchdataStyleStream,
+    UnpicklableStateStream,
+)
 from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
 from _samplers import FailsToLoadOnce, StridingSampler
 
@@ -526,10 +533,15 @@ def stream_point(expected, point):
 
 @pytest.mark.parametrize("point", STREAM_POINTS)
 @pytest.mark.parametrize(
-    "workers,persistent", [(0, False)] + [(w, p) for w in (1, 2, 3) for p in (False, True)]
+    "workers,persistent,worker_type",
+    [(0, False, "process")]
+    + [(w, p, k) for w in (1, 2, 3) for p in (False, True) for k in ("process", "thread")],
 )
-def test_a_stateful_iterable_dataset_resumes_from_each_workers_state(workers, persistent, point):
-    make = sharded(workers, persistent)
+def test_a_stateful_iterable_dataset_resumes_from_each_workers_state(
+    workers, persistent, worker_type, point
+):
+    # Each worker's copy (a process's, or a thread's shallow one) says where it is.
+    make = sharded(workers, persistent, worker_type=worker_type)
     expected = uninterrupted(make, workers, 3, True)
     epoch, batch = stream_point(expected, point)
     with warnings.catch_warnings():  # restored from the workers' states: nothing fetched again
@@ -556,7 +568,8 @@ AUTO_POINTS = {
 
 @pytest.mark.parametrize("point", AUTO_POINTS)
 @pytest.mark.parametrize(
-    "worker_type,persistent", [("process", False), ("process", True), ("thread", False)]
+    "worker_type,persistent",
+    [("process", False), ("process", True), ("thread", False), ("thread", True)],
 )
 def test_a_stateful_iterable_dataset_resumes_under_auto(
     auto_reads_with_two, worker_type, persistent, point
@@ -570,11 +583,8 @@ def test_a_stateful_iterable_dataset_resumes_under_auto(
     epoch, batch = AUTO_POINTS[point]
     if isinstance(batch, str):  # the epoch's length, from the uninterrupted run
         batch = len(expected[epoch]) - (2 if batch == "all-2" else 0)
-    with warnings.catch_warnings():
-        if worker_type == "process":  # restored from the states: nothing fetched again
-            warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
-        else:
-            warnings.filterwarnings("ignore", "resuming an IterableDataset by fetching")
+    with warnings.catch_warnings():  # restored from the states: nothing fetched again
+        warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
         assert interrupted(make, "auto", "auto", epoch, batch, 3, True) == expected
 
 
@@ -789,10 +799,30 @@ def test_worker_states_resume_as_torchdatas(workers, point):
     assert ours == interrupted(reference, workers, workers, epoch, batch, 2, True)
 
 
-def test_a_stateful_iterable_dataset_on_thread_workers_is_fetched_and_dropped():
-    # Thread workers do not report their copies' states: such a dataset resumes as any
-    # IterableDataset does, by fetching and dropping what was handed out, with the warning
-    # (it once restarted the epoch silently).
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_an_iterable_datasets_state_that_does_not_pickle_is_its_batchs_error(worker_type):
+    # Its stream could not be resumed without it: the batch fails, on threads as on processes
+    # (a thread worker's state is copied through pickle, as a process sends it).
+    loader = rloader.DataLoader(
+        UnpicklableStateStream(), batch_size=3, num_workers=2, worker_type=worker_type
+    )
+    with pytest.raises(TypeError, match=f"in DataLoader worker {worker_type} 0"):
+        next(iter(loader))
+
+
+def test_an_auto_loader_of_the_other_kind_refuses_a_threads_places():
+    loader = sharded(2, persistent=True, worker_type="thread")(2, None)
+    it = iter(loader)
+    next(it)
+    processes = sharded("auto", worker_type="process")("auto", None)
+    with pytest.raises(ValueError, match="2 worker threads.*worker_type='thread' or 'auto'"):
+        processes.load_state_dict(loader.state_dict())
+    sharded("auto", worker_type="auto")("auto", None).load_state_dict(loader.state_dict())
+
+
+def test_a_stateful_iterable_dataset_on_thread_workers_resumes_from_their_states():
+    # Each thread worker's copy says where it is: nothing is fetched again (it once restarted
+    # the epoch silently, then fetched and dropped what was handed out, with a warning).
     def loader():
         return rloader.DataLoader(
             TorchdataStyleStream(), batch_size=3, num_workers=2, worker_type="thread"
@@ -804,8 +834,10 @@ def test_a_stateful_iterable_dataset_on_thread_workers_is_fetched_and_dropped():
     seen = [next(it).tolist() for _ in range(4)]
     state = checkpointed(first.state_dict())
     del it
+    assert state["workers"]["kind"] == "thread"
     resumed = loader()
     resumed.load_state_dict(state)
-    with pytest.warns(UserWarning, match="fetching and dropping the 4 batches"):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "resuming an IterableDataset by fetching")
         rest = [b.tolist() for b in resumed]
     assert seen + rest == full

@@ -302,3 +302,10 @@ class TorchdataStyleStream(tud.IterableDataset):
             self.pos = i + nw
             yield i
             i += nw
+
+
+class UnpicklableStateStream(TorchdataStyleStream):
+    """A TorchdataStyleStream whose state holds a generator object, which does not pickle."""
+
+    def state_dict(self):
+        return {"pos": self.pos, "cursor": (i for i in ())}

@@ -105,7 +105,7 @@ def stream_readers(loader, pending: Optional[dict] = None) -> tuple:
     """Who reads an auto loader's IterableDataset in the epoch that starts: ``(num_workers,
     kind)``, kind "main", "process" or "thread" (its epoch keeps one engine: NOTE [Auto
     workers]). A resume's (``pending``) saved epoch is read by those that read it (its stream
-    depends on their number; per-worker states need processes); else what the last epoch
+    depends on their number; per-worker states need their kind); else what the last epoch
     asked for (``Learned.wanted``)."""
     if pending is not None:
         workers, saved = pending.get("workers"), pending.get("readers")

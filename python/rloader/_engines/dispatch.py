@@ -72,11 +72,14 @@ def engine(view, keys, base_seed: int, kind: str):
         return single_process.loader_iter(
             view, keys, exhausted=epoch is not None and epoch.stream_ended
         )
+    resumed = (epoch.worker_states(), epoch.first_worker()) if epoch is not None else None
     if kind == "thread":
         return thread_pool.start_threads(
-            view, buffers=lambda pin: batch_buffers(loader, pin), drawn=(keys, base_seed)
+            view,
+            buffers=lambda pin: batch_buffers(loader, pin),
+            drawn=(keys, base_seed),
+            resumed=resumed,
         )
-    resumed = (epoch.worker_states(), epoch.first_worker()) if epoch is not None else None
     return process_pool.start_pool(view, drawn=(keys, base_seed), resumed=resumed)
 
 

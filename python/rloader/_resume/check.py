@@ -211,7 +211,7 @@ MAX_READERS = 1024  # workers a state may ask for (a hostile one: a fork bomb)
 
 def _check_readers(readers: Any, workers: Any, where: str) -> None:
     """Who read an IterableDataset's saved epoch (or reads the next): ``[num_workers, kind]``,
-    the processes whose places ``workers`` holds, if it does."""
+    the workers whose places ``workers`` holds, if it does."""
     if readers is None:
         return
     ok = (
@@ -226,10 +226,12 @@ def _check_readers(readers: Any, workers: Any, where: str) -> None:
             f"{where}['readers'] must be [0, 'main'] or [num_workers, 'process' or 'thread'] "
             f"with num_workers at most {MAX_READERS}, not {_what(readers)}"
         )
-    if workers is not None and list(readers) != [workers["num_workers"], "process"]:
+    kind = workers.get("kind", "process") if workers is not None else None
+    if workers is not None and list(readers) != [workers["num_workers"], kind]:
+        whose = "worker processes" if kind == "process" else "worker threads"
         raise ValueError(
             f"{where}['readers'] is {list(readers)!r}, but {where}['workers'] holds the places "
-            f"of {workers['num_workers']} worker processes: the state is corrupt"
+            f"of {workers['num_workers']} {whose}: the state is corrupt"
         )
 
 

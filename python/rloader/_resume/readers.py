@@ -77,16 +77,14 @@ def keeps_main_copy(loader, readers: tuple) -> bool:
 def stateful_workers(loader, readers: tuple) -> bool:
     """Whether each worker's copy of the dataset has its state saved (the state after the
     last of its batches handed out) and restored in that worker: a stateful IterableDataset
-    read by worker processes, or a stateful map-style dataset read by a fixed number of
-    workers (under auto its workers' draws depend on when it switches engines). Thread
-    workers do not report the states of an IterableDataset's copies yet: their loaders resume
-    one as any other IterableDataset, by fetching and dropping (with the warning)."""
-    n, kind = readers
+    read by workers, or a stateful map-style dataset read by a fixed number of workers (under
+    auto its workers' draws depend on when it switches engines)."""
+    n, _kind = readers
     if n == 0:
         return False
     if stateful_map(loader.dataset):
         return not is_auto(loader)
-    return kind == "process" and stateful_iterable(loader.dataset)
+    return stateful_iterable(loader.dataset)
 
 
 def restarts_workers(loader, pending: Optional[dict] = None) -> bool:
@@ -107,18 +105,21 @@ def check_workers(loader, state: dict) -> None:
     """An IterableDataset's stream depends on how many workers read it (each reads its shard),
     and a stateful one's place is per worker (each has its own copy): an epoch saved mid-way
     resumes only with the same number of workers (an auto loader reads it with them; per-worker
-    places need processes)."""
+    places need workers of the kind that saved them)."""
     if not isinstance(loader.dataset, tud.IterableDataset):
         return
     stateful = stateful_iterable(loader.dataset)
     workers = state.get("workers") if stateful else None
     if is_auto(loader):
-        if workers is not None and getattr(loader, "worker_type", "process") == "thread":
+        saved = workers.get("kind", "process") if workers is not None else None
+        wanted = getattr(loader, "worker_type", "process")
+        if saved is not None and wanted not in ("auto", saved):
+            kinds = {"process": "worker processes", "thread": "worker threads"}
             raise ValueError(
-                f"this state holds the places of {workers['num_workers']} worker processes "
+                f"this state holds the places of {workers['num_workers']} {kinds[saved]} "
                 "over an IterableDataset with state_dict(): each one's copy has its own place "
-                "in the stream, which thread workers do not restore; build this loader with "
-                "worker_type='process' or 'auto' to resume it"
+                f"in the stream, which only {kinds[saved]} restore; build this loader with "
+                f"worker_type={saved!r} or 'auto' to resume it"
             )
         return
     mid_epoch = state.get("position") is not None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import pickle
 import random
 import sys
 import threading
@@ -131,6 +132,7 @@ class _ThreadWorker:
         device=None,
         worker_states: bool = False,
         dataset_state=None,
+        dataset_ended: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.num_workers = num_workers
@@ -142,10 +144,12 @@ class _ThreadWorker:
         self.device = device  # pinning on this thread: the accelerator in use at iter()
         self.init_error: Optional[ExceptionWrapper] = None
         self.info: Optional[_thread_info.InfoCell] = None  # (the thread's, weakly)
-        # A stateful map-style dataset's: each batch comes with the state after it (``state``),
-        # and a resumed epoch's worker loads its saved one first (NOTE [Resume]).
+        # A stateful dataset's: each batch comes with the state after it (``state``), and a
+        # resumed epoch's worker loads its saved one first (NOTE [Resume]); an iterable one's
+        # whose stream had ended makes nothing more this epoch.
         self.worker_states = worker_states
         self.dataset_state = dataset_state
+        self.dataset_ended = dataset_ended
 
     def start(self):
         """Makes this thread worker ``worker_id``: its ``get_worker_info()``, then
@@ -173,7 +177,9 @@ class _ThreadWorker:
                 self.worker_init_fn(self.worker_id)
             if self.dataset_state is not None:  # a resumed epoch: where this worker was
                 state_holder(self.dataset).load_state_dict(self.dataset_state)
-            return self.dataset, (iter(self.dataset) if self.iterable else None), None
+            if not self.iterable:
+                return self.dataset, None, None
+            return self.dataset, iter(()) if self.dataset_ended else iter(self.dataset), None
         except Exception as exc:
             self.init_error = self.wrap_error(exc, exc.__traceback__)
             return self.dataset, None, self.init_error
@@ -182,10 +188,25 @@ class _ThreadWorker:
         return iter(self.dataset)
 
     def state(self):
-        """The worker's dataset's state after a batch, asked on this thread (``snapshot``).
-        Only what the dataset keeps per thread is per worker (rloader.vision's generators):
-        the threads' copies are shallow, and share whatever else it holds."""
-        return snapshot(state_holder(self.dataset))
+        """The worker's dataset's state after a batch, asked on this thread. A map-style
+        dataset's is pickled (``snapshot``); an IterableDataset's is a copy taken now (through
+        pickle, as a worker process sends it): one that does not pickle is that batch's error,
+        as there. Only what the dataset keeps per copy is per worker (attributes it sets on
+        itself; rloader.vision's generators): the threads' copies are shallow, and share
+        whatever else it holds."""
+        holder = state_holder(self.dataset)
+        if self.iterable:
+            return pickle.loads(pickle.dumps(holder.state_dict(), protocol=pickle.HIGHEST_PROTOCOL))
+        return snapshot(holder)
+
+    def start_state(self):
+        """An IterableDataset's state as a persistent worker restarts it for an epoch, or as
+        its stream ends (``state``'s copy), or None where it cannot be taken (a resume from
+        there starts this worker as the loader's dataset)."""
+        try:
+            return self.state()
+        except Exception:  # noqa: BLE001 - a state is an extra here: the epoch goes on
+            return None
 
     def wrap_error(self, exc: BaseException, tb=None) -> ExceptionWrapper:
         return ExceptionWrapper(
@@ -294,11 +315,12 @@ class _AsyncThreadWorker(_ThreadWorker):
             self.reporter.batch(task, batch)
 
 
-def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
+def start_threads(loader, buffers=None, drawn=None, resumed=None) -> "_rloader.ThreadIter":
     """Starts ``loader.num_workers`` worker threads and returns the iterator over their
     batches. The draws (the sampler's iterator, the base seed, the first tasks) are those of
-    ``start_pool`` for processes, in the same order (or ``drawn``, as there). ``buffers(pin)``:
-    the loader's ``BatchBuffers``, which the workers' large default-collate outputs reuse."""
+    ``start_pool`` for processes, in the same order (or ``drawn`` and ``resumed``, as there).
+    ``buffers(pin)``: the loader's ``BatchBuffers``, which the workers' large default-collate
+    outputs reuse."""
     iterable = loader._dataset_kind == _DatasetKind.Iterable
     saved_states, first_worker = None, 0
     if drawn is None:
@@ -309,6 +331,7 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
         saved_states, first_worker = epoch.worker_states(), epoch.first_worker()
     else:
         keys, base_seed = drawn
+        saved_states, first_worker = resumed or (None, 0)
     if loader.prefetch_factor <= 0:
         raise _compat.assertion(
             "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
@@ -336,6 +359,7 @@ def start_threads(loader, buffers=None, drawn=None) -> "_rloader.ThreadIter":
                 device=device,
                 worker_states=worker_states,
                 dataset_state=saved_states[w][0],
+                dataset_ended=saved_states[w][1],
             )
         workers.append(worker)
     pool = _rloader.ThreadPool(

@@ -257,7 +257,7 @@ impl ThreadIter {
                     .min(deadline.map_or(grace, |d| d.saturating_duration_since(Instant::now())));
                 let report = py.detach(|| lock(&pool.reports).recv_timeout(grace));
                 if let Ok(report) = report {
-                    self.take(report);
+                    self.take(py, report);
                     return Ok(());
                 }
             }
@@ -297,16 +297,30 @@ impl ThreadIter {
             }
         }
         for report in std::iter::once(first).chain(more) {
-            self.take(report);
+            self.take(py, report);
         }
         Ok(())
     }
 
-    fn take(&mut self, report: FromWorker) {
+    fn take(&mut self, py: Python<'_>, report: FromWorker) {
         match report.event {
             WorkerEvent::Answered(answer) => self.scheduler.on_result(report.task, answer),
-            WorkerEvent::Ended => self.scheduler.on_worker_ended(report.worker, report.task),
-            WorkerEvent::Restarted => self.restarted += 1,
+            WorkerEvent::Ended(state) => {
+                if let Some(state) = state {
+                    self.hand_out
+                        .handouts(py)
+                        .set_end_state(report.worker, state);
+                }
+                self.scheduler.on_worker_ended(report.worker, report.task);
+            }
+            WorkerEvent::Restarted(state) => {
+                if let Some(state) = state {
+                    self.hand_out
+                        .handouts(py)
+                        .set_start_state(report.worker, state);
+                }
+                self.restarted += 1;
+            }
         }
     }
 }

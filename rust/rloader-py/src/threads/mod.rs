@@ -78,10 +78,13 @@ pub enum ToWorker {
 pub enum WorkerEvent {
     /// The task's result.
     Answered(Answer),
-    /// The worker's iterable dataset is exhausted.
-    Ended,
-    /// Its iterable dataset's iterator was made anew ([`ToWorker::Restart`]).
-    Restarted,
+    /// The worker's iterable dataset is exhausted; with `worker_states`, the dataset's state
+    /// then (what a persistent worker's next epoch starts from).
+    Ended(Option<Py<PyAny>>),
+    /// Its iterable dataset's iterator was made anew ([`ToWorker::Restart`]); with
+    /// `worker_states`, the dataset's state as it was (what a resume of a worker that hands
+    /// out nothing in the new epoch sets).
+    Restarted(Option<Py<PyAny>>),
 }
 
 /// What a worker thread sends the main thread (the report channel all workers share).

@@ -134,6 +134,8 @@ impl Worker {
     fn run(&mut self, py: Python<'_>, job: ToWorker) -> Option<FromWorker> {
         let (task, keys) = match job {
             ToWorker::Restart => {
+                // (taken before iter(), as a worker process takes it: NOTE [Resume])
+                let state = self.dataset_state(py);
                 match self.hooks.bind(py).call_method0("restart") {
                     Ok(fresh) => match fresh.try_iter() {
                         Ok(it) => self.fetcher.restart(it.unbind()),
@@ -142,7 +144,7 @@ impl Worker {
                     Err(err) => self.init_error = Some(self.wrap(py, err)),
                 }
                 self.ended = false;
-                return Some(self.report(0, WorkerEvent::Restarted));
+                return Some(self.report(0, WorkerEvent::Restarted(state)));
             }
             ToWorker::Task { task, keys } => (task, keys),
         };
@@ -174,7 +176,9 @@ impl Worker {
         let stated = pinned.and_then(|batch| match batch {
             Some(batch) if self.worker_states => {
                 let state = self.hooks.bind(py).call_method0("state")?;
-                Ok(Some((batch, Some((state.unbind(), false)))))
+                // (an iterable dataset's iterator may end with a short last batch)
+                let ended = self.fetcher.ended();
+                Ok(Some((batch, Some((state.unbind(), ended)))))
             }
             batch => Ok(batch.map(|batch| (batch, None))),
         });
@@ -182,11 +186,21 @@ impl Worker {
             Ok(Some((batch, state))) => WorkerEvent::Answered(Answer::Batch(batch.unbind(), state)),
             Ok(None) => {
                 self.ended = true;
-                WorkerEvent::Ended
+                WorkerEvent::Ended(self.dataset_state(py))
             }
             Err(err) => WorkerEvent::Answered(self.wrap(py, err)),
         };
         Some(self.report(task, event))
+    }
+
+    /// With `worker_states`, the dataset's state now (the hooks' `start_state()`; None where
+    /// it cannot be taken: a resume from here starts this worker as the loader's dataset).
+    fn dataset_state(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        if !self.worker_states {
+            return None;
+        }
+        let state = self.hooks.bind(py).call_method0("start_state").ok()?;
+        (!state.is_none()).then(|| state.unbind())
     }
 
     fn report(&self, task: u64, event: WorkerEvent) -> FromWorker {
@@ -334,7 +348,7 @@ fn fail_every_task(
                 task,
                 WorkerEvent::Answered(Answer::Failed(err.clone_ref(py))),
             ),
-            Ok(ToWorker::Restart) => (0, WorkerEvent::Restarted),
+            Ok(ToWorker::Restart) => (0, WorkerEvent::Restarted(None)),
             Err(_) => return,
         };
         let report = FromWorker {
