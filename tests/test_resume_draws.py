@@ -219,13 +219,14 @@ def test_worker_states_go_through_a_checkpoint_and_a_resume_of_a_resume():
     assert seen == expected[0]
 
 
-def left_early(make, leave, stop=None, total=3, held=False):
+def left_early(make, leave, stop=None, total=3, held=False, workers=3):
     """Epochs of persistent workers whose first epoch is left after ``leave`` batches (a
-    ``break``, as Lightning's ``limit_train_batches`` makes one) while they had loaded more;
-    with ``stop=(epoch, batches)``, saved there and continued by a new loader. ``held``: left
-    once the pin thread holds a batch (every worker must be started by then)."""
+    ``break``, as Lightning's ``limit_train_batches`` makes one; 0: right after ``iter()``)
+    while they had loaded more; with ``stop=(epoch, batches)``, saved there and continued by
+    a new loader. ``held``: left once the pin thread holds a batch (every worker must be
+    started by then)."""
     torch.manual_seed(3)
-    loader = make(3, torch.Generator().manual_seed(11))
+    loader = make(workers, torch.Generator().manual_seed(11))
     seen = []
     for epoch in range(total):
         it, batches = iter(loader), []
@@ -234,18 +235,18 @@ def left_early(make, leave, stop=None, total=3, held=False):
                 state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
                 del it, loader
                 torch.manual_seed(12345)  # a restarted process, until the checkpoint loads
-                loader = make(3, torch.Generator().manual_seed(99))
+                loader = make(workers, torch.Generator().manual_seed(99))
                 loader.load_state_dict(state)
                 torch.set_rng_state(rng)
                 it = iter(loader)
-            batch = next(it, None)
-            if batch is None:
-                break
-            batches.append(as_lists(batch))
             if epoch == 0 and len(batches) == leave:
                 if held:
                     until_the_pin_thread_holds_a_batch(it)
                 break
+            batch = next(it, None)
+            if batch is None:
+                break
+            batches.append(as_lists(batch))
         seen.append(batches)
     return seen
 
@@ -261,23 +262,34 @@ def until_the_pin_thread_holds_a_batch(it):
 
 
 @pytest.mark.parametrize(
-    "leave,stop", [(0, (1, 1)), (1, (1, 0)), (3, (1, 1)), (3, (1, 2)), (2, (2, 1)), (8, (1, 1))]
+    "workers,leave,stop",
+    [
+        (3, 0, (1, 1)),
+        (3, 1, (1, 0)),
+        (3, 3, (1, 1)),
+        (3, 3, (1, 2)),
+        (3, 2, (2, 1)),
+        (3, 8, (1, 1)),
+        (1, 3, (1, 0)),
+    ],
 )
 @pytest.mark.parametrize("pinned", [False, True], ids=["", "pinned"])
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
 def test_after_an_epoch_left_early_persistent_workers_resume_their_draws(
-    monkeypatch, worker_type, pinned, leave, stop
+    monkeypatch, worker_type, pinned, workers, leave, stop
 ):
     # The batches its workers made and nobody took moved their generators on: the next
-    # epoch's state says where each worker went on from, through the pin thread too.
+    # epoch's state says where each worker went on from. Worker processes' batches are pinned
+    # on a thread of the main process; thread workers pin their own.
     if pinned:
         monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b)
     make = augmenting(worker_type, persistent=True)
-    # Left at 8 of 10 batches with the pin thread holding batch 8, worker 2's last: its state
-    # comes from the pin thread's hands.
-    held = pinned and leave == 8
-    expected = left_early(make, leave, held=held)
-    assert left_early(make, leave, stop, held=held) == expected
+    # Left with the pin thread holding a batch: at 8 of 10 batches of 3 workers, worker 2's
+    # last, whose state comes from the pin thread's hands; with 1 worker, one older than those
+    # still owed, which come after it.
+    held = pinned and leave >= 3 and (workers == 1 or leave == 8)
+    expected = left_early(make, leave, held=held, workers=workers)
+    assert left_early(make, leave, stop, held=held, workers=workers) == expected
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["", "pinned"])
@@ -288,7 +300,13 @@ def test_an_epoch_left_early_moves_persistent_workers_draws_as_torchs(
     # What the resumes above are compared with: torch's persistent workers also make every
     # batch whose keys were drawn before the next epoch starts, and draw for them.
     if pinned:
-        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: lambda b: b)
+        # A slow pin thread: the keys drawn as the last batch was handed out are still in the
+        # main thread's feed when the epoch is left; torch had put them to a worker.
+        def slow(batch):
+            time.sleep(0.2)
+            return batch
+
+        monkeypatch.setattr(rloader._pinning.policy, "pin_plan", lambda loader: slow)
 
     def torchs(workers, g):
         return tud.DataLoader(

@@ -491,10 +491,7 @@ class ThreadIter:
     def __len__(self) -> int: ...
     def __next__(self) -> Any: ...
     def _reset(
-        self,
-        keys: Iterable[Any] | None,
-        reported_len: tuple[Any, int] | None = None,
-        pinned: list[tuple[int, int, tuple[Any, bool] | None]] | None = None,
+        self, keys: Iterable[Any] | None, reported_len: tuple[Any, int] | None = None
     ) -> None: ...
 
 # process/key_feed.rs

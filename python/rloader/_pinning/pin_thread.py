@@ -248,7 +248,9 @@ class PinnedBatches:
                 break
             if tag is not None:
                 tags.append(tag)
-        return tags + self._unsent
+        tags += self._unsent
+        self._unsent.clear()
+        return tags
 
     def _reset(self, keys, reported_len=None) -> None:
         """A new epoch on persistent workers."""

@@ -14,7 +14,6 @@ use super::{lock, FromWorker, TaskKeys, ToWorker, WorkerEvent};
 use crate::errors::to_py;
 use crate::handout::{
     iterator_methods, set_prefetch_factor, Answer, Drained, HandOutOptions, HandOutState,
-    WorkerState,
 };
 use crate::sampling::{KeyBatch, SamplerKeys};
 use crate::wait;
@@ -103,15 +102,14 @@ impl ThreadIter {
     }
 
     /// A new epoch on persistent workers: `keys` is the new `iter(index_sampler)` (None for an
-    /// iterable dataset, whose workers make their iterators anew); `pinned`: the records of the
-    /// results the pin thread took and did not hand out (`Drained`).
-    #[pyo3(signature = (keys, reported_len=None, pinned=None))]
+    /// iterable dataset, whose workers make their iterators anew). (Worker threads pin their
+    /// own batches: no pin thread holds any, unlike `PoolIter._reset`'s.)
+    #[pyo3(signature = (keys, reported_len=None))]
     fn _reset(
         &mut self,
         py: Python<'_>,
         keys: Option<Bound<'_, PyAny>>,
         reported_len: Option<(Py<PyAny>, usize)>,
-        pinned: Option<Vec<(u64, usize, Option<WorkerState>)>>,
     ) -> PyResult<()> {
         if self.pool.get().stopped() {
             return Err(to_py(PoolError::Stopped));
@@ -121,7 +119,6 @@ impl ThreadIter {
         self.keys = None;
         let started = Instant::now();
         let mut drained = Drained::new(self.pool.get().size);
-        drained.note_all(pinned.unwrap_or_default());
         self.scheduler.mark_exhausted();
         loop {
             match self.scheduler.next() {
