@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 import torch.utils.data as tud
-from _datasets import Augmenting, SeedOfReader, StateFails, StateUnpicklable
+from _datasets import Augmenting, SeedOfReader, StateFails, StateFailsLater, StateUnpicklable
 from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
 
 import rloader
@@ -127,6 +127,20 @@ def test_a_state_that_cannot_be_taken_leaves_loading_as_torchs(dataset, worker_t
     resumed = rloader.DataLoader(dataset(N), **kwargs)
     resumed.load_state_dict(loader.state_dict())
     assert rows(resumed) == want[1:]
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_worker_whose_state_could_not_be_taken_is_resumed_afresh(worker_type):
+    # Its state after its newest batch is unknown: not the one it had an epoch before.
+    loader = rloader.DataLoader(
+        StateFailsLater(N, works=5), batch_size=4, num_workers=2, worker_type=worker_type,
+        persistent_workers=True,
+    )  # fmt: skip
+    list(loader)  # 10 batches, 5 a worker: every state taken
+    it = iter(loader)
+    next(it)  # worker 0's sixth batch, whose state could not be taken
+    states = loader.state_dict()["workers"]["states"]
+    assert states[0] is None and states[1] is not None  # (worker 1: epoch 0's end)
 
 
 def test_the_uninterrupted_draws_are_torchs():

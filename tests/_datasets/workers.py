@@ -151,6 +151,22 @@ class Augmenting(tud.Dataset):
             draws_generator().set_state(state["rng"])
 
 
+class StateFailsLater(Augmenting):
+    """An Augmenting whose ``state_dict()`` raises in a worker after its first ``works``
+    calls there (each copy counts its own)."""
+
+    def __init__(self, n, works=5):
+        super().__init__(n)
+        self.works, self.calls = works, 0
+
+    def state_dict(self):
+        if tud.get_worker_info() is not None:
+            self.calls += 1
+            if self.calls > self.works:
+                raise RuntimeError("no state now")
+        return super().state_dict()
+
+
 class StateFails(SeedOfReader):
     """A map-style dataset whose ``state_dict()`` raises (a method it has for another use)."""
 

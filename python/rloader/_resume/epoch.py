@@ -264,12 +264,15 @@ class Epoch:
         workers = None
         if self.stateful_workers and handouts is not None:
             # Per worker (state, ended) after its last batch handed out (or as it started the
-            # epoch); if none since a resume, what it was resumed from.
+            # epoch; None where that state could not be taken: it starts afresh); if it said
+            # nothing yet, what it was resumed from or carried from the last epoch.
             saved = self.worker_states() or [(state, False) for state in self.carried or ()]
             saved = saved or [(None, False)] * self.stateful_workers
             now = [
-                (self._opened(state), ended) if state is not None else saved[w]
-                for w, (state, ended) in enumerate(zip(handouts.states, handouts.ended))
+                (self._opened(state), ended) if said else saved[w]
+                for w, (state, said, ended) in enumerate(
+                    zip(handouts.states, handouts.said, handouts.ended)
+                )
             ]
             last = handouts.last_worker
             workers = dict(

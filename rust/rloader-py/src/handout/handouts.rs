@@ -27,6 +27,9 @@ pub struct HandOuts {
     /// epoch (persistent workers say it when they restart), or None: as the loader's dataset;
     /// and whether its iterator had ended there.
     states: Vec<Option<Py<PyAny>>>,
+    /// Per worker: whether `states` says where it is this epoch, even as None (its state could
+    /// not be taken: a resume starts it afresh), or it says nothing yet.
+    said: Vec<bool>,
     ended: Vec<bool>,
     /// Per worker: its dataset's state once its stream ended this epoch.
     end_states: Vec<Option<Py<PyAny>>>,
@@ -50,6 +53,7 @@ impl HandOuts {
         HandOuts {
             tasks: HandedOutTasks::new(),
             states: nones(num_workers),
+            said: vec![false; num_workers],
             ended: vec![false; num_workers],
             end_states: nones(num_workers),
             last_worker: None,
@@ -65,6 +69,7 @@ impl HandOuts {
     pub fn set_start_state(&mut self, worker: usize, state: Py<PyAny>) {
         if let Some(slot) = self.states.get_mut(worker) {
             *slot = Some(state);
+            self.said[worker] = true;
         }
     }
 
@@ -88,6 +93,7 @@ impl HandOuts {
         if let Some((state, ended)) = state {
             if worker < self.states.len() {
                 self.states[worker] = Some(state);
+                self.said[worker] = true;
                 self.ended[worker] = ended;
             }
         }
@@ -108,6 +114,13 @@ impl HandOuts {
     #[getter]
     fn states(&self, py: Python<'_>) -> Vec<Option<Py<PyAny>>> {
         cloned(py, &self.states)
+    }
+
+    /// Per worker: whether `states` holds where it is this epoch (None there: its state could
+    /// not be taken), rather than nothing said yet.
+    #[getter]
+    fn said(&self) -> Vec<bool> {
+        self.said.clone()
     }
 
     #[getter]
