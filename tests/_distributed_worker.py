@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import sys
-import threading
 
 import torch.distributed as dist
 
@@ -45,16 +44,12 @@ def main(out_dir: str) -> None:
 
 def finish() -> None:
     """A rank's end, once its results are written: every rank reaches the barrier, then the
-    group is torn down. gloo's teardown has hung a rank past its work under load (torch 2.6 on
-    2 cores, two CI runs of about ten). It runs on a thread of its own: a rank whose teardown
-    takes over 30 s ends itself as the finished rank it is (the test checks the results it
-    wrote). (A Python SIGALRM handler, tried first, never ran: Python runs handlers between
-    bytecodes of the main thread, which was inside the teardown's C++.)"""
+    process ends without tearing the group down. torch 2.6's teardown deadlocks now and then
+    under load: `~ProcessGroupGloo` holds the GIL while it joins a gloo thread that waits for
+    the GIL (seen with gdb in CI on 2 cores; it hung a rank past the test's timeout, and past
+    a 30 s join of a teardown thread, which needed the GIL too). The kernel closes the
+    sockets; the other ranks have passed the barrier. The alarm stays set until the end."""
     dist.barrier()
-    signal.alarm(0)
-    teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
-    teardown.start()
-    teardown.join(30)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
