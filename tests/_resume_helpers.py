@@ -22,6 +22,20 @@ def checkpointed(state):
     return torch.load(buffer, weights_only=True)
 
 
+def restarted(loader, make):
+    """A new loader (``make()``) loaded from ``loader``'s state, as a restarted job would: the
+    state and torch's global RNG go through a checkpoint, and the new process seeds its RNG
+    its own way until the checkpoint is loaded. Drop ``loader``'s iterator after (its state
+    is the iterator's progress)."""
+    state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
+    del loader
+    torch.manual_seed(12345)
+    resumed = make()
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    return resumed
+
+
 def interrupted(make, save_workers, load_workers, epoch, batch, total, explicit):
     """Epochs of a run stopped at `batch` of `epoch` (None: after the epoch ended; "all": after
     its last batch, before StopIteration), saved, and continued by a new loader, as a restarted
@@ -37,13 +51,9 @@ def interrupted(make, save_workers, load_workers, epoch, batch, total, explicit)
         current = [as_lists(b) for b in it]
     else:
         current = [as_lists(next(it)) for _ in range(len(loader) if batch == "all" else batch)]
-    state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
-    del it, loader
-    torch.manual_seed(12345)  # a restarted process: its own seeds, until the checkpoint is loaded
     g2 = torch.Generator().manual_seed(999) if explicit else None
-    resumed = make(load_workers, g2)
-    resumed.load_state_dict(state)
-    torch.set_rng_state(rng)
+    resumed = restarted(loader, lambda: make(load_workers, g2))
+    del it, loader
     if batch is None or batch == "all":
         seen.append(current)
     else:

@@ -9,7 +9,15 @@ import pytest
 import torch
 import torch.utils.data as tud
 from _datasets import Augmenting, SeedOfReader, StateFails, StateFailsLater, StateUnpicklable
-from _resume_helpers import POINTS, as_lists, checkpointed, epochs_of, interrupted, uninterrupted
+from _resume_helpers import (
+    POINTS,
+    as_lists,
+    checkpointed,
+    epochs_of,
+    interrupted,
+    restarted,
+    uninterrupted,
+)
 
 import rloader
 
@@ -246,12 +254,8 @@ def left_early(make, leave, stop=None, total=3, held=False, workers=3):
         it, batches = iter(loader), []
         while True:
             if stop == (epoch, len(batches)):
-                state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
-                del it, loader
-                torch.manual_seed(12345)  # a restarted process, until the checkpoint loads
-                loader = make(workers, torch.Generator().manual_seed(99))
-                loader.load_state_dict(state)
-                torch.set_rng_state(rng)
+                loader = restarted(loader, lambda: make(workers, torch.Generator().manual_seed(99)))
+                del it
                 it = iter(loader)
             if epoch == 0 and len(batches) == leave:
                 if held:

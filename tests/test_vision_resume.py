@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from _resume_helpers import checkpointed
+from _resume_helpers import restarted
 from PIL import Image
 from torch.utils.data import random_split
 from torchvision import transforms as T
@@ -89,12 +89,10 @@ def run(root, transform, worker_type, persistent, stop=None, epochs=2, split=Fal
             if epoch == 0 and len(batches) == leave:
                 break
             if stop == (epoch, len(batches)):
-                state, rng = checkpointed(loader.state_dict()), torch.get_rng_state()
-                del it, loader
-                torch.manual_seed(12345)  # a restarted process, until the checkpoint loads
-                loader = make(root, transform, 2, worker_type, persistent, 99, split)
-                loader.load_state_dict(state)
-                torch.set_rng_state(rng)
+                loader = restarted(
+                    loader, lambda: make(root, transform, 2, worker_type, persistent, 99, split)
+                )
+                del it
                 it = iter(loader)
         seen.append(batches)
     return seen

@@ -26,7 +26,7 @@ pub use options::{set_prefetch_factor, HandOutOptions};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use rloader_workers::Scheduler;
+use rloader_workers::{Next, Scheduler};
 
 use crate::errors::no_length;
 use crate::stats::Stats;
@@ -47,6 +47,23 @@ impl Drained {
     pub fn note(&mut self, worker: usize, state: Option<WorkerState>) {
         if let (Some(slot), Some((state, _))) = (self.0.get_mut(worker), state) {
             *slot = Some(state);
+        }
+    }
+
+    /// Takes every result `scheduler` holds ready (the epoch's keys exhausted), noting each
+    /// one's state: true once no answer is owed any more, false while a worker owes one (wait
+    /// for it, then call again).
+    pub fn take_ready(&mut self, scheduler: &mut Scheduler<Answer>) -> bool {
+        loop {
+            match scheduler.next() {
+                Next::Ready(mut answer) => {
+                    if let Some((worker, _)) = scheduler.last_handed_out() {
+                        self.note(worker, answer.take_state());
+                    }
+                }
+                Next::Done => return true,
+                Next::Wait => return false,
+            }
         }
     }
 

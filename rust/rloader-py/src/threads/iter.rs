@@ -120,16 +120,8 @@ impl ThreadIter {
         let started = Instant::now();
         let mut drained = Drained::new(self.pool.get().size);
         self.scheduler.mark_exhausted();
-        loop {
-            match self.scheduler.next() {
-                Next::Wait => self.wait_for_reports(py, started)?,
-                Next::Ready(mut answer) => {
-                    if let Some((worker, _)) = self.scheduler.last_handed_out() {
-                        drained.note(worker, answer.take_state());
-                    }
-                }
-                Next::Done => break,
-            }
+        while !drained.take_ready(&mut self.scheduler) {
+            self.wait_for_reports(py, started)?;
         }
         self.scheduler.reset();
         self.hand_out.new_epoch(py, reported_len);

@@ -274,18 +274,8 @@ impl PoolIter {
         let mut drained = Drained::new(self.to_workers.len());
         drained.note_all(pinned.unwrap_or_default());
         self.scheduler.mark_exhausted();
-        loop {
-            match self.scheduler.next() {
-                Next::Wait => {
-                    self.wait_for_answer(py, started, None)?;
-                }
-                Next::Ready(mut answer) => {
-                    if let Some((worker, _)) = self.scheduler.last_handed_out() {
-                        drained.note(worker, answer.take_state());
-                    }
-                }
-                Next::Done => break,
-            }
+        while !drained.take_ready(&mut self.scheduler) {
+            self.wait_for_answer(py, started, None)?;
         }
         self.scheduler.reset();
         self.hand_out.new_epoch(py, reported_len);
